@@ -1,0 +1,251 @@
+//! The CloudEvents 1.0 envelope (structured JSON mode) and decoding from the wire.
+
+use chrono::{DateTime, Utc};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::{InventoryEvent, NodeEvent, TYPE_PREFIX, TelemetryEvent};
+
+/// The CloudEvents spec version Allot writes and accepts.
+pub const SPEC_VERSION: &str = "1.0";
+
+/// A CloudEvents 1.0 event in structured JSON mode, with Allot's extension attributes.
+///
+/// `id` is a UUIDv7 (time-ordered) and is also sent as the `Nats-Msg-Id` header, so JetStream
+/// stores an event published twice only once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Envelope<T = AnyEvent> {
+    /// Always `"1.0"`.
+    pub specversion: String,
+    /// Unique id of this event (UUIDv7); the JetStream de-duplication key.
+    pub id: Uuid,
+    /// Who produced the event, e.g. `/allot/collector/node-1`.
+    pub source: String,
+    /// `io.allot.<domain>.v<major>.<event>`.
+    #[serde(rename = "type")]
+    pub ty: String,
+    /// When the producer observed what the event reports.
+    pub time: DateTime<Utc>,
+    /// The entity the event is about (a node name, a workload id …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    /// Always `application/json`.
+    pub datacontenttype: String,
+    /// Extension: the team the event belongs to, when it belongs to one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
+    /// Extension: W3C trace context of the operation that caused the event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    /// The event's payload.
+    pub data: T,
+}
+
+/// What every domain event can say about itself.
+pub trait EventKind {
+    /// Full CloudEvents type (`io.allot.node.v1.registered`).
+    fn event_type(&self) -> String;
+    /// The NATS subject the event is published on.
+    fn nats_subject(&self) -> String;
+    /// The entity the event is about (CloudEvents `subject`).
+    fn entity(&self) -> String;
+    /// The team the event belongs to, if any.
+    fn team(&self) -> Option<&str> {
+        None
+    }
+}
+
+/// Any event Allot knows, by domain.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum AnyEvent {
+    /// Facts a node's collector reports about the node.
+    Node(NodeEvent),
+    /// GPU telemetry samples.
+    Telemetry(TelemetryEvent),
+    /// State changes the inventory derives (reachability, health).
+    Inventory(InventoryEvent),
+}
+
+impl From<NodeEvent> for AnyEvent {
+    fn from(e: NodeEvent) -> Self {
+        Self::Node(e)
+    }
+}
+impl From<TelemetryEvent> for AnyEvent {
+    fn from(e: TelemetryEvent) -> Self {
+        Self::Telemetry(e)
+    }
+}
+impl From<InventoryEvent> for AnyEvent {
+    fn from(e: InventoryEvent) -> Self {
+        Self::Inventory(e)
+    }
+}
+
+impl EventKind for AnyEvent {
+    fn event_type(&self) -> String {
+        match self {
+            Self::Node(e) => e.event_type(),
+            Self::Telemetry(e) => e.event_type(),
+            Self::Inventory(e) => e.event_type(),
+        }
+    }
+    fn nats_subject(&self) -> String {
+        match self {
+            Self::Node(e) => e.nats_subject(),
+            Self::Telemetry(e) => e.nats_subject(),
+            Self::Inventory(e) => e.nats_subject(),
+        }
+    }
+    fn entity(&self) -> String {
+        match self {
+            Self::Node(e) => e.entity(),
+            Self::Telemetry(e) => e.entity(),
+            Self::Inventory(e) => e.entity(),
+        }
+    }
+    fn team(&self) -> Option<&str> {
+        match self {
+            Self::Node(e) => e.team(),
+            Self::Telemetry(e) => e.team(),
+            Self::Inventory(e) => e.team(),
+        }
+    }
+}
+
+impl Envelope<AnyEvent> {
+    /// Wraps `event` in a new envelope: fresh UUIDv7 id, `time` = now.
+    pub fn new(source: impl Into<String>, event: impl Into<AnyEvent>) -> Self {
+        Self::at(source, event, Utc::now())
+    }
+
+    /// Wraps `event` in a new envelope observed at `time`.
+    pub fn at(source: impl Into<String>, event: impl Into<AnyEvent>, time: DateTime<Utc>) -> Self {
+        let data = event.into();
+        Self {
+            specversion: SPEC_VERSION.to_owned(),
+            id: Uuid::now_v7(),
+            source: source.into(),
+            ty: data.event_type(),
+            time,
+            subject: Some(data.entity()),
+            datacontenttype: "application/json".to_owned(),
+            team: data.team().map(str::to_owned),
+            traceparent: None,
+            data,
+        }
+    }
+
+    /// The NATS subject this event is published on.
+    pub fn nats_subject(&self) -> String {
+        self.data.nats_subject()
+    }
+
+    /// The event as structured-mode CloudEvents JSON.
+    pub fn to_json(&self) -> Vec<u8> {
+        // Serializing plain data structs with string keys cannot fail.
+        serde_json::to_vec(self).expect("events serialize to JSON")
+    }
+}
+
+/// Why bytes from the wire are not an event this build understands.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// Not JSON, or JSON that is not a CloudEvents envelope.
+    #[error("malformed CloudEvent: {0}")]
+    Malformed(#[source] serde_json::Error),
+    /// A CloudEvents `specversion` other than 1.0.
+    #[error("unsupported CloudEvents specversion {0:?} (expected \"1.0\")")]
+    SpecVersion(String),
+    /// A type outside `io.allot.*`, or an Allot domain/event this build does not know.
+    #[error("unknown event type {0:?}")]
+    UnknownType(String),
+    /// A known event at a major version newer than this build understands.
+    #[error("event type {ty:?} is version v{found}; this build understands up to v{supported}")]
+    UnsupportedVersion {
+        /// The full type as received.
+        ty: String,
+        /// The major version received.
+        found: u32,
+        /// The newest major version this build reads.
+        supported: u32,
+    },
+    /// A known type whose `data` does not match its schema.
+    #[error("invalid data for {ty}: {source}")]
+    InvalidData {
+        /// The full type as received.
+        ty: String,
+        /// What serde found wrong.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// Decodes a structured-mode CloudEvent into a typed Allot event.
+pub fn decode(bytes: &[u8]) -> Result<Envelope<AnyEvent>, DecodeError> {
+    let raw: Envelope<serde_json::Value> =
+        serde_json::from_slice(bytes).map_err(DecodeError::Malformed)?;
+    if raw.specversion != SPEC_VERSION {
+        return Err(DecodeError::SpecVersion(raw.specversion));
+    }
+    let (domain, version, name) =
+        parse_type(&raw.ty).ok_or_else(|| DecodeError::UnknownType(raw.ty.clone()))?;
+
+    let supported = match domain {
+        NodeEvent::DOMAIN => NodeEvent::VERSION,
+        TelemetryEvent::DOMAIN => TelemetryEvent::VERSION,
+        InventoryEvent::DOMAIN => InventoryEvent::VERSION,
+        _ => return Err(DecodeError::UnknownType(raw.ty)),
+    };
+    if version > supported {
+        return Err(DecodeError::UnsupportedVersion {
+            ty: raw.ty,
+            found: version,
+            supported,
+        });
+    }
+    // Every domain is still at v1, so there is nothing older to upcast yet; an upcaster for
+    // `version < supported` goes here when a v2 arrives.
+    let data = match domain {
+        NodeEvent::DOMAIN => NodeEvent::decode_data(name, raw.data).map(|r| r.map(AnyEvent::Node)),
+        TelemetryEvent::DOMAIN => {
+            TelemetryEvent::decode_data(name, raw.data).map(|r| r.map(AnyEvent::Telemetry))
+        }
+        InventoryEvent::DOMAIN => {
+            InventoryEvent::decode_data(name, raw.data).map(|r| r.map(AnyEvent::Inventory))
+        }
+        _ => None,
+    };
+    let data = match data {
+        None => return Err(DecodeError::UnknownType(raw.ty)),
+        Some(Err(source)) => return Err(DecodeError::InvalidData { ty: raw.ty, source }),
+        Some(Ok(data)) => data,
+    };
+    Ok(Envelope {
+        specversion: raw.specversion,
+        id: raw.id,
+        source: raw.source,
+        ty: raw.ty,
+        time: raw.time,
+        subject: raw.subject,
+        datacontenttype: raw.datacontenttype,
+        team: raw.team,
+        traceparent: raw.traceparent,
+        data,
+    })
+}
+
+/// Splits `io.allot.<domain>.v<N>.<event>` into its parts.
+fn parse_type(ty: &str) -> Option<(&str, u32, &str)> {
+    let rest = ty.strip_prefix(TYPE_PREFIX)?;
+    let mut parts = rest.splitn(3, '.');
+    let domain = parts.next()?;
+    let version = parts.next()?.strip_prefix('v')?.parse().ok()?;
+    let name = parts.next()?;
+    Some((domain, version, name))
+}
+
+#[cfg(test)]
+mod tests;

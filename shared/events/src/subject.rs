@@ -1,0 +1,93 @@
+//! Subjects (`allot.<domain>.<event>.<key…>`) and validation of the tokens that go into them.
+//!
+//! A token that contains `.`, `*`, `>` or whitespace would change a subject's meaning (split it,
+//! or turn it into a wildcard), so names that become subject tokens are checked where they enter
+//! the system: node names, pools and teams.
+
+/// Why a name cannot be used as a subject token.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what} {value:?} is not a valid name: use 1-64 characters from a-z, A-Z, 0-9, '-' and '_'")]
+pub struct InvalidToken {
+    /// What kind of name it was (`node name`, `team` …).
+    pub what: &'static str,
+    /// The rejected value.
+    pub value: String,
+}
+
+/// Checks that `value` can be used as one subject token.
+pub fn validate_token(what: &'static str, value: &str) -> Result<(), InvalidToken> {
+    let ok = !value.is_empty()
+        && value.len() <= 64
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(InvalidToken {
+            what,
+            value: value.to_owned(),
+        })
+    }
+}
+
+/// Every node event: `allot.node.>`.
+pub const NODE_ALL: &str = "allot.node.>";
+/// Every telemetry sample: `allot.telemetry.>`.
+pub const TELEMETRY_ALL: &str = "allot.telemetry.>";
+/// Every inventory state change: `allot.inventory.>`.
+pub const INVENTORY_ALL: &str = "allot.inventory.>";
+/// Dead letters: `allot.deadletter.<original subject>`.
+pub const DEAD_LETTER_PREFIX: &str = "allot.deadletter";
+/// Inventory's request/reply query endpoint (core NATS, not a stream).
+pub const INVENTORY_QUERY: &str = "allot.query.inventory";
+
+/// `allot.node.registered.<node>`
+pub fn node_registered(node: &str) -> String {
+    format!("allot.node.registered.{node}")
+}
+
+/// `allot.node.heartbeat.<node>`
+pub fn node_heartbeat(node: &str) -> String {
+    format!("allot.node.heartbeat.{node}")
+}
+
+/// `allot.telemetry.<node>`
+pub fn telemetry(node: &str) -> String {
+    format!("allot.telemetry.{node}")
+}
+
+/// `allot.inventory.<event>.<node>`
+pub fn inventory(event: &str, node: &str) -> String {
+    format!("allot.inventory.{event}.{node}")
+}
+
+/// `allot.deadletter.<original subject>`
+pub fn dead_letter(original: &str) -> String {
+    format!("{DEAD_LETTER_PREFIX}.{original}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_that_would_split_or_widen_a_subject_are_rejected() {
+        for (value, want_ok) in [
+            ("node-1", true),
+            ("gpu_pool_A", true),
+            ("", false),
+            ("node.1", false),
+            ("node*", false),
+            ("node>", false),
+            ("node 1", false),
+            (&"x".repeat(65), false),
+        ] {
+            assert_eq!(
+                validate_token("node name", value).is_ok(),
+                want_ok,
+                "{value:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! GPU telemetry samples, published by collectors at a fixed interval.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::envelope::EventKind;
+use crate::subject;
+
+domain_events! {
+    /// Telemetry a collector sampled from its GPUs.
+    pub enum TelemetryEvent in "telemetry" {
+        /// One sample of every GPU on a node.
+        GpusSampled(GpusSampled) = "gpus_sampled",
+    }
+}
+
+impl EventKind for TelemetryEvent {
+    fn event_type(&self) -> String {
+        TelemetryEvent::event_type(self)
+    }
+    fn nats_subject(&self) -> String {
+        match self {
+            Self::GpusSampled(e) => subject::telemetry(&e.node),
+        }
+    }
+    fn entity(&self) -> String {
+        match self {
+            Self::GpusSampled(e) => e.node.clone(),
+        }
+    }
+}
+
+/// Every GPU on `node` was sampled.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GpusSampled {
+    /// Node name.
+    pub node: String,
+    /// One sample per GPU, by index.
+    pub samples: Vec<GpuSample>,
+}
+
+/// One GPU's readings. Readings a device does not support are absent rather than zero.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GpuSample {
+    /// Index on the node.
+    pub index: u32,
+    /// GPU id (`GPU-…`).
+    pub uuid: String,
+    /// Percent of time a kernel was running over the last sample period (0-100).
+    pub utilization_pct: u8,
+    /// Framebuffer memory in use, MiB.
+    pub memory_used_mib: u64,
+    /// Framebuffer memory in total, MiB.
+    pub memory_total_mib: u64,
+    /// Core temperature in °C.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature_c: Option<u32>,
+    /// Power draw in milliwatts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_mw: Option<u64>,
+    /// Enforced power limit in milliwatts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_limit_mw: Option<u64>,
+    /// Volatile (since driver load) corrected ECC errors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ecc_corrected: Option<u64>,
+    /// Volatile uncorrected ECC errors; any increase means the GPU's memory is suspect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ecc_uncorrected: Option<u64>,
+    /// XID errors observed since the collector started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xid_errors: Option<u64>,
+    /// The most recent XID error code, when there was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_xid: Option<u64>,
+}

@@ -1,0 +1,168 @@
+//! The committed JSON Schemas are the contract: they must match the Rust types, and every event
+//! type's sample must validate against its schema with an independent validator.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use allot_events::inventory::{GpuHealth, GpuHealthChanged, NodeRecovered, NodeUnreachable};
+use allot_events::node::{GpuInfo, GpuSourceKind, HeartbeatSent, NodeRegistered};
+use allot_events::telemetry::{GpuSample, GpusSampled};
+use allot_events::{AnyEvent, Envelope, schema};
+
+fn schema_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(schema::DIR)
+}
+
+/// One realistic sample of every event type.
+fn samples() -> Vec<AnyEvent> {
+    let at = "2026-11-22T10:00:00Z".parse().unwrap();
+    vec![
+        NodeRegistered {
+            node: "node-1".into(),
+            hostname: "gpu-host-01".into(),
+            pool: "default".into(),
+            rack: Some("rack-a".into()),
+            cpu_milli: 96_000,
+            memory_mib: 1_048_576,
+            gpu_source: GpuSourceKind::Simulated,
+            driver_version: Some("550.54.15".into()),
+            gpus: vec![GpuInfo {
+                index: 0,
+                uuid: "GPU-3f2a".into(),
+                model: "H100".into(),
+                memory_total_mib: 81_559,
+                power_limit_mw: Some(700_000),
+                nvlink_peers: vec![1, 2, 3],
+            }],
+        }
+        .into(),
+        HeartbeatSent {
+            node: "node-1".into(),
+            seq: 3,
+            uptime_s: 15,
+        }
+        .into(),
+        GpusSampled {
+            node: "node-1".into(),
+            samples: vec![GpuSample {
+                index: 0,
+                uuid: "GPU-3f2a".into(),
+                utilization_pct: 87,
+                memory_used_mib: 40_000,
+                memory_total_mib: 81_559,
+                temperature_c: Some(64),
+                power_mw: Some(512_000),
+                power_limit_mw: Some(700_000),
+                ecc_corrected: Some(0),
+                ecc_uncorrected: None,
+                xid_errors: Some(0),
+                last_xid: None,
+            }],
+        }
+        .into(),
+        NodeUnreachable {
+            node: "node-1".into(),
+            last_heartbeat_at: at,
+            missed_heartbeats: 3,
+        }
+        .into(),
+        NodeRecovered {
+            node: "node-1".into(),
+            last_heartbeat_at: at,
+        }
+        .into(),
+        GpuHealthChanged {
+            node: "node-1".into(),
+            gpu_uuid: "GPU-3f2a".into(),
+            index: 0,
+            from: GpuHealth::Healthy,
+            to: GpuHealth::Unhealthy,
+            reason: "uncorrected ECC errors rose from 0 to 2".into(),
+        }
+        .into(),
+    ]
+}
+
+#[test]
+fn committed_schemas_match_the_rust_types() {
+    let dir = schema_dir();
+    if std::env::var_os("ALLOT_UPDATE_SCHEMAS").is_some() {
+        schema::write_all(&dir).unwrap();
+    }
+    let generated = schema::all();
+    let mut stale = Vec::new();
+    for (ty, schema) in &generated {
+        let path = dir.join(schema::file_name(ty));
+        match std::fs::read_to_string(&path) {
+            Ok(committed) if committed == schema::render(schema) => {}
+            Ok(_) => stale.push(format!("{} differs from the Rust type", path.display())),
+            Err(_) => stale.push(format!("{} is missing", path.display())),
+        }
+    }
+    let expected: BTreeSet<String> = generated.iter().map(|(t, _)| schema::file_name(t)).collect();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        if !expected.contains(&name) {
+            stale.push(format!("{name} has no event type any more"));
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "schemas/ is stale; regenerate with `cargo run -- schemas write`:\n  {}",
+        stale.join("\n  ")
+    );
+}
+
+#[test]
+fn every_event_type_has_a_sample_that_validates_against_its_committed_schema() {
+    let samples = samples();
+    let sampled: BTreeSet<String> = samples.iter().map(|e| event_type(e)).collect();
+    let all: BTreeSet<String> = schema::all().into_iter().map(|(t, _)| t).collect();
+    assert_eq!(sampled, all, "every event type needs a sample here");
+
+    for event in samples {
+        let envelope = Envelope::new("/allot/test", event);
+        let path = schema_dir().join(schema::file_name(&envelope.ty));
+        let schema: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        let instance: serde_json::Value = serde_json::from_slice(&envelope.to_json()).unwrap();
+        let errors: Vec<String> = validator
+            .iter_errors(&instance)
+            .map(|e| format!("{} at {}", e, e.instance_path))
+            .collect();
+        assert!(errors.is_empty(), "{}: {errors:?}", envelope.ty);
+    }
+}
+
+#[test]
+fn a_schema_rejects_an_event_of_another_type_or_with_a_broken_payload() {
+    let envelope = Envelope::new(
+        "/allot/test",
+        HeartbeatSent {
+            node: "node-1".into(),
+            seq: 1,
+            uptime_s: 1,
+        },
+    );
+    let schema_of = |ty: &str| -> serde_json::Value {
+        let text = std::fs::read_to_string(schema_dir().join(schema::file_name(ty))).unwrap();
+        serde_json::from_str(&text).unwrap()
+    };
+    let mut instance: serde_json::Value = serde_json::from_slice(&envelope.to_json()).unwrap();
+
+    let registered = jsonschema::validator_for(&schema_of("io.allot.node.v1.registered")).unwrap();
+    assert!(!registered.is_valid(&instance), "type is pinned per schema");
+
+    let heartbeat = jsonschema::validator_for(&schema_of("io.allot.node.v1.heartbeat_sent")).unwrap();
+    assert!(heartbeat.is_valid(&instance));
+    instance["data"]["seq"] = "one".into();
+    assert!(!heartbeat.is_valid(&instance), "payload fields are typed");
+}
+
+fn event_type(event: &AnyEvent) -> String {
+    use allot_events::EventKind;
+    event.event_type()
+}

@@ -1,0 +1,206 @@
+//! Per-service state in SQLite, checkpointed by stream sequence.
+//!
+//! # Layout
+//!
+//! - [`open`]: opens (or creates) a service's database in WAL mode with sane pragmas and runs
+//!   its migrations, after the store's own (the `applied_positions` table).
+//! - [`apply`] and [`apply_batch`]: the checkpointed-projection helper. A consumer's handler
+//!   changes its tables inside a transaction that also records the stream sequence it applied;
+//!   a sequence at or below the recorded one is skipped. Because the state and the position
+//!   commit together, a crash at any instant leaves them consistent, and a redelivery after a
+//!   restart is recognised and not applied twice.
+//!
+//! The store assumes one writer per consumer, which is how the services use it: each consumer
+//! processes its messages in stream order on one task.
+
+use std::path::Path;
+
+use rusqlite::{Connection, OptionalExtension, Transaction};
+use rusqlite_migration::{M, Migrations};
+
+pub use rusqlite;
+
+/// What can go wrong opening or writing a store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// SQLite refused an operation (I/O, corruption, constraint, busy).
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// A migration could not be applied.
+    #[error("migrating {path}: {source}")]
+    Migration {
+        /// The database file.
+        path: String,
+        /// What went wrong.
+        #[source]
+        source: rusqlite_migration::Error,
+    },
+    /// The folder for the database could not be created.
+    #[error("creating {path}: {source}")]
+    Io {
+        /// The folder.
+        path: String,
+        /// What went wrong.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The store's own schema, applied before a service's migrations.
+const STORE_MIGRATION: &str = "
+CREATE TABLE applied_positions (
+    consumer   TEXT PRIMARY KEY,
+    stream_seq INTEGER NOT NULL
+) STRICT;";
+
+/// Opens the database at `path` (created with its folder if missing) and migrates it.
+///
+/// `migrations` are the service's own, in order; each is one SQL script. Never edit a script
+/// that has shipped: add a new one.
+pub fn open(path: &Path, migrations: &[&'static str]) -> Result<Connection, StoreError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|source| StoreError::Io {
+            path: dir.display().to_string(),
+            source,
+        })?;
+    }
+    let mut conn = Connection::open(path)?;
+    configure(&conn)?;
+    migrate(&mut conn, migrations).map_err(|source| StoreError::Migration {
+        path: path.display().to_string(),
+        source,
+    })?;
+    Ok(conn)
+}
+
+/// Opens a private in-memory database (for unit tests) and migrates it.
+pub fn open_in_memory(migrations: &[&'static str]) -> Result<Connection, StoreError> {
+    let mut conn = Connection::open_in_memory()?;
+    configure(&conn)?;
+    migrate(&mut conn, migrations).map_err(|source| StoreError::Migration {
+        path: ":memory:".into(),
+        source,
+    })?;
+    Ok(conn)
+}
+
+fn configure(conn: &Connection) -> Result<(), rusqlite::Error> {
+    // WAL lets readers (status queries, tests) run beside the writer; NORMAL sync in WAL mode
+    // is durable across process crashes (only an OS crash can lose the last commits, which
+    // the stream then redelivers because they were never acknowledged).
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    Ok(())
+}
+
+fn migrate(conn: &mut Connection, migrations: &[&'static str]) -> Result<(), rusqlite_migration::Error> {
+    let all: Vec<M<'static>> = std::iter::once(STORE_MIGRATION)
+        .chain(migrations.iter().copied())
+        .map(M::up)
+        .collect();
+    Migrations::new(all).to_latest(conn)
+}
+
+/// Whether an event was applied or recognised as already applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// The change was made and the position recorded.
+    Applied,
+    /// The sequence was at or below the recorded position; nothing changed.
+    AlreadyApplied {
+        /// The position recorded for the consumer.
+        position: u64,
+    },
+}
+
+/// The last stream sequence `consumer` applied, if it applied any.
+pub fn position(conn: &Connection, consumer: &str) -> Result<Option<u64>, rusqlite::Error> {
+    conn.query_row(
+        "SELECT stream_seq FROM applied_positions WHERE consumer = ?1",
+        [consumer],
+        |row| row.get::<_, i64>(0),
+    )
+    .optional()
+    .map(|seq| seq.map(|s| s as u64))
+}
+
+fn record_position(tx: &Transaction<'_>, consumer: &str, seq: u64) -> Result<(), rusqlite::Error> {
+    tx.execute(
+        "INSERT INTO applied_positions (consumer, stream_seq) VALUES (?1, ?2)
+         ON CONFLICT (consumer) DO UPDATE SET stream_seq = excluded.stream_seq",
+        rusqlite::params![consumer, seq as i64],
+    )?;
+    Ok(())
+}
+
+/// Applies one event at stream sequence `seq` for `consumer`, exactly once.
+///
+/// `change` runs inside a transaction that also records `seq`; if it fails nothing is kept.
+pub fn apply<E>(
+    conn: &mut Connection,
+    consumer: &str,
+    seq: u64,
+    change: impl FnOnce(&Connection) -> Result<(), E>,
+) -> Result<Applied, E>
+where
+    E: From<rusqlite::Error>,
+{
+    let tx = conn.transaction()?;
+    if let Some(position) = position(&tx, consumer)?.filter(|p| seq <= *p) {
+        return Ok(Applied::AlreadyApplied { position });
+    }
+    change(&tx)?;
+    record_position(&tx, consumer, seq)?;
+    tx.commit()?;
+    Ok(Applied::Applied)
+}
+
+/// Applies a batch of events, in order, in one transaction: the fast path for consumers that
+/// pull many messages at once.
+///
+/// Each item is applied inside its own savepoint, so an item whose `change` fails is rolled
+/// back alone and reported in its slot of the result, while the rest of the batch commits. The
+/// recorded position becomes the highest sequence in the batch that was applied or failed —
+/// a failed item is the caller's to dead-letter, never to retry in place.
+/// Returns an error only if the transaction itself cannot be opened or committed, in which case
+/// nothing from the batch was kept.
+pub fn apply_batch<T, E>(
+    conn: &mut Connection,
+    consumer: &str,
+    items: &[(u64, T)],
+    mut change: impl FnMut(&Connection, &T) -> Result<(), E>,
+) -> Result<Vec<Result<Applied, E>>, rusqlite::Error> {
+    let mut tx = conn.transaction()?;
+    let mut position = position(&tx, consumer)?;
+    let mut results = Vec::with_capacity(items.len());
+    for (seq, item) in items {
+        if let Some(p) = position.filter(|p| seq <= p) {
+            results.push(Ok(Applied::AlreadyApplied { position: p }));
+            continue;
+        }
+        let sp = tx.savepoint()?;
+        let outcome = change(&sp, item);
+        match outcome {
+            Ok(()) => {
+                sp.commit()?;
+                results.push(Ok(Applied::Applied));
+            }
+            Err(e) => {
+                // Dropping the savepoint rolls it back.
+                drop(sp);
+                results.push(Err(e));
+            }
+        }
+        position = Some(*seq);
+    }
+    if let Some(p) = position {
+        record_position(&tx, consumer, p)?;
+    }
+    tx.commit()?;
+    Ok(results)
+}
+
+#[cfg(test)]
+mod tests;

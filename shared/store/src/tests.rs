@@ -1,0 +1,105 @@
+use super::*;
+
+const COUNTER: &str = "CREATE TABLE counter (id INTEGER PRIMARY KEY, n INTEGER NOT NULL) STRICT;
+                       INSERT INTO counter VALUES (1, 0);";
+
+fn count(conn: &Connection) -> i64 {
+    conn.query_row("SELECT n FROM counter WHERE id = 1", [], |r| r.get(0))
+        .unwrap()
+}
+
+fn bump(conn: &Connection) -> Result<(), rusqlite::Error> {
+    conn.execute("UPDATE counter SET n = n + 1 WHERE id = 1", [])?;
+    Ok(())
+}
+
+#[derive(Debug)]
+struct Rejected;
+impl From<rusqlite::Error> for Rejected {
+    fn from(_: rusqlite::Error) -> Self {
+        Rejected
+    }
+}
+
+#[test]
+fn a_redelivered_sequence_is_not_applied_twice() {
+    let mut conn = open_in_memory(&[COUNTER]).unwrap();
+    assert_eq!(apply(&mut conn, "c", 1, bump).unwrap(), Applied::Applied);
+    assert_eq!(apply(&mut conn, "c", 2, bump).unwrap(), Applied::Applied);
+    assert_eq!(
+        apply(&mut conn, "c", 2, bump).unwrap(),
+        Applied::AlreadyApplied { position: 2 }
+    );
+    assert_eq!(
+        apply(&mut conn, "c", 1, bump).unwrap(),
+        Applied::AlreadyApplied { position: 2 }
+    );
+    assert_eq!(count(&conn), 2);
+    assert_eq!(position(&conn, "c").unwrap(), Some(2));
+}
+
+#[test]
+fn positions_are_kept_per_consumer() {
+    let mut conn = open_in_memory(&[COUNTER]).unwrap();
+    apply(&mut conn, "nodes", 5, bump).unwrap();
+    assert_eq!(apply(&mut conn, "telemetry", 1, bump).unwrap(), Applied::Applied);
+    assert_eq!(position(&conn, "nodes").unwrap(), Some(5));
+    assert_eq!(position(&conn, "telemetry").unwrap(), Some(1));
+    assert_eq!(position(&conn, "other").unwrap(), None);
+}
+
+#[test]
+fn a_failed_change_keeps_neither_the_state_nor_the_position() {
+    let mut conn = open_in_memory(&[COUNTER]).unwrap();
+    apply(&mut conn, "c", 1, bump).unwrap();
+    let result = apply(&mut conn, "c", 2, |c: &Connection| -> Result<(), Rejected> {
+        bump(c)?;
+        Err(Rejected)
+    });
+    assert!(result.is_err());
+    assert_eq!(count(&conn), 1, "the half-made change was rolled back");
+    assert_eq!(position(&conn, "c").unwrap(), Some(1));
+    assert_eq!(apply(&mut conn, "c", 2, bump).unwrap(), Applied::Applied);
+}
+
+#[test]
+fn a_batch_skips_what_was_applied_and_isolates_a_failing_item() {
+    let mut conn = open_in_memory(&[COUNTER]).unwrap();
+    apply(&mut conn, "c", 2, bump).unwrap();
+    let items = [(1, true), (2, true), (3, true), (4, false), (5, true)];
+    let results = apply_batch(&mut conn, "c", &items, |c, ok| {
+        bump(c)?;
+        if *ok { Ok(()) } else { Err(Rejected) }
+    })
+    .unwrap();
+    let got: Vec<Option<Applied>> = results.into_iter().map(Result::ok).collect();
+    assert_eq!(
+        got,
+        vec![
+            Some(Applied::AlreadyApplied { position: 2 }),
+            Some(Applied::AlreadyApplied { position: 2 }),
+            Some(Applied::Applied),
+            None,
+            Some(Applied::Applied),
+        ]
+    );
+    assert_eq!(count(&conn), 3, "seq 2, 3 and 5; 4's bump was rolled back");
+    assert_eq!(position(&conn, "c").unwrap(), Some(5));
+}
+
+#[test]
+fn state_and_position_survive_reopening_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nested/state.db");
+    {
+        let mut conn = open(&path, &[COUNTER]).unwrap();
+        apply(&mut conn, "c", 7, bump).unwrap();
+    }
+    let conn = open(&path, &[COUNTER]).unwrap();
+    assert_eq!(count(&conn), 1, "migrations are not re-run on reopen");
+    assert_eq!(position(&conn, "c").unwrap(), Some(7));
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+}
