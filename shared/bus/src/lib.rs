@@ -1,1 +1,44 @@
+//! Allot's JetStream plumbing, shared by every service.
+//!
+//! # Layout
+//!
+//! - [`connect`]: connecting to NATS with a clear log line and capped exponential backoff while
+//!   the server is unreachable, and reconnect logging afterwards.
+//! - [`streams`]: the declarative stream catalogue ([`StreamSpec`], [`catalog`]) and
+//!   [`ensure_streams`], which creates or updates streams idempotently at start-up.
+//! - [`publish`]: [`Publisher`], which publishes CloudEvents with `Nats-Msg-Id` = event id and
+//!   awaits the PubAck within a timeout. A publish that was not acknowledged did not happen.
+//! - [`consumer`]: [`ConsumerRunner`], which drives a [`Handler`] from a durable pull consumer
+//!   with explicit acks, retries with backoff, and dead-letters what cannot be handled —
+//!   undecodable messages and permanent handler failures — with the reason attached.
+//! - [`error`]: [`BusError`] and [`PublishError`], classified by who is at fault.
 
+pub mod connect;
+pub mod consumer;
+pub mod error;
+pub mod publish;
+pub mod streams;
+
+pub use connect::{ConnectConfig, connect};
+pub use consumer::{ConsumerRunner, ConsumerSpec, Delivery, Handler, HandlerError, Outcome};
+pub use error::{BusError, PublishError};
+pub use publish::{PendingAck, Published, Publisher};
+pub use streams::{StreamSpec, catalog, ensure_streams};
+
+pub use async_nats;
+
+/// Headers Allot puts on dead letters.
+pub mod headers {
+    /// Why the message was dead-lettered.
+    pub const ERROR: &str = "Allot-Error";
+    /// The subject the message was originally published on.
+    pub const ORIGINAL_SUBJECT: &str = "Allot-Original-Subject";
+    /// The stream the message came from.
+    pub const ORIGINAL_STREAM: &str = "Allot-Original-Stream";
+    /// Its sequence in that stream.
+    pub const ORIGINAL_SEQUENCE: &str = "Allot-Original-Sequence";
+    /// The durable consumer that gave up on it.
+    pub const CONSUMER: &str = "Allot-Consumer";
+    /// How many times it was delivered.
+    pub const DELIVERIES: &str = "Allot-Deliveries";
+}

@@ -1,0 +1,257 @@
+//! The inventory's tables and how each collector event changes them.
+//!
+//! Applying holds no decisions beyond the pure health rules in [`crate::health`]; what the
+//! inventory *publishes* about these rows is the reporter's job. Telemetry and registrations
+//! arrive on different streams in no fixed relative order, so each event touches only its own
+//! columns and the final state does not depend on how the two interleave.
+
+use allot_bus::Delivery;
+use allot_events::node::{HeartbeatSent, NodeEvent, NodeRegistered};
+use allot_events::telemetry::{GpusSampled, TelemetryEvent};
+use allot_events::{AnyEvent, subject};
+use allot_store::rusqlite::{self, Connection, params};
+
+use crate::health;
+
+/// The inventory's schema, in order. Never edit a shipped migration: add one.
+pub const MIGRATIONS: &[&str] = &["
+CREATE TABLE nodes (
+    name               TEXT PRIMARY KEY,
+    hostname           TEXT NOT NULL,
+    pool               TEXT NOT NULL,
+    rack               TEXT,
+    cpu_milli          INTEGER NOT NULL,
+    memory_mib         INTEGER NOT NULL,
+    gpu_source         TEXT NOT NULL,
+    driver_version     TEXT,
+    registered_at      TEXT NOT NULL,
+    registrations      INTEGER NOT NULL DEFAULT 1,
+    last_heartbeat_at  TEXT,
+    last_heartbeat_seq INTEGER,
+    heartbeats         INTEGER NOT NULL DEFAULT 0,
+    -- what the reporter last published; not part of the projection of events
+    reported_reachable INTEGER NOT NULL DEFAULT 1
+) STRICT;
+
+CREATE TABLE gpus (
+    uuid             TEXT PRIMARY KEY,
+    node             TEXT NOT NULL,
+    idx              INTEGER NOT NULL,
+    model            TEXT,
+    memory_total_mib INTEGER,
+    power_limit_mw   INTEGER,
+    nvlink_peers     TEXT NOT NULL DEFAULT '[]',
+    utilization_pct  INTEGER,
+    memory_used_mib  INTEGER,
+    temperature_c    INTEGER,
+    power_mw         INTEGER,
+    ecc_corrected    INTEGER,
+    ecc_uncorrected  INTEGER,
+    xid_errors       INTEGER,
+    last_xid         INTEGER,
+    sampled_at       TEXT,
+    samples          INTEGER NOT NULL DEFAULT 0,
+    health           TEXT NOT NULL DEFAULT 'healthy',
+    health_reason    TEXT NOT NULL DEFAULT '',
+    -- what the reporter last published; not part of the projection of events
+    reported_health  TEXT NOT NULL DEFAULT 'healthy'
+) STRICT;
+CREATE INDEX gpus_by_node ON gpus (node, idx);
+"];
+
+/// Why an event cannot be applied (it is dead-lettered with this reason).
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// The event is not one the inventory consumes, or names something invalid.
+    #[error("{0}")]
+    Rejected(String),
+    /// The database failed.
+    #[error(transparent)]
+    Sqlite(#[from] rusqlite::Error),
+}
+
+/// Applies one delivered event to the tables (inside the caller's transaction).
+pub fn apply(conn: &Connection, delivery: &Delivery) -> Result<(), ApplyError> {
+    let at = delivery.published.to_rfc3339();
+    match &delivery.event.data {
+        AnyEvent::Node(NodeEvent::Registered(e)) => registered(conn, e, &at),
+        AnyEvent::Node(NodeEvent::HeartbeatSent(e)) => heartbeat(conn, e, &at),
+        AnyEvent::Telemetry(TelemetryEvent::GpusSampled(e)) => sampled(conn, e, &at),
+        _ => Err(ApplyError::Rejected(format!(
+            "inventory does not consume {}",
+            delivery.event.ty
+        ))),
+    }
+}
+
+fn valid_node(node: &str) -> Result<(), ApplyError> {
+    subject::validate_token("node name", node).map_err(|e| ApplyError::Rejected(e.to_string()))
+}
+
+fn registered(conn: &Connection, e: &NodeRegistered, at: &str) -> Result<(), ApplyError> {
+    valid_node(&e.node)?;
+    conn.execute(
+        "INSERT INTO nodes (name, hostname, pool, rack, cpu_milli, memory_mib, gpu_source,
+                            driver_version, registered_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+         ON CONFLICT (name) DO UPDATE SET
+            hostname = excluded.hostname, pool = excluded.pool, rack = excluded.rack,
+            cpu_milli = excluded.cpu_milli, memory_mib = excluded.memory_mib,
+            gpu_source = excluded.gpu_source, driver_version = excluded.driver_version,
+            registered_at = excluded.registered_at, registrations = registrations + 1",
+        params![
+            e.node,
+            e.hostname,
+            e.pool,
+            e.rack,
+            e.cpu_milli as i64,
+            e.memory_mib as i64,
+            serde_json::to_value(e.gpu_source)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default(),
+            e.driver_version,
+            at,
+        ],
+    )?;
+    // A re-registration describes the node's GPUs as they are now: forget GPUs it no longer has.
+    let uuids: Vec<&str> = e.gpus.iter().map(|g| g.uuid.as_str()).collect();
+    let keep = serde_json::to_string(&uuids).unwrap_or_default();
+    conn.execute(
+        "DELETE FROM gpus WHERE node = ?1 AND uuid NOT IN (SELECT value FROM json_each(?2))",
+        params![e.node, keep],
+    )?;
+    let mut upsert = conn.prepare_cached(
+        "INSERT INTO gpus (uuid, node, idx, model, memory_total_mib, power_limit_mw, nvlink_peers)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+         ON CONFLICT (uuid) DO UPDATE SET
+            node = excluded.node, idx = excluded.idx, model = excluded.model,
+            memory_total_mib = excluded.memory_total_mib, power_limit_mw = excluded.power_limit_mw,
+            nvlink_peers = excluded.nvlink_peers",
+    )?;
+    for g in &e.gpus {
+        upsert.execute(params![
+            g.uuid,
+            e.node,
+            g.index,
+            g.model,
+            g.memory_total_mib as i64,
+            g.power_limit_mw.map(|p| p as i64),
+            serde_json::to_string(&g.nvlink_peers).unwrap_or_else(|_| "[]".into()),
+        ])?;
+    }
+    Ok(())
+}
+
+fn heartbeat(conn: &Connection, e: &HeartbeatSent, at: &str) -> Result<(), ApplyError> {
+    valid_node(&e.node)?;
+    // A heartbeat from a node whose registration this consumer has not seen (different
+    // stream order, or a registration that aged out) still counts: the row is created bare
+    // and filled in when the registration arrives.
+    conn.execute(
+        "INSERT INTO nodes (name, hostname, pool, cpu_milli, memory_mib, gpu_source,
+                            registered_at, registrations, last_heartbeat_at, last_heartbeat_seq, heartbeats)
+         VALUES (?1, '', '', 0, 0, 'unknown', ?2, 0, ?2, ?3, 1)
+         ON CONFLICT (name) DO UPDATE SET
+            last_heartbeat_at = excluded.last_heartbeat_at,
+            last_heartbeat_seq = excluded.last_heartbeat_seq,
+            heartbeats = heartbeats + 1",
+        params![e.node, at, e.seq as i64],
+    )?;
+    Ok(())
+}
+
+fn sampled(conn: &Connection, e: &GpusSampled, at: &str) -> Result<(), ApplyError> {
+    valid_node(&e.node)?;
+    let mut upsert = conn.prepare_cached(
+        "INSERT INTO gpus (uuid, node, idx, memory_total_mib, power_limit_mw,
+                           utilization_pct, memory_used_mib, temperature_c, power_mw,
+                           ecc_corrected, ecc_uncorrected, xid_errors, last_xid,
+                           sampled_at, samples, health, health_reason)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, 1, ?15, ?16)
+         ON CONFLICT (uuid) DO UPDATE SET
+            memory_total_mib = excluded.memory_total_mib,
+            power_limit_mw = coalesce(excluded.power_limit_mw, power_limit_mw),
+            utilization_pct = excluded.utilization_pct, memory_used_mib = excluded.memory_used_mib,
+            temperature_c = excluded.temperature_c, power_mw = excluded.power_mw,
+            ecc_corrected = excluded.ecc_corrected, ecc_uncorrected = excluded.ecc_uncorrected,
+            xid_errors = excluded.xid_errors, last_xid = excluded.last_xid,
+            sampled_at = excluded.sampled_at, samples = samples + 1,
+            health = excluded.health, health_reason = excluded.health_reason",
+    )?;
+    for s in &e.samples {
+        let (health, reason) = health::judge(s);
+        upsert.execute(params![
+            s.uuid,
+            e.node,
+            s.index,
+            s.memory_total_mib as i64,
+            s.power_limit_mw.map(|p| p as i64),
+            s.utilization_pct,
+            s.memory_used_mib as i64,
+            s.temperature_c,
+            s.power_mw.map(|p| p as i64),
+            s.ecc_corrected.map(|p| p as i64),
+            s.ecc_uncorrected.map(|p| p as i64),
+            s.xid_errors.map(|p| p as i64),
+            s.last_xid.map(|p| p as i64),
+            at,
+            health::as_str(health),
+            reason,
+        ])?;
+    }
+    Ok(())
+}
+
+/// A canonical text dump of everything the events determine (not what the reporter has
+/// published): two inventories that applied the same events produce the same dump.
+pub fn dump(conn: &Connection) -> Result<String, rusqlite::Error> {
+    let mut out = String::new();
+    let mut nodes = conn.prepare(
+        "SELECT name, hostname, pool, rack, cpu_milli, memory_mib, gpu_source, driver_version,
+                registrations, last_heartbeat_seq, heartbeats
+         FROM nodes ORDER BY name",
+    )?;
+    let rows = nodes.query_map([], |r| {
+        Ok(format!(
+            "node {} host={} pool={} rack={:?} cpu={} mem={} src={} drv={:?} regs={} hb_seq={:?} hbs={}\n",
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, String>(2)?,
+            r.get::<_, Option<String>>(3)?,
+            r.get::<_, i64>(4)?,
+            r.get::<_, i64>(5)?,
+            r.get::<_, String>(6)?,
+            r.get::<_, Option<String>>(7)?,
+            r.get::<_, i64>(8)?,
+            r.get::<_, Option<i64>>(9)?,
+            r.get::<_, i64>(10)?,
+        ))
+    })?;
+    for row in rows {
+        out.push_str(&row?);
+    }
+    let mut gpus = conn.prepare(
+        "SELECT uuid, node, idx, model, memory_total_mib, nvlink_peers, utilization_pct,
+                memory_used_mib, temperature_c, power_mw, ecc_uncorrected, xid_errors, samples,
+                health, health_reason
+         FROM gpus ORDER BY node, idx, uuid",
+    )?;
+    let rows = gpus.query_map([], |r| {
+        let mut line = String::from("gpu");
+        for i in 0..15 {
+            let v: rusqlite::types::Value = r.get(i)?;
+            line.push(' ');
+            line.push_str(&format!("{v:?}"));
+        }
+        line.push('\n');
+        Ok(line)
+    })?;
+    for row in rows {
+        out.push_str(&row?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests;

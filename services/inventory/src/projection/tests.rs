@@ -1,0 +1,120 @@
+use allot_bus::Delivery;
+use allot_events::node::{GpuInfo, GpuSourceKind, HeartbeatSent, NodeRegistered};
+use allot_events::telemetry::{GpuSample, GpusSampled};
+use allot_events::{AnyEvent, Envelope};
+use allot_store::rusqlite::Connection;
+
+use super::*;
+
+fn db() -> Connection {
+    allot_store::open_in_memory(MIGRATIONS).unwrap()
+}
+
+fn delivery(seq: u64, event: impl Into<AnyEvent>) -> Delivery {
+    let event = Envelope::new("/test", event);
+    Delivery {
+        stream_sequence: seq,
+        subject: event.nats_subject(),
+        published: "2026-11-22T10:00:00Z".parse().unwrap(),
+        deliveries: 1,
+        event,
+    }
+}
+
+fn registered(node: &str, gpus: u32) -> NodeRegistered {
+    NodeRegistered {
+        node: node.into(),
+        hostname: format!("{node}.lab"),
+        pool: "default".into(),
+        rack: None,
+        cpu_milli: 64_000,
+        memory_mib: 512_000,
+        gpu_source: GpuSourceKind::Simulated,
+        driver_version: None,
+        gpus: (0..gpus)
+            .map(|i| GpuInfo {
+                index: i,
+                uuid: format!("GPU-{node}-{i}"),
+                model: "H100".into(),
+                memory_total_mib: 81_559,
+                power_limit_mw: Some(700_000),
+                nvlink_peers: vec![],
+            })
+            .collect(),
+    }
+}
+
+fn sampled(node: &str, gpus: u32, util: u8) -> GpusSampled {
+    GpusSampled {
+        node: node.into(),
+        samples: (0..gpus)
+            .map(|i| GpuSample {
+                index: i,
+                uuid: format!("GPU-{node}-{i}"),
+                utilization_pct: util,
+                memory_used_mib: 1_000,
+                memory_total_mib: 81_559,
+                temperature_c: Some(50),
+                power_mw: Some(200_000),
+                power_limit_mw: Some(700_000),
+                ecc_corrected: Some(0),
+                ecc_uncorrected: Some(0),
+                xid_errors: Some(0),
+                last_xid: None,
+            })
+            .collect(),
+    }
+}
+
+fn apply_all(conn: &Connection, events: &[Delivery]) {
+    for d in events {
+        apply(conn, d).unwrap();
+    }
+}
+
+#[test]
+fn registration_and_telemetry_give_the_same_state_in_either_order() {
+    let reg = delivery(1, registered("node-1", 2));
+    let hb = delivery(2, HeartbeatSent { node: "node-1".into(), seq: 1, uptime_s: 5 });
+    let tel = delivery(3, sampled("node-1", 2, 40));
+
+    let a = db();
+    apply_all(&a, &[reg.clone(), hb.clone(), tel.clone()]);
+    let b = db();
+    apply_all(&b, &[tel, hb, reg]);
+    assert_eq!(dump(&a).unwrap(), dump(&b).unwrap());
+    let status = crate::query::status(&a, chrono::Utc::now()).unwrap();
+    assert_eq!(status.nodes.len(), 1);
+    assert_eq!(status.gpu_count(), 2);
+    assert_eq!(status.nodes[0].gpus[0].utilization_pct, Some(40));
+    assert_eq!(status.nodes[0].gpus[0].model.as_deref(), Some("H100"));
+}
+
+#[test]
+fn a_re_registration_forgets_gpus_the_node_no_longer_has() {
+    let conn = db();
+    apply_all(&conn, &[delivery(1, registered("node-1", 4)), delivery(2, registered("node-1", 2))]);
+    let status = crate::query::status(&conn, chrono::Utc::now()).unwrap();
+    assert_eq!(status.gpu_count(), 2);
+}
+
+#[test]
+fn uncorrected_ecc_in_a_sample_makes_the_gpu_unhealthy_with_a_reason() {
+    let conn = db();
+    let mut bad = sampled("node-1", 2, 10);
+    bad.samples[1].ecc_uncorrected = Some(3);
+    apply_all(&conn, &[delivery(1, registered("node-1", 2)), delivery(2, bad)]);
+    let status = crate::query::status(&conn, chrono::Utc::now()).unwrap();
+    let gpus = &status.nodes[0].gpus;
+    assert_eq!(gpus[0].health, "healthy");
+    assert_eq!(gpus[1].health, "unhealthy");
+    assert_eq!(gpus[1].health_reason, "3 uncorrected ECC errors");
+}
+
+#[test]
+fn a_node_name_that_would_break_subjects_is_rejected() {
+    let conn = db();
+    let err = apply(&conn, &delivery(1, HeartbeatSent { node: "a.b".into(), seq: 1, uptime_s: 1 }))
+        .unwrap_err();
+    assert!(matches!(err, ApplyError::Rejected(ref m) if m.contains("\"a.b\"")), "{err}");
+}

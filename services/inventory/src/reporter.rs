@@ -1,0 +1,179 @@
+//! The reporter: publishes what the inventory concludes — a node went silent or came back, a
+//! GPU's health changed — and records what it published, so each change is announced once.
+//!
+//! It reads the projection, never changes it: the projection is a pure function of the events,
+//! and the reporter's `reported_*` columns only remember what was already said.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use allot_bus::Publisher;
+use allot_events::AnyEvent;
+use allot_events::inventory::{GpuHealthChanged, NodeRecovered, NodeUnreachable};
+use allot_store::rusqlite::{self, Connection, params};
+
+use crate::health;
+
+/// When a node counts as unreachable.
+#[derive(Debug, Clone, Copy)]
+pub struct Liveness {
+    /// How often collectors send heartbeats.
+    pub heartbeat_interval: Duration,
+    /// Heartbeats a node may miss before it is unreachable.
+    pub missed_heartbeats: u32,
+}
+
+impl Liveness {
+    fn deadline(&self) -> chrono::Duration {
+        chrono::Duration::from_std(self.heartbeat_interval * self.missed_heartbeats)
+            .unwrap_or(chrono::Duration::MAX)
+    }
+}
+
+/// A conclusion to publish, and how to remember that it was published.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Change {
+    Unreachable(NodeUnreachable),
+    Recovered(NodeRecovered),
+    Health(GpuHealthChanged),
+}
+
+impl Change {
+    fn event(&self) -> AnyEvent {
+        match self.clone() {
+            Self::Unreachable(e) => e.into(),
+            Self::Recovered(e) => e.into(),
+            Self::Health(e) => e.into(),
+        }
+    }
+
+    fn record(&self, conn: &Connection) -> Result<(), rusqlite::Error> {
+        match self {
+            Self::Unreachable(e) => conn.execute(
+                "UPDATE nodes SET reported_reachable = 0 WHERE name = ?1",
+                [&e.node],
+            ),
+            Self::Recovered(e) => conn.execute(
+                "UPDATE nodes SET reported_reachable = 1 WHERE name = ?1",
+                [&e.node],
+            ),
+            Self::Health(e) => conn.execute(
+                "UPDATE gpus SET reported_health = ?2 WHERE uuid = ?1",
+                params![e.gpu_uuid, health::as_str(e.to)],
+            ),
+        }
+        .map(|_| ())
+    }
+}
+
+/// What should be published now. `judge_liveness` is false during the start-up grace period,
+/// while the inventory may still be catching up on heartbeats.
+pub(crate) fn changes(
+    conn: &Connection,
+    liveness: Liveness,
+    now: DateTime<Utc>,
+    judge_liveness: bool,
+) -> Result<Vec<Change>, rusqlite::Error> {
+    let mut out = Vec::new();
+    let deadline = liveness.deadline();
+    let mut nodes = conn.prepare_cached(
+        "SELECT name, coalesce(last_heartbeat_at, registered_at), reported_reachable FROM nodes
+         ORDER BY name",
+    )?;
+    let rows = nodes.query_map([], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)? == 1))
+    })?;
+    for row in rows {
+        let (node, last, reported_reachable) = row?;
+        let Some(last) = DateTime::parse_from_rfc3339(&last).ok().map(|t| t.with_timezone(&Utc))
+        else {
+            continue;
+        };
+        let silent = now - last;
+        if reported_reachable && silent > deadline && judge_liveness {
+            let missed = silent.num_milliseconds()
+                / (liveness.heartbeat_interval.as_millis().max(1) as i64);
+            out.push(Change::Unreachable(NodeUnreachable {
+                node,
+                last_heartbeat_at: last,
+                missed_heartbeats: missed.clamp(0, u32::MAX as i64) as u32,
+            }));
+        } else if !reported_reachable && silent <= deadline {
+            out.push(Change::Recovered(NodeRecovered {
+                node,
+                last_heartbeat_at: last,
+            }));
+        }
+    }
+    let mut gpus = conn.prepare_cached(
+        "SELECT node, uuid, idx, reported_health, health, health_reason FROM gpus
+         WHERE health != reported_health ORDER BY node, idx",
+    )?;
+    let rows = gpus.query_map([], |r| {
+        Ok(GpuHealthChanged {
+            node: r.get(0)?,
+            gpu_uuid: r.get(1)?,
+            index: r.get(2)?,
+            from: health::parse(&r.get::<_, String>(3)?),
+            to: health::parse(&r.get::<_, String>(4)?),
+            reason: {
+                let reason: String = r.get(5)?;
+                if reason.is_empty() { "no symptoms in the latest sample".into() } else { reason }
+            },
+        })
+    })?;
+    for row in rows {
+        out.push(Change::Health(row?));
+    }
+    Ok(out)
+}
+
+/// The reporter loop.
+#[derive(Debug)]
+pub(crate) struct Reporter {
+    pub(crate) conn: Connection,
+    pub(crate) publisher: Publisher,
+    pub(crate) liveness: Liveness,
+    pub(crate) tick: Duration,
+}
+
+impl Reporter {
+    pub(crate) async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let started = tokio::time::Instant::now();
+        let grace = self.liveness.heartbeat_interval * self.liveness.missed_heartbeats;
+        let mut tick = tokio::time::interval(self.tick);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => break,
+                _ = tick.tick() => {}
+            }
+            let judge_liveness = started.elapsed() >= grace;
+            if let Err(e) = self.report(judge_liveness).await {
+                tracing::warn!(error = %e, "reporting inventory changes failed; will retry");
+            }
+        }
+    }
+
+    async fn report(&mut self, judge_liveness: bool) -> Result<(), String> {
+        let changes = changes(&self.conn, self.liveness, Utc::now(), judge_liveness)
+            .map_err(|e| e.to_string())?;
+        for change in changes {
+            self.publisher
+                .publish(change.event())
+                .await
+                .map_err(|e| e.to_string())?;
+            // If we die between the publish and this update, the change is announced again on
+            // restart: consumers of inventory events treat them as idempotent state changes.
+            change.record(&self.conn).map_err(|e| e.to_string())?;
+            match &change {
+                Change::Unreachable(e) => tracing::warn!(node = %e.node, missed = e.missed_heartbeats, "node unreachable"),
+                Change::Recovered(e) => tracing::info!(node = %e.node, "node reachable again"),
+                Change::Health(e) => tracing::warn!(node = %e.node, gpu = e.index, from = ?e.from, to = ?e.to, reason = %e.reason, "GPU health changed"),
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,124 @@
+//! Publishing CloudEvents to JetStream with de-duplication and an awaited acknowledgement.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, context::PublishAckFuture, message::PublishMessage};
+use bytes::Bytes;
+
+use allot_events::{AnyEvent, Envelope};
+
+use crate::error::PublishError;
+
+/// What the server said about a stored event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Published {
+    /// The stream that stored it.
+    pub stream: String,
+    /// Its sequence in that stream.
+    pub sequence: u64,
+    /// The server had already stored an event with this id (within the duplicate window) and
+    /// did not store it again.
+    pub duplicate: bool,
+}
+
+/// Publishes Allot events. Cheap to clone; clones share the connection.
+#[derive(Debug, Clone)]
+pub struct Publisher {
+    js: jetstream::Context,
+    source: String,
+    ack_timeout: Duration,
+}
+
+/// A sent event whose acknowledgement has not been awaited yet (for pipelined publishing).
+#[derive(Debug)]
+pub struct PendingAck {
+    subject: String,
+    timeout: Duration,
+    ack: PublishAckFuture,
+}
+
+impl PendingAck {
+    /// Waits for the server's acknowledgement.
+    pub async fn wait(self) -> Result<Published, PublishError> {
+        let ack = self
+            .ack
+            .await
+            .map_err(|e| PublishError::from_nats(&self.subject, self.timeout, e))?;
+        Ok(Published {
+            stream: ack.stream,
+            sequence: ack.sequence,
+            duplicate: ack.duplicate,
+        })
+    }
+}
+
+impl Publisher {
+    /// A publisher on `client` whose events say they come from `source`
+    /// (e.g. `/allot/collector/node-1`); acknowledgements are awaited for 5 s.
+    pub fn new(client: async_nats::Client, source: impl Into<String>) -> Self {
+        let ack_timeout = Duration::from_secs(5);
+        let js = jetstream::ContextBuilder::new()
+            .timeout(ack_timeout)
+            .ack_timeout(ack_timeout)
+            .build(client);
+        Self {
+            js,
+            source: source.into(),
+            ack_timeout,
+        }
+    }
+
+    /// The JetStream context, for stream management.
+    pub fn jetstream(&self) -> &jetstream::Context {
+        &self.js
+    }
+
+    /// The `source` this publisher stamps on new events.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Wraps `event` in a new envelope from this publisher's source.
+    pub fn envelope(&self, event: impl Into<AnyEvent>) -> Envelope {
+        Envelope::new(self.source.clone(), event)
+    }
+
+    /// Publishes `event` in a new envelope and waits for the acknowledgement.
+    pub async fn publish(&self, event: impl Into<AnyEvent>) -> Result<Published, PublishError> {
+        self.publish_envelope(&self.envelope(event)).await
+    }
+
+    /// Publishes an existing envelope (its id is the de-duplication key) and waits for the
+    /// acknowledgement. Publishing the same envelope again is safe.
+    pub async fn publish_envelope(&self, envelope: &Envelope) -> Result<Published, PublishError> {
+        self.send(envelope).await?.wait().await
+    }
+
+    /// Sends an envelope without waiting for its acknowledgement, so many can be in flight;
+    /// the caller must [`PendingAck::wait`] on each before treating it as published.
+    pub async fn send(&self, envelope: &Envelope) -> Result<PendingAck, PublishError> {
+        let subject = envelope.nats_subject();
+        let message = PublishMessage::build()
+            .message_id(envelope.id.to_string())
+            .payload(Bytes::from(envelope.to_json()));
+        self.send_raw(subject, message).await
+    }
+
+    /// Sends a pre-built message (used for dead letters and raw tooling).
+    pub async fn send_raw(
+        &self,
+        subject: String,
+        message: PublishMessage,
+    ) -> Result<PendingAck, PublishError> {
+        let ack = self
+            .js
+            .send_publish(subject.clone(), message)
+            .await
+            .map_err(|e| PublishError::from_nats(&subject, self.ack_timeout, e))?;
+        Ok(PendingAck {
+            subject,
+            timeout: self.ack_timeout,
+            ack,
+        })
+    }
+}

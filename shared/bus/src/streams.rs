@@ -1,0 +1,201 @@
+//! The stream catalogue: every JetStream stream Allot uses, declared once, created or updated
+//! idempotently when a service starts.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{
+    self,
+    stream::{Config, DiscardPolicy, RetentionPolicy, StorageType},
+};
+
+use allot_events::subject;
+
+use crate::error::BusError;
+
+/// One stream as Allot wants it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamSpec {
+    /// Stream name (`FLEET`, `TELEMETRY` …).
+    pub name: &'static str,
+    /// What the stream holds, for operators.
+    pub description: &'static str,
+    /// Subjects captured.
+    pub subjects: Vec<String>,
+    /// Retention policy.
+    pub retention: RetentionPolicy,
+    /// File (the default) or memory.
+    pub storage: StorageType,
+    /// Replicas: 1 on a laptop, 3 in production.
+    pub replicas: usize,
+    /// Oldest message kept; `None` keeps messages until other limits apply.
+    pub max_age: Option<Duration>,
+    /// Messages kept per subject; `None` for no limit.
+    pub max_msgs_per_subject: Option<i64>,
+    /// Forbid deleting single messages (audit streams).
+    pub deny_delete: bool,
+    /// Forbid purging the stream (audit streams).
+    pub deny_purge: bool,
+    /// Window in which a repeated `Nats-Msg-Id` is dropped as a duplicate.
+    pub duplicate_window: Duration,
+}
+
+impl StreamSpec {
+    fn new(name: &'static str, description: &'static str, subjects: &[&str]) -> Self {
+        Self {
+            name,
+            description,
+            subjects: subjects.iter().map(|s| (*s).to_owned()).collect(),
+            retention: RetentionPolicy::Limits,
+            storage: StorageType::File,
+            replicas: 1,
+            max_age: None,
+            max_msgs_per_subject: None,
+            deny_delete: false,
+            deny_purge: false,
+            duplicate_window: Duration::from_secs(120),
+        }
+    }
+
+    /// The JetStream configuration for this spec.
+    pub fn config(&self) -> Config {
+        Config {
+            name: self.name.to_owned(),
+            description: Some(self.description.to_owned()),
+            subjects: self.subjects.clone(),
+            retention: self.retention,
+            storage: self.storage,
+            num_replicas: self.replicas,
+            max_age: self.max_age.unwrap_or_default(),
+            max_messages_per_subject: self.max_msgs_per_subject.unwrap_or(-1),
+            max_messages: -1,
+            max_bytes: -1,
+            discard: DiscardPolicy::Old,
+            deny_delete: self.deny_delete,
+            deny_purge: self.deny_purge,
+            duplicate_window: self.duplicate_window,
+            allow_direct: true,
+            ..Config::default()
+        }
+    }
+
+    /// Whether a running stream's config already matches this spec in every managed field.
+    fn matches(&self, current: &Config) -> bool {
+        let want = self.config();
+        let mut subjects = current.subjects.clone();
+        subjects.sort();
+        let mut want_subjects = want.subjects.clone();
+        want_subjects.sort();
+        subjects == want_subjects
+            && current.description == want.description
+            && current.retention == want.retention
+            && current.storage == want.storage
+            && current.num_replicas == want.num_replicas
+            && current.max_age == want.max_age
+            && current.max_messages_per_subject == want.max_messages_per_subject
+            && current.deny_delete == want.deny_delete
+            && current.deny_purge == want.deny_purge
+            && current.duplicate_window == want.duplicate_window
+    }
+}
+
+/// Stream names, for consumers and tools.
+pub mod names {
+    /// Node registrations and heartbeats.
+    pub const FLEET: &str = "FLEET";
+    /// GPU telemetry (short-lived).
+    pub const TELEMETRY: &str = "TELEMETRY";
+    /// Inventory state changes.
+    pub const INVENTORY: &str = "INVENTORY";
+    /// Messages no consumer could handle, with the reason.
+    pub const DEADLETTER: &str = "DEADLETTER";
+}
+
+/// Every stream Allot uses, with `replicas` copies each (1 on one server, 3 on a cluster).
+pub fn catalog(replicas: usize) -> Vec<StreamSpec> {
+    let mut streams = vec![
+        StreamSpec {
+            // Keep the last registrations and heartbeats of every node, however old: a node
+            // that registered a year ago is still part of the cluster.
+            max_msgs_per_subject: Some(64),
+            ..StreamSpec::new(
+                names::FLEET,
+                "Node registrations and heartbeats from collectors",
+                &[subject::NODE_ALL],
+            )
+        },
+        StreamSpec {
+            max_age: Some(Duration::from_secs(3600)),
+            ..StreamSpec::new(
+                names::TELEMETRY,
+                "GPU telemetry samples (kept one hour)",
+                &[subject::TELEMETRY_ALL],
+            )
+        },
+        StreamSpec::new(
+            names::INVENTORY,
+            "Inventory conclusions: reachability and GPU health changes",
+            &[subject::INVENTORY_ALL],
+        ),
+        StreamSpec {
+            deny_delete: true,
+            ..StreamSpec::new(
+                names::DEADLETTER,
+                "Messages a consumer could not handle, with the error and origin in headers",
+                &["allot.deadletter.>"],
+            )
+        },
+    ];
+    for s in &mut streams {
+        s.replicas = replicas;
+    }
+    streams
+}
+
+/// What [`ensure_streams`] did with one stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ensured {
+    /// The stream did not exist and was created.
+    Created,
+    /// The stream existed with another configuration and was updated.
+    Updated,
+    /// The stream already matched its spec.
+    Unchanged,
+}
+
+/// Creates missing streams and updates drifted ones; safe to run from every service at start-up.
+pub async fn ensure_streams(
+    js: &jetstream::Context,
+    specs: &[StreamSpec],
+) -> Result<Vec<(&'static str, Ensured)>, BusError> {
+    let mut out = Vec::with_capacity(specs.len());
+    for spec in specs {
+        let outcome = match js.get_stream(spec.name).await {
+            Ok(mut stream) => {
+                let info = stream
+                    .info()
+                    .await
+                    .map_err(|e| BusError::jetstream("reading stream", spec.name, e))?;
+                if spec.matches(&info.config) {
+                    Ensured::Unchanged
+                } else {
+                    js.update_stream(spec.config())
+                        .await
+                        .map_err(|e| BusError::jetstream("updating stream", spec.name, e))?;
+                    tracing::info!(stream = spec.name, "stream configuration updated");
+                    Ensured::Updated
+                }
+            }
+            Err(_) => {
+                // Not found (or not readable): create-or-update also settles the race with
+                // another service creating the same stream at the same moment.
+                js.create_or_update_stream(spec.config())
+                    .await
+                    .map_err(|e| BusError::jetstream("creating stream", spec.name, e))?;
+                tracing::info!(stream = spec.name, subjects = ?spec.subjects, "stream created");
+                Ensured::Created
+            }
+        };
+        out.push((spec.name, outcome));
+    }
+    Ok(out)
+}
