@@ -1,0 +1,296 @@
+//! The bus against a real nats-server: streams, de-duplication, and the consumer runner's
+//! promises (order, dead letters, retries).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer::DeliverPolicy, stream::RetentionPolicy};
+use futures::StreamExt;
+
+use allot_bus::consumer::{ConsumerRunner, ConsumerSpec, Delivery, Handler, HandlerError, Outcome};
+use allot_bus::streams::{Ensured, names};
+use allot_bus::{Publisher, PublishError, catalog, ensure_streams, headers};
+use allot_events::node::HeartbeatSent;
+use allot_testkit::NatsServer;
+
+fn heartbeat(node: &str, seq: u64) -> HeartbeatSent {
+    HeartbeatSent {
+        node: node.into(),
+        seq,
+        uptime_s: seq * 5,
+    }
+}
+
+async fn setup(server: &NatsServer) -> (async_nats::Client, Publisher) {
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let publisher = Publisher::new(client.clone(), "/test");
+    ensure_streams(publisher.jetstream(), &catalog(1)).await.unwrap();
+    (client, publisher)
+}
+
+/// Records what it handled; fails (transiently) or rejects on request.
+#[derive(Debug, Clone, Default)]
+struct Recorder {
+    seen: Arc<Mutex<Vec<u64>>>,
+    attempts: Arc<Mutex<u32>>,
+    fail_first_attempts: u32,
+    reject_heartbeat_seq: Option<u64>,
+}
+
+impl Handler for Recorder {
+    async fn handle(&mut self, batch: &[Delivery]) -> Result<Vec<Outcome>, HandlerError> {
+        {
+            let mut attempts = self.attempts.lock().unwrap();
+            *attempts += 1;
+            if *attempts <= self.fail_first_attempts {
+                return Err(HandlerError("database is locked".into()));
+            }
+        }
+        let mut outcomes = Vec::new();
+        for d in batch {
+            let seq = match &d.event.data {
+                allot_events::AnyEvent::Node(allot_events::NodeEvent::HeartbeatSent(h)) => h.seq,
+                _ => 0,
+            };
+            if Some(seq) == self.reject_heartbeat_seq {
+                outcomes.push(Outcome::Rejected(format!("heartbeat {seq} is cursed")));
+            } else {
+                self.seen.lock().unwrap().push(seq);
+                outcomes.push(Outcome::Handled);
+            }
+        }
+        Ok(outcomes)
+    }
+}
+
+async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..200 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+/// Reads every message of a stream.
+async fn read_all(client: &async_nats::Client, stream: &str) -> Vec<jetstream::Message> {
+    let js = jetstream::new(client.clone());
+    let stream = js.get_stream(stream).await.unwrap();
+    let count = stream.cached_info().state.messages as usize;
+    if count == 0 {
+        return Vec::new();
+    }
+    let consumer = stream
+        .create_consumer(jetstream::consumer::pull::OrderedConfig {
+            deliver_policy: DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    consumer
+        .messages()
+        .await
+        .unwrap()
+        .take(count)
+        .map(|m| m.unwrap())
+        .collect()
+        .await
+}
+
+#[tokio::test]
+async fn streams_are_created_once_and_updated_when_their_spec_changes() {
+    let server = NatsServer::start();
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let js = jetstream::new(client);
+    let specs = catalog(1);
+    let first = ensure_streams(&js, &specs).await.unwrap();
+    assert!(first.iter().all(|(_, e)| *e == Ensured::Created), "{first:?}");
+    let second = ensure_streams(&js, &specs).await.unwrap();
+    assert!(second.iter().all(|(_, e)| *e == Ensured::Unchanged), "{second:?}");
+
+    let mut changed = specs.clone();
+    changed[1].max_age = Some(Duration::from_secs(600));
+    let third = ensure_streams(&js, &changed).await.unwrap();
+    assert_eq!(third[1], (names::TELEMETRY, Ensured::Updated));
+    let info = js.get_stream(names::TELEMETRY).await.unwrap().cached_info().clone();
+    assert_eq!(info.config.max_age, Duration::from_secs(600));
+    assert_eq!(info.config.retention, RetentionPolicy::Limits);
+}
+
+#[tokio::test]
+async fn the_same_event_published_twice_is_stored_once() {
+    let server = NatsServer::start();
+    let (client, publisher) = setup(&server).await;
+    let event = publisher.envelope(heartbeat("node-1", 1));
+    let first = publisher.publish_envelope(&event).await.unwrap();
+    let again = publisher.publish_envelope(&event).await.unwrap();
+    assert!(!first.duplicate);
+    assert!(again.duplicate, "the server recognised the id");
+    assert_eq!(again.sequence, first.sequence);
+    let stored = read_all(&client, names::FLEET).await;
+    assert_eq!(stored.len(), 1);
+    assert_eq!(
+        allot_events::decode(&stored[0].payload).unwrap().id,
+        event.id
+    );
+}
+
+#[tokio::test]
+async fn publishing_where_no_stream_listens_is_an_error_not_a_silent_loss() {
+    let server = NatsServer::start();
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let publisher = Publisher::new(client, "/test");
+    let err = publisher.publish(heartbeat("node-1", 1)).await.unwrap_err();
+    assert!(matches!(err, PublishError::NoStream { .. }), "{err:?}");
+    assert!(!err.is_retryable());
+}
+
+#[tokio::test]
+async fn a_malformed_message_is_dead_lettered_with_its_reason_and_the_consumer_goes_on() {
+    let server = NatsServer::start();
+    let (client, publisher) = setup(&server).await;
+    publisher.publish(heartbeat("node-1", 1)).await.unwrap();
+    let js = publisher.jetstream();
+    js.publish("allot.node.heartbeat.node-1", "{not json".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    js.publish(
+        "allot.node.heartbeat.node-1",
+        r#"{"specversion":"1.0","id":"018f0000-0000-7000-8000-000000000000","source":"/x","type":"io.allot.node.v9.heartbeat_sent","time":"2026-01-01T00:00:00Z","datacontenttype":"application/json","data":{}}"#.into(),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+    publisher.publish(heartbeat("node-1", 2)).await.unwrap();
+
+    let recorder = Recorder::default();
+    let seen = recorder.seen.clone();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let runner = ConsumerRunner::new(client.clone(), ConsumerSpec::new(names::FLEET, "test"), recorder);
+    let task = tokio::spawn(runner.run(async {
+        let _ = stopped.await;
+    }));
+    wait_until("both valid heartbeats are handled", || seen.lock().unwrap().len() == 2).await;
+    assert_eq!(*seen.lock().unwrap(), vec![1, 2], "in order, around the bad ones");
+
+    let dead = read_all(&client, names::DEADLETTER).await;
+    assert_eq!(dead.len(), 2);
+    let h = dead[0].headers.as_ref().unwrap();
+    assert_eq!(h.get(headers::ORIGINAL_SUBJECT).unwrap().as_str(), "allot.node.heartbeat.node-1");
+    assert_eq!(h.get(headers::ORIGINAL_STREAM).unwrap().as_str(), names::FLEET);
+    assert_eq!(h.get(headers::ORIGINAL_SEQUENCE).unwrap().as_str(), "2");
+    assert_eq!(h.get(headers::CONSUMER).unwrap().as_str(), "test");
+    assert!(h.get(headers::ERROR).unwrap().as_str().contains("malformed CloudEvent"));
+    assert_eq!(&dead[0].payload[..], b"{not json", "the original bytes are kept");
+    assert_eq!(dead[0].subject.as_str(), "allot.deadletter.allot.node.heartbeat.node-1");
+    let h = dead[1].headers.as_ref().unwrap();
+    assert!(
+        h.get(headers::ERROR).unwrap().as_str().contains("version v9"),
+        "{:?}",
+        h.get(headers::ERROR)
+    );
+
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap().unwrap();
+    let consumer_info = jetstream::new(client)
+        .get_stream(names::FLEET)
+        .await
+        .unwrap()
+        .consumer_info("test")
+        .await
+        .unwrap()
+        .clone();
+    assert_eq!(consumer_info.num_ack_pending, 0, "everything was acknowledged");
+    assert_eq!(consumer_info.num_pending, 0);
+}
+
+#[tokio::test]
+async fn a_rejected_message_is_dead_lettered_and_the_rest_of_its_batch_is_handled() {
+    let server = NatsServer::start();
+    let (client, publisher) = setup(&server).await;
+    for seq in 1..=5 {
+        publisher.publish(heartbeat("node-1", seq)).await.unwrap();
+    }
+    let recorder = Recorder {
+        reject_heartbeat_seq: Some(3),
+        ..Recorder::default()
+    };
+    let seen = recorder.seen.clone();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let runner = ConsumerRunner::new(client.clone(), ConsumerSpec::new(names::FLEET, "test"), recorder);
+    let task = tokio::spawn(runner.run(async {
+        let _ = stopped.await;
+    }));
+    wait_until("four heartbeats are handled", || seen.lock().unwrap().len() == 4).await;
+    assert_eq!(*seen.lock().unwrap(), vec![1, 2, 4, 5]);
+    let dead = read_all(&client, names::DEADLETTER).await;
+    assert_eq!(dead.len(), 1);
+    let reason = dead[0].headers.as_ref().unwrap().get(headers::ERROR).unwrap().to_string();
+    assert_eq!(reason, "heartbeat 3 is cursed");
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_transient_failure_is_retried_in_place_without_later_messages_overtaking_it() {
+    let server = NatsServer::start();
+    let (client, publisher) = setup(&server).await;
+    for seq in 1..=3 {
+        publisher.publish(heartbeat("node-1", seq)).await.unwrap();
+    }
+    let recorder = Recorder {
+        fail_first_attempts: 2,
+        ..Recorder::default()
+    };
+    let seen = recorder.seen.clone();
+    let attempts = recorder.attempts.clone();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let mut spec = ConsumerSpec::new(names::FLEET, "test");
+    spec.max_backoff = Duration::from_millis(200);
+    let runner = ConsumerRunner::new(client.clone(), spec, recorder);
+    let task = tokio::spawn(runner.run(async {
+        let _ = stopped.await;
+    }));
+    wait_until("three heartbeats are handled", || seen.lock().unwrap().len() == 3).await;
+    assert_eq!(*seen.lock().unwrap(), vec![1, 2, 3]);
+    assert!(*attempts.lock().unwrap() >= 3, "failed twice, then succeeded");
+    assert!(read_all(&client, names::DEADLETTER).await.is_empty());
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_batch_that_keeps_failing_is_dead_lettered_after_the_delivery_limit() {
+    let server = NatsServer::start();
+    let (client, publisher) = setup(&server).await;
+    publisher.publish(heartbeat("node-1", 1)).await.unwrap();
+    let recorder = Recorder {
+        fail_first_attempts: u32::MAX,
+        ..Recorder::default()
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let mut spec = ConsumerSpec::new(names::FLEET, "test");
+    spec.max_deliveries = 3;
+    spec.max_backoff = Duration::from_millis(50);
+    let runner = ConsumerRunner::new(client.clone(), spec, recorder);
+    let task = tokio::spawn(runner.run(async {
+        let _ = stopped.await;
+    }));
+    let mut dead = Vec::new();
+    for _ in 0..100 {
+        dead = read_all(&client, names::DEADLETTER).await;
+        if !dead.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(dead.len(), 1);
+    let reason = dead[0].headers.as_ref().unwrap().get(headers::ERROR).unwrap().to_string();
+    assert_eq!(reason, "handler failed 3 times: database is locked");
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+}

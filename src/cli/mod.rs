@@ -1,0 +1,130 @@
+//! The `allot` command line.
+//!
+//! - [`up`]: everything in one process against an embedded nats-server, with a simulated
+//!   cluster (laptops, CI).
+//! - [`run`]: one service, for Kubernetes.
+//! - [`status`]: the cluster as the inventory sees it.
+//! - [`bench`]: benchmarks that need the real bus (`allot bench telemetry`).
+//! - [`settings`]: flags and `ALLOT_*` variables, all problems reported at once.
+//! - [`local`]: the embedded nats-server and how client commands find it (`./.allot/`).
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
+
+pub mod bench;
+pub mod local;
+pub mod run;
+pub mod settings;
+pub mod status;
+pub mod up;
+
+/// Allot: an elastic GPU service for shared GPU pools.
+#[derive(Debug, Parser)]
+#[command(name = "allot", version, about)]
+pub struct Cli {
+    /// Log filter (e.g. `info`, `allot_inventory=debug`); also ALLOT_LOG.
+    #[arg(long, global = true)]
+    pub log: Option<String>,
+    /// Log format: `text` or `json`; also ALLOT_LOG_FORMAT.
+    #[arg(long, global = true)]
+    pub log_format: Option<String>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run every service in one process with a simulated GPU cluster.
+    Up(up::UpArgs),
+    /// Run one service (for Kubernetes or a real GPU node).
+    Run(run::RunArgs),
+    /// Show nodes, GPUs, health and utilization.
+    Status(status::StatusArgs),
+    /// Benchmarks against a real nats-server.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+    /// Write the JSON Schemas of every event type into a folder (default `schemas/events`).
+    Schemas {
+        /// Output folder.
+        #[arg(long, default_value = allot_events::schema::DIR)]
+        out: PathBuf,
+    },
+}
+
+/// Sets up `tracing` from `--log`/`ALLOT_LOG` and `--log-format`/`ALLOT_LOG_FORMAT`.
+pub fn init_tracing(cli: &Cli) {
+    use tracing_subscriber::EnvFilter;
+    let filter = cli
+        .log
+        .clone()
+        .or_else(|| std::env::var("ALLOT_LOG").ok())
+        .unwrap_or_else(|| "info,async_nats=warn".into());
+    let filter = EnvFilter::try_new(&filter).unwrap_or_else(|e| {
+        eprintln!("allot: ignoring invalid log filter {filter:?}: {e}");
+        EnvFilter::new("info")
+    });
+    let json = cli
+        .log_format
+        .clone()
+        .or_else(|| std::env::var("ALLOT_LOG_FORMAT").ok())
+        .is_some_and(|f| f == "json");
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// Runs the chosen command.
+pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    let env = settings::process_env;
+    match cli.command {
+        Command::Up(args) => up::up(args, &env).await,
+        Command::Run(args) => run::run(args, &env).await,
+        Command::Status(args) => status::status(args, &env).await,
+        Command::Bench(cmd) => bench::bench(cmd, &env).await,
+        Command::Schemas { out } => {
+            allot_events::schema::write_all(&out)?;
+            eprintln!("wrote {} schemas to {}", allot_events::schema::all().len(), out.display());
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// A shutdown signal every task can await.
+pub type Shutdown = Shared<BoxFuture<'static, ()>>;
+
+/// A [`Shutdown`] that completes on SIGINT or SIGTERM, or when `trigger` is fired.
+pub fn shutdown_on_signal() -> (tokio::sync::oneshot::Sender<()>, Shutdown) {
+    let (trigger, fired) = tokio::sync::oneshot::channel::<()>();
+    let signal = async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("installing the SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received; shutting down"),
+            _ = term.recv() => tracing::info!("SIGTERM received; shutting down"),
+            _ = fired => {}
+        }
+    };
+    (trigger, signal.boxed().shared())
+}
+
+/// Waits for `task`, bounded by `grace`; logs when it overruns.
+pub async fn within_grace<T>(what: &str, grace: std::time::Duration, task: impl Future<Output = T>) -> Option<T> {
+    match tokio::time::timeout(grace, task).await {
+        Ok(v) => Some(v),
+        Err(_) => {
+            tracing::warn!(task = what, grace_ms = grace.as_millis() as u64, "did not stop within the grace period");
+            None
+        }
+    }
+}

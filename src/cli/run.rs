@@ -1,0 +1,171 @@
+//! `allot run <service>`: one service in its own process (a Kubernetes pod, a DaemonSet on a
+//! GPU node). Every setting is a flag or an `ALLOT_*` variable.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+
+use allot_collector::SourceChoice;
+use allot_collector::sim::{GpuModel, SimSpec};
+
+use super::settings::{Lookup, Settings};
+use super::{local, shutdown_on_signal};
+
+/// `allot run` arguments.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// NATS URL(s), comma-separated for a cluster (ALLOT_NATS_URL; default: ./.allot/nats.url,
+    /// then nats://127.0.0.1:4222).
+    #[arg(long, global = true)]
+    pub nats: Option<String>,
+    /// Stream replicas when creating streams: 1, or 3 on a cluster (ALLOT_STREAM_REPLICAS).
+    #[arg(long, global = true)]
+    pub stream_replicas: Option<String>,
+    #[command(subcommand)]
+    pub service: Service,
+}
+
+/// The services `allot run` can start.
+#[derive(Debug, Subcommand)]
+pub enum Service {
+    /// The inventory: nodes, GPUs, health and capacity.
+    Inventory(InventoryArgs),
+    /// The node agent: GPU telemetry from NVML or the simulator.
+    Collector(CollectorArgs),
+}
+
+/// Flags of `allot run inventory`.
+#[derive(Debug, Args)]
+pub struct InventoryArgs {
+    /// Folder for inventory.db (ALLOT_DATA_DIR).
+    #[arg(long)]
+    pub data_dir: Option<String>,
+    /// Durable consumer name prefix (ALLOT_CONSUMER_PREFIX).
+    #[arg(long)]
+    pub consumer_prefix: Option<String>,
+    /// Collector heartbeat interval (ALLOT_HEARTBEAT_INTERVAL).
+    #[arg(long)]
+    pub heartbeat_interval: Option<String>,
+    /// Heartbeats a node may miss before it is unreachable (ALLOT_MISSED_HEARTBEATS).
+    #[arg(long)]
+    pub missed_heartbeats: Option<String>,
+    /// How long JetStream waits for an acknowledgement before redelivering (ALLOT_ACK_WAIT).
+    #[arg(long)]
+    pub ack_wait: Option<String>,
+}
+
+/// Flags of `allot run collector`.
+#[derive(Debug, Args)]
+pub struct CollectorArgs {
+    /// Node name (ALLOT_NODE; default: the host name).
+    #[arg(long)]
+    pub node: Option<String>,
+    /// GPU pool (ALLOT_POOL).
+    #[arg(long)]
+    pub pool: Option<String>,
+    /// Rack or topology domain (ALLOT_RACK).
+    #[arg(long)]
+    pub rack: Option<String>,
+    /// `auto` (NVML if it loads, else the simulator), `nvml` or `sim` (ALLOT_GPU_SOURCE).
+    #[arg(long)]
+    pub gpu_source: Option<String>,
+    /// Simulated GPUs (ALLOT_SIM_GPUS).
+    #[arg(long)]
+    pub sim_gpus: Option<String>,
+    /// Simulated GPU model (ALLOT_SIM_MODEL).
+    #[arg(long)]
+    pub sim_model: Option<String>,
+    /// Heartbeat interval (ALLOT_HEARTBEAT_INTERVAL).
+    #[arg(long)]
+    pub heartbeat_interval: Option<String>,
+    /// Telemetry interval (ALLOT_TELEMETRY_INTERVAL).
+    #[arg(long)]
+    pub telemetry_interval: Option<String>,
+}
+
+/// Runs one service until SIGINT/SIGTERM.
+pub async fn run(args: RunArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
+    let (url, origin) = local::discover_url(args.nats.as_deref(), env, std::path::Path::new(".allot"));
+    let mut s = Settings::new(env);
+    let replicas: usize = s.parse(args.stream_replicas.as_deref(), "ALLOT_STREAM_REPLICAS", 1);
+    if !(1..=5).contains(&replicas) {
+        s.problem(format!("--stream-replicas / ALLOT_STREAM_REPLICAS: {replicas}; use 1 to 5"));
+    }
+    let service = match &args.service {
+        Service::Inventory(a) => Ok(inventory_config(a, &url, &mut s)),
+        Service::Collector(a) => Err(collector_config(a, &url, &mut s)),
+    };
+    s.finish()?;
+    tracing::info!(nats = %url, from = %origin, "using NATS");
+
+    let (_trigger, shutdown) = shutdown_on_signal();
+    let admin = allot_bus::connect(&allot_bus::ConnectConfig::new(&url, "allot-run"), shutdown.clone()).await?;
+    allot_bus::ensure_streams(&async_nats::jetstream::new(admin.clone()), &allot_bus::catalog(replicas)).await?;
+    let _ = admin.drain().await;
+
+    match service {
+        Ok(config) => allot_inventory::run(config, shutdown).await?,
+        Err(config) => allot_collector::run(config, shutdown).await?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn inventory_config(a: &InventoryArgs, url: &str, s: &mut Settings<'_>) -> allot_inventory::Config {
+    let data_dir = PathBuf::from(s.string(a.data_dir.as_deref(), "ALLOT_DATA_DIR", ".allot/inventory"));
+    let mut config = allot_inventory::Config::new(url, data_dir);
+    config.consumer_prefix = s.string(a.consumer_prefix.as_deref(), "ALLOT_CONSUMER_PREFIX", "inventory");
+    if let Err(e) = allot_events::subject::validate_token("consumer prefix", &config.consumer_prefix) {
+        s.problem(format!("--consumer-prefix / ALLOT_CONSUMER_PREFIX: {e}"));
+    }
+    config.liveness.heartbeat_interval =
+        s.duration(a.heartbeat_interval.as_deref(), "ALLOT_HEARTBEAT_INTERVAL", Duration::from_secs(5));
+    config.liveness.missed_heartbeats = s.parse(a.missed_heartbeats.as_deref(), "ALLOT_MISSED_HEARTBEATS", 3);
+    config.ack_wait = s.duration(a.ack_wait.as_deref(), "ALLOT_ACK_WAIT", Duration::from_secs(30));
+    config
+}
+
+fn collector_config(a: &CollectorArgs, url: &str, s: &mut Settings<'_>) -> allot_collector::Config {
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "localhost".into());
+    let node = s.string(a.node.as_deref(), "ALLOT_NODE", &hostname);
+    if let Err(e) = allot_events::subject::validate_token("node name", &node) {
+        s.problem(format!("--node / ALLOT_NODE: {e}"));
+    }
+    let pool = s.string(a.pool.as_deref(), "ALLOT_POOL", "default");
+    if let Err(e) = allot_events::subject::validate_token("pool", &pool) {
+        s.problem(format!("--pool / ALLOT_POOL: {e}"));
+    }
+    let source = match s.string(a.gpu_source.as_deref(), "ALLOT_GPU_SOURCE", "auto").as_str() {
+        "auto" => SourceChoice::Auto,
+        "nvml" => SourceChoice::Nvml,
+        "sim" | "simulated" => SourceChoice::Simulated,
+        other => {
+            s.problem(format!("--gpu-source / ALLOT_GPU_SOURCE: {other:?}; use auto, nvml or sim"));
+            SourceChoice::Auto
+        }
+    };
+    let model = s.string(a.sim_model.as_deref(), "ALLOT_SIM_MODEL", "H100");
+    let model = model.parse::<GpuModel>().unwrap_or_else(|e| {
+        s.problem(format!("--sim-model / ALLOT_SIM_MODEL: {e}"));
+        GpuModel::default()
+    });
+    allot_collector::Config {
+        nats_url: url.to_owned(),
+        node,
+        pool,
+        rack: s.optional(a.rack.as_deref(), "ALLOT_RACK"),
+        hostname,
+        source,
+        sim: SimSpec {
+            gpus: s.parse(a.sim_gpus.as_deref(), "ALLOT_SIM_GPUS", 8),
+            model,
+            ..SimSpec::default()
+        },
+        heartbeat_interval: s.duration(a.heartbeat_interval.as_deref(), "ALLOT_HEARTBEAT_INTERVAL", Duration::from_secs(5)),
+        telemetry_interval: s.duration(a.telemetry_interval.as_deref(), "ALLOT_TELEMETRY_INTERVAL", Duration::from_secs(10)),
+    }
+}
+

@@ -1,0 +1,279 @@
+//! `allot up`: nats-server, every service and a simulated cluster in one process.
+//!
+//! Each service gets its own NATS connection and talks to the others only through JetStream,
+//! exactly as when they run as separate pods; only the process boundary is missing.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use tokio::task::JoinSet;
+
+use allot_collector::sim::{GpuModel, SimSpec};
+
+use super::settings::{Lookup, Settings};
+use super::{local, shutdown_on_signal, within_grace};
+
+/// Flags of `allot up`; each also reads its `ALLOT_*` variable.
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// Use this NATS server or cluster instead of starting one (ALLOT_NATS_URL).
+    #[arg(long)]
+    pub nats: Option<String>,
+    /// Folder for state, the embedded server's store and its URL (ALLOT_DATA_DIR).
+    #[arg(long)]
+    pub data_dir: Option<String>,
+    /// Port for the embedded nats-server; 0 = 4222 if free, else any (ALLOT_NATS_PORT).
+    #[arg(long)]
+    pub nats_port: Option<String>,
+    /// Simulated nodes, named node-1 … node-N (ALLOT_SIM_NODES).
+    #[arg(long)]
+    pub sim_nodes: Option<String>,
+    /// GPUs per simulated node (ALLOT_SIM_GPUS).
+    #[arg(long)]
+    pub sim_gpus: Option<String>,
+    /// GPU models of the simulated nodes, comma-separated, assigned round-robin (ALLOT_SIM_MODELS).
+    #[arg(long)]
+    pub sim_models: Option<String>,
+    /// Collector heartbeat interval (ALLOT_HEARTBEAT_INTERVAL).
+    #[arg(long)]
+    pub heartbeat_interval: Option<String>,
+    /// Collector telemetry interval (ALLOT_TELEMETRY_INTERVAL).
+    #[arg(long)]
+    pub telemetry_interval: Option<String>,
+    /// Heartbeats a node may miss before it is unreachable (ALLOT_MISSED_HEARTBEATS).
+    #[arg(long)]
+    pub missed_heartbeats: Option<String>,
+}
+
+/// The validated configuration of `allot up`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpConfig {
+    pub nats: Option<String>,
+    pub data_dir: PathBuf,
+    pub nats_port: u16,
+    pub sim_nodes: u32,
+    pub sim_gpus: u32,
+    pub sim_models: Vec<GpuModel>,
+    pub heartbeat_interval: Duration,
+    pub telemetry_interval: Duration,
+    pub missed_heartbeats: u32,
+}
+
+impl UpConfig {
+    /// Reads and checks every setting, reporting all problems at once.
+    pub fn resolve(args: &UpArgs, env: Lookup<'_>) -> Result<Self, super::settings::InvalidSettings> {
+        let mut s = Settings::new(env);
+        let nats = s.optional(args.nats.as_deref(), "ALLOT_NATS_URL");
+        let data_dir = PathBuf::from(s.string(args.data_dir.as_deref(), "ALLOT_DATA_DIR", ".allot"));
+        let nats_port = s.parse(args.nats_port.as_deref(), "ALLOT_NATS_PORT", 0u16);
+        let sim_nodes = s.parse(args.sim_nodes.as_deref(), "ALLOT_SIM_NODES", 4u32);
+        let sim_gpus = s.parse(args.sim_gpus.as_deref(), "ALLOT_SIM_GPUS", 8u32);
+        let models = s.string(args.sim_models.as_deref(), "ALLOT_SIM_MODELS", "H100");
+        let mut sim_models = Vec::new();
+        for name in models.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+            match name.parse::<GpuModel>() {
+                Ok(m) => sim_models.push(m),
+                Err(e) => s.problem(format!("--sim-models / ALLOT_SIM_MODELS: {e}")),
+            }
+        }
+        if sim_models.is_empty() && !models.split(',').any(|m| !m.trim().is_empty()) {
+            s.problem("--sim-models / ALLOT_SIM_MODELS: name at least one GPU model");
+        }
+        let heartbeat_interval =
+            s.duration(args.heartbeat_interval.as_deref(), "ALLOT_HEARTBEAT_INTERVAL", Duration::from_secs(2));
+        let telemetry_interval =
+            s.duration(args.telemetry_interval.as_deref(), "ALLOT_TELEMETRY_INTERVAL", Duration::from_secs(5));
+        let missed_heartbeats = s.parse(args.missed_heartbeats.as_deref(), "ALLOT_MISSED_HEARTBEATS", 3u32);
+        if sim_gpus == 0 || sim_gpus > 16 {
+            s.problem(format!("--sim-gpus / ALLOT_SIM_GPUS: {sim_gpus} GPUs per node; use 1 to 16"));
+        }
+        if sim_nodes > 2000 {
+            s.problem(format!("--sim-nodes / ALLOT_SIM_NODES: {sim_nodes} nodes; use at most 2000"));
+        }
+        if missed_heartbeats == 0 {
+            s.problem("--missed-heartbeats / ALLOT_MISSED_HEARTBEATS: must be at least 1");
+        }
+        s.finish()?;
+        Ok(Self {
+            nats,
+            data_dir,
+            nats_port,
+            sim_nodes,
+            sim_gpus,
+            sim_models,
+            heartbeat_interval,
+            telemetry_interval,
+            missed_heartbeats,
+        })
+    }
+}
+
+/// Runs `allot up` until SIGINT/SIGTERM or a service fails.
+pub async fn up(args: UpArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
+    let config = UpConfig::resolve(&args, env)?;
+    let (trigger, shutdown) = shutdown_on_signal();
+
+    let embedded = match &config.nats {
+        Some(_) => None,
+        None => {
+            let binary = local::nats_server_binary(env)?;
+            Some(local::EmbeddedNats::start(&binary, &config.data_dir, config.nats_port).await?)
+        }
+    };
+    let url = match (&config.nats, &embedded) {
+        (Some(url), _) => url.clone(),
+        (None, Some(nats)) => nats.url().to_owned(),
+        (None, None) => unreachable!("either --nats or an embedded server"),
+    };
+
+    let code = match run_services(&config, &url, shutdown.clone(), trigger).await {
+        Ok(code) => code,
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "allot up failed");
+            ExitCode::FAILURE
+        }
+    };
+    if let Some(nats) = embedded {
+        nats.stop().await;
+    }
+    Ok(code)
+}
+
+async fn run_services(
+    config: &UpConfig,
+    url: &str,
+    shutdown: super::Shutdown,
+    trigger: tokio::sync::oneshot::Sender<()>,
+) -> anyhow::Result<ExitCode> {
+    let admin = allot_bus::connect(&allot_bus::ConnectConfig::new(url, "allot-up"), shutdown.clone())
+        .await
+        .context("connecting to NATS")?;
+    let js = async_nats::jetstream::new(admin.clone());
+    allot_bus::ensure_streams(&js, &allot_bus::catalog(1)).await?;
+
+    let mut services: JoinSet<(String, anyhow::Result<()>)> = JoinSet::new();
+    let mut inventory = allot_inventory::Config::new(url, config.data_dir.join("inventory"));
+    inventory.liveness.heartbeat_interval = config.heartbeat_interval;
+    inventory.liveness.missed_heartbeats = config.missed_heartbeats;
+    services.spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            ("inventory".into(), allot_inventory::run(inventory, shutdown).await.map_err(Into::into))
+        }
+    });
+    for i in 1..=config.sim_nodes {
+        let node = format!("node-{i}");
+        let model = config.sim_models[(i as usize - 1) % config.sim_models.len()];
+        let collector = allot_collector::Config {
+            nats_url: url.to_owned(),
+            node: node.clone(),
+            pool: "default".into(),
+            rack: Some(format!("rack-{}", (i - 1) / 4 + 1)),
+            hostname: node.clone(),
+            source: allot_collector::SourceChoice::Simulated,
+            sim: SimSpec {
+                gpus: config.sim_gpus,
+                model,
+                seed: u64::from(i),
+                ..SimSpec::default()
+            },
+            heartbeat_interval: config.heartbeat_interval,
+            telemetry_interval: config.telemetry_interval,
+        };
+        let shutdown = shutdown.clone();
+        services.spawn(async move {
+            (format!("collector {node}"), allot_collector::run(collector, shutdown).await.map_err(Into::into))
+        });
+    }
+    tracing::info!(
+        nats = %url,
+        nodes = config.sim_nodes,
+        gpus_per_node = config.sim_gpus,
+        "allot is up; try `allot status` in this folder, Ctrl-C to stop"
+    );
+
+    // Run until a signal, or until a service stops on its own (which is a failure).
+    let mut code = ExitCode::SUCCESS;
+    let mut trigger = Some(trigger);
+    tokio::select! {
+        () = shutdown.clone() => {}
+        Some(joined) = services.join_next() => {
+            let (name, result) = joined.unwrap_or_else(|e| ("a service".into(), Err(e.into())));
+            match result {
+                Err(e) => tracing::error!(service = %name, error = %format!("{e:#}"), "service failed; shutting down"),
+                Ok(()) => tracing::error!(service = %name, "service stopped unexpectedly; shutting down"),
+            }
+            code = ExitCode::FAILURE;
+            if let Some(t) = trigger.take() {
+                let _ = t.send(());
+            }
+        }
+    }
+    let drained = within_grace("services", Duration::from_secs(15), async {
+        while let Some(joined) = services.join_next().await {
+            if let Ok((name, Err(e))) = joined {
+                tracing::error!(service = %name, error = %format!("{e:#}"), "service stopped with an error");
+                code = ExitCode::FAILURE;
+            }
+        }
+    })
+    .await;
+    if drained.is_none() {
+        services.abort_all();
+        code = ExitCode::FAILURE;
+    }
+    let _ = within_grace("NATS drain", Duration::from_secs(5), admin.drain()).await;
+    tracing::info!("allot stopped");
+    Ok(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> UpArgs {
+        UpArgs {
+            nats: None,
+            data_dir: None,
+            nats_port: None,
+            sim_nodes: None,
+            sim_gpus: None,
+            sim_models: None,
+            heartbeat_interval: None,
+            telemetry_interval: None,
+            missed_heartbeats: None,
+        }
+    }
+
+    #[test]
+    fn defaults_give_a_four_node_h100_cluster() {
+        let config = UpConfig::resolve(&args(), &|_| None).unwrap();
+        assert_eq!((config.sim_nodes, config.sim_gpus), (4, 8));
+        assert_eq!(config.sim_models, vec!["H100".parse().unwrap()]);
+        assert_eq!(config.data_dir, PathBuf::from(".allot"));
+        assert!(config.nats.is_none());
+    }
+
+    #[test]
+    fn every_invalid_setting_is_listed_at_once() {
+        let env = |k: &str| match k {
+            "ALLOT_SIM_NODES" => Some("three".into()),
+            "ALLOT_SIM_MODELS" => Some("H100,Z9000".into()),
+            _ => None,
+        };
+        let args = UpArgs {
+            sim_gpus: Some("0".into()),
+            heartbeat_interval: Some("soon".into()),
+            ..args()
+        };
+        let err = UpConfig::resolve(&args, &env).unwrap_err();
+        let text = err.to_string();
+        for want in ["ALLOT_SIM_NODES=\"three\"", "Z9000", "--sim-gpus", "--heartbeat-interval=\"soon\""] {
+            assert!(text.contains(want), "missing {want:?} in:\n{text}");
+        }
+        assert_eq!(err.0.len(), 4, "{text}");
+    }
+}
