@@ -1,21 +1,275 @@
 //! `allot bench …`: benchmarks that need a real nats-server.
+//!
+//! `allot bench telemetry` measures sustained telemetry ingest through the real path —
+//! envelopes published with `Nats-Msg-Id` and awaited acks, consumed by the inventory's
+//! durable consumer, decoded, applied to SQLite with the stream position in the same
+//! transaction, and acknowledged — and, in the same run on the same server, raw async-nats
+//! JetStream publish + consume of the same payloads (pull consumer, explicit acks, no
+//! decoding, no storage). The ratio is what Allot's guarantees cost.
 
+use std::collections::VecDeque;
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
-use clap::Subcommand;
+use anyhow::Context;
+use async_nats::jetstream::{self, consumer::pull, stream};
+use bytes::Bytes;
+use clap::{Args, Subcommand};
+use futures::StreamExt;
 
+use allot_bus::Publisher;
+use allot_events::Envelope;
+use allot_events::telemetry::{GpuSample, GpusSampled};
+
+use super::local;
 use super::settings::Lookup;
 
 /// Benchmarks.
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
     /// Telemetry ingest: collector → JetStream → inventory SQLite, against raw JetStream.
-    Telemetry,
+    Telemetry(TelemetryArgs),
+}
+
+/// Flags of `allot bench telemetry`.
+#[derive(Debug, Args)]
+pub struct TelemetryArgs {
+    /// Events per run.
+    #[arg(long, default_value_t = 50_000)]
+    pub events: usize,
+    /// Simulated nodes the events come from (8 GPUs each).
+    #[arg(long, default_value_t = 100)]
+    pub nodes: usize,
+    /// Publishes in flight (awaiting their PubAck) at once, for both paths.
+    #[arg(long, default_value_t = 256)]
+    pub window: usize,
+    /// Rounds; each runs both paths on a fresh server, alternating which goes first.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
 }
 
 /// Runs a benchmark.
-pub async fn bench(cmd: BenchCommand, _env: Lookup<'_>) -> anyhow::Result<ExitCode> {
+pub async fn bench(cmd: BenchCommand, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
     match cmd {
-        BenchCommand::Telemetry => anyhow::bail!("not implemented yet"),
+        BenchCommand::Telemetry(args) => telemetry(args, env).await,
     }
+}
+
+async fn telemetry(args: TelemetryArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
+    let binary = local::nats_server_binary(env)?;
+    let payloads = payloads(args.events, args.nodes);
+    let bytes_per_event = payloads.iter().map(|e| e.to_json().len()).sum::<usize>() / payloads.len();
+    eprintln!(
+        "telemetry ingest: {} events/run ({} nodes × 8 GPUs, {bytes_per_event} B/event), window {}, {} rounds",
+        args.events, args.nodes, args.window, args.rounds
+    );
+    let mut raw = Vec::new();
+    let mut allot = Vec::new();
+    for round in 0..args.rounds {
+        let dir = tempfile::tempdir()?;
+        let nats = local::EmbeddedNats::start(&binary, dir.path(), pick_free_port()?).await?;
+        let url = nats.url().to_owned();
+        let result = async {
+            let (r, a) = if round % 2 == 0 {
+                let r = raw_path(&url, &payloads, args.window).await?;
+                let a = allot_path(&url, dir.path(), &payloads, args.window).await?;
+                (r, a)
+            } else {
+                let a = allot_path(&url, dir.path(), &payloads, args.window).await?;
+                let r = raw_path(&url, &payloads, args.window).await?;
+                (r, a)
+            };
+            anyhow::Ok((r, a))
+        }
+        .await;
+        nats.stop().await;
+        let (r, a) = result?;
+        eprintln!(
+            "round {}: raw {:>9.0} events/s   allot {:>9.0} events/s   ratio {:.2}",
+            round + 1,
+            r,
+            a,
+            a / r
+        );
+        raw.push(r);
+        allot.push(a);
+    }
+    let (raw_median, allot_median) = (median(&mut raw), median(&mut allot));
+    let ratio = allot_median / raw_median;
+    println!("| path | events/s (median of {}) |", args.rounds);
+    println!("|---|---|");
+    println!("| raw async-nats JetStream publish + pull consume | {raw_median:.0} |");
+    println!("| allot: publisher → TELEMETRY → inventory → SQLite | {allot_median:.0} |");
+    println!("| ratio allot / raw | {ratio:.2} |");
+    if let Some(path) = args.json {
+        let json = serde_json::json!({
+            "benchmark": "telemetry",
+            "events": args.events,
+            "nodes": args.nodes,
+            "window": args.window,
+            "bytes_per_event": bytes_per_event,
+            "raw_events_per_s": raw,
+            "allot_events_per_s": allot,
+            "raw_median": raw_median,
+            "allot_median": allot_median,
+            "ratio": ratio,
+        });
+        std::fs::write(&path, serde_json::to_vec_pretty(&json)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One telemetry event per node per tick, like the collectors send.
+fn payloads(events: usize, nodes: usize) -> Vec<Envelope> {
+    (0..events)
+        .map(|i| {
+            let node = format!("node-{}", i % nodes.max(1) + 1);
+            let tick = (i / nodes.max(1)) as u64;
+            let samples = (0..8u32)
+                .map(|g| GpuSample {
+                    index: g,
+                    uuid: format!("GPU-{node}-{g}"),
+                    utilization_pct: ((tick * 7 + u64::from(g) * 13) % 101) as u8,
+                    memory_used_mib: 1_000 + tick % 70_000,
+                    memory_total_mib: 81_559,
+                    temperature_c: Some(40 + (tick % 40) as u32),
+                    power_mw: Some(150_000 + tick % 500_000),
+                    power_limit_mw: Some(700_000),
+                    ecc_corrected: Some(0),
+                    ecc_uncorrected: Some(0),
+                    xid_errors: Some(0),
+                    last_xid: None,
+                })
+                .collect();
+            Envelope::new(format!("/allot/collector/{node}"), GpusSampled { node, samples })
+        })
+        .collect()
+}
+
+/// Raw async-nats: publish with a bounded window of awaited acks; a pull consumer acks each.
+async fn raw_path(url: &str, payloads: &[Envelope], window: usize) -> anyhow::Result<f64> {
+    let client = async_nats::connect(url).await?;
+    let js = jetstream::new(client.clone());
+    let stream = js
+        .create_stream(stream::Config {
+            name: "BENCH_RAW".into(),
+            subjects: vec!["bench.raw.>".into()],
+            storage: stream::StorageType::File,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .await?;
+    let consumer = stream
+        .create_consumer(pull::Config {
+            durable_name: Some("bench".into()),
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            max_ack_pending: 2048,
+            ..Default::default()
+        })
+        .await?;
+    let wire: Vec<(String, Bytes)> = payloads
+        .iter()
+        .map(|e| (format!("bench.raw.{}", e.subject.as_deref().unwrap_or("x")), Bytes::from(e.to_json())))
+        .collect();
+    let total = wire.len();
+    let start = Instant::now();
+    let consume = tokio::spawn(async move {
+        let mut messages = consumer.stream().max_messages_per_batch(256).messages().await?;
+        let mut seen = 0;
+        while seen < total {
+            let message = messages.next().await.context("consumer ended")?.map_err(|e| anyhow::anyhow!(e))?;
+            message.ack().await.map_err(|e| anyhow::anyhow!(e))?;
+            seen += 1;
+        }
+        anyhow::Ok(())
+    });
+    let mut in_flight = VecDeque::with_capacity(window);
+    for (subject, payload) in wire {
+        if in_flight.len() >= window
+            && let Some(ack) = in_flight.pop_front()
+        {
+            let ack: jetstream::context::PublishAckFuture = ack;
+            ack.await?;
+        }
+        in_flight.push_back(js.publish(subject, payload).await?);
+    }
+    for ack in in_flight {
+        ack.await?;
+    }
+    consume.await??;
+    let elapsed = start.elapsed();
+    client.drain().await.ok();
+    Ok(total as f64 / elapsed.as_secs_f64())
+}
+
+/// Allot: the bus publisher into TELEMETRY; the inventory service applies to SQLite.
+async fn allot_path(url: &str, dir: &std::path::Path, payloads: &[Envelope], window: usize) -> anyhow::Result<f64> {
+    let client = async_nats::connect(url).await?;
+    let publisher = Publisher::new(client.clone(), "/allot/bench");
+    allot_bus::ensure_streams(publisher.jetstream(), &allot_bus::catalog(1)).await?;
+    let mut config = allot_inventory::Config::new(url, dir.join("inventory"));
+    config.consumer_prefix = "bench".into();
+    let db = config.db_path();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let inventory = tokio::spawn(allot_inventory::run(config, async {
+        let _ = stopped.await;
+    }));
+    // Wait until the inventory has created its consumers, so both paths start consuming live.
+    let js = publisher.jetstream().clone();
+    for _ in 0..200 {
+        let ready = match js.get_stream(allot_bus::streams::names::TELEMETRY).await {
+            Ok(s) => s.consumer_info("bench-telemetry").await.is_ok(),
+            Err(_) => false,
+        };
+        if ready {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let total = payloads.len() as u64;
+    let start = Instant::now();
+    let mut in_flight = VecDeque::with_capacity(window);
+    let mut last_seq = 0;
+    for envelope in payloads {
+        if in_flight.len() >= window
+            && let Some(ack) = in_flight.pop_front()
+        {
+            let ack: allot_bus::PendingAck = ack;
+            last_seq = ack.wait().await?.sequence;
+        }
+        in_flight.push_back(publisher.send(envelope).await?);
+    }
+    for ack in in_flight {
+        last_seq = ack.wait().await?.sequence;
+    }
+    // Applied = the position recorded in SQLite with the state.
+    let conn = allot_store::rusqlite::Connection::open(&db)?;
+    loop {
+        let position = allot_store::position(&conn, "bench-telemetry")?.unwrap_or(0);
+        if position >= last_seq {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(600) {
+            anyhow::bail!("the inventory applied only {position} of {last_seq} events in 10 minutes");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let elapsed = start.elapsed();
+    let _ = stop.send(());
+    inventory.await??;
+    client.drain().await.ok();
+    Ok(total as f64 / elapsed.as_secs_f64())
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values[values.len() / 2]
+}
+
+fn pick_free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
 }

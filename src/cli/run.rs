@@ -150,7 +150,7 @@ fn collector_config(a: &CollectorArgs, url: &str, s: &mut Settings<'_>) -> allot
     let model = s.string(a.sim_model.as_deref(), "ALLOT_SIM_MODEL", "H100");
     let model = model.parse::<GpuModel>().unwrap_or_else(|e| {
         s.problem(format!("--sim-model / ALLOT_SIM_MODEL: {e}"));
-        GpuModel::default()
+        GpuModel::H100
     });
     allot_collector::Config {
         nats_url: url.to_owned(),

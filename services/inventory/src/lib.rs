@@ -220,6 +220,12 @@ impl Projector {
 }
 
 impl Handler for Projector {
+    fn resume_after(&mut self) -> Result<Option<u64>, HandlerError> {
+        let position = allot_store::position(&self.conn, &self.consumer)
+            .map_err(|e| HandlerError(format!("inventory database: {e}")))?;
+        Ok(Some(position.unwrap_or(0)))
+    }
+
     async fn handle(&mut self, batch: &[Delivery]) -> Result<Vec<Outcome>, HandlerError> {
         let items: Vec<(u64, &Delivery)> = batch.iter().map(|d| (d.stream_sequence, d)).collect();
         let results = allot_store::apply_batch(&mut self.conn, &self.consumer, &items, |c, d| {

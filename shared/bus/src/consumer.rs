@@ -12,16 +12,23 @@
 //!    attempts the batch is split and each message retried alone; one that still fails is
 //!    dead-lettered. A message the server has already delivered that many times without an
 //!    acknowledgement (the process kept dying on it) is dead-lettered on sight.
-//! 4. On shutdown the runner stops pulling, finishes the batch in hand, and returns. What was
-//!    pulled but not handled is redelivered to the next instance after `ack_wait`.
+//! 4. A handler that stores its applied position with its state ([`Handler::resume_after`])
+//!    decides where the consumer starts: the durable consumer is recreated right after that
+//!    position on start-up. Without this, a restarted instance would receive never-delivered
+//!    messages before the redeliveries of those it was handling when it died, apply the newer
+//!    ones first, and then skip the older ones as already applied — losing them. (The e2e test
+//!    that SIGKILLs the inventory mid-stream found exactly that.)
+//! 5. On shutdown the runner stops pulling, finishes the batch in hand, and returns.
 
 use std::future::Future;
 use std::time::Duration;
 
 use async_nats::jetstream::{
     self,
+    ErrorCode,
     consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull},
     message::PublishMessage,
+    stream::ConsumerErrorKind,
 };
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
@@ -66,12 +73,17 @@ impl ConsumerSpec {
         }
     }
 
-    fn config(&self) -> pull::Config {
+    fn config(&self, resume_after: Option<u64>) -> pull::Config {
         pull::Config {
             durable_name: Some(self.durable.clone()),
             description: Some(format!("allot consumer {}", self.durable)),
             filter_subjects: self.filter_subjects.clone(),
-            deliver_policy: DeliverPolicy::All,
+            deliver_policy: match resume_after {
+                None => DeliverPolicy::All,
+                Some(seq) => DeliverPolicy::ByStartSequence {
+                    start_sequence: seq + 1,
+                },
+            },
             ack_policy: AckPolicy::Explicit,
             ack_wait: self.ack_wait,
             // Redelivery is bounded by the runner, which dead-letters rather than letting the
@@ -114,6 +126,16 @@ pub struct HandlerError(pub String);
 
 /// Applies a consumer's messages.
 pub trait Handler: Send {
+    /// The last stream sequence this handler has applied, if it keeps one (a projection that
+    /// stores its position with its state). The runner then starts the consumer right after
+    /// it, so the handler's own record — not the server's acknowledgement state — decides
+    /// where to resume: after a crash, messages that were delivered but never acknowledged
+    /// come again in stream order instead of after newer ones. `None` resumes from the
+    /// durable consumer's acknowledgements.
+    fn resume_after(&mut self) -> Result<Option<u64>, HandlerError> {
+        Ok(None)
+    }
+
     /// Handles `batch` in order and returns one outcome per message, or an error if nothing
     /// from the batch was kept and it should be retried.
     fn handle(
@@ -159,7 +181,12 @@ impl<H: Handler> ConsumerRunner<H> {
     /// Returns the handler, so tests can inspect it.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<H, BusError> {
         tokio::pin!(shutdown);
-        let consumer = create_consumer(&self.js, &self.settler.spec).await?;
+        let resume_after = self.handler.resume_after().map_err(|e| BusError::JetStream {
+            operation: "reading the applied position",
+            name: self.settler.spec.durable.clone(),
+            message: e.0,
+        })?;
+        let consumer = create_consumer(&self.js, &self.settler.spec, resume_after).await?;
         'pull: loop {
             let messages = consumer
                 .stream()
@@ -389,13 +416,25 @@ impl Settler {
 async fn create_consumer(
     js: &jetstream::Context,
     spec: &ConsumerSpec,
+    resume_after: Option<u64>,
 ) -> Result<PullConsumer, BusError> {
     let stream = js
         .get_stream(&spec.stream)
         .await
         .map_err(|e| BusError::jetstream("opening stream", &spec.stream, e))?;
+    if let Some(seq) = resume_after {
+        // A consumer's start cannot be changed in place: recreate it at the handler's position.
+        match stream.delete_consumer(&spec.durable).await {
+            Ok(_) => {}
+            Err(e)
+                if matches!(e.kind(), ConsumerErrorKind::JetStream(ref js)
+                    if js.error_code() == ErrorCode::CONSUMER_NOT_FOUND) => {}
+            Err(e) => return Err(BusError::jetstream("recreating consumer", &spec.durable, e)),
+        }
+        tracing::info!(consumer = %spec.durable, resume_after = seq, "consumer positioned after the last applied sequence");
+    }
     stream
-        .create_consumer(spec.config())
+        .create_consumer(spec.config(resume_after))
         .await
         .map_err(|e| BusError::jetstream("creating consumer", &spec.durable, e))
 }

@@ -98,6 +98,9 @@ impl StreamSpec {
     }
 }
 
+/// Registrations and heartbeats kept per node (per subject) in FLEET.
+pub const FLEET_MSGS_PER_SUBJECT: i64 = 64;
+
 /// Stream names, for consumers and tools.
 pub mod names {
     /// Node registrations and heartbeats.
@@ -116,7 +119,7 @@ pub fn catalog(replicas: usize) -> Vec<StreamSpec> {
         StreamSpec {
             // Keep the last registrations and heartbeats of every node, however old: a node
             // that registered a year ago is still part of the cluster.
-            max_msgs_per_subject: Some(64),
+            max_msgs_per_subject: Some(FLEET_MSGS_PER_SUBJECT),
             ..StreamSpec::new(
                 names::FLEET,
                 "Node registrations and heartbeats from collectors",

@@ -1,0 +1,6 @@
+//! End-to-end tests: the `allot` binary as users and operators run it, against a real
+//! nats-server, SQLite on disk and real processes (signals included).
+
+mod inventory_crash;
+mod support;
+mod up_status;

@@ -1,0 +1,84 @@
+//! Spawning `allot` processes and waiting on them.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// `allot` as built by cargo for these tests, with the project's nats-server.
+pub fn allot(cwd: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_allot"));
+    cmd.current_dir(cwd)
+        .env_remove("ALLOT_NATS_URL")
+        .env("ALLOT_LOG", "info,async_nats=warn")
+        .stdin(Stdio::null());
+    if let Ok(binary) = allot_testkit::nats_server_binary() {
+        cmd.env("ALLOT_NATS_SERVER", binary);
+    }
+    cmd
+}
+
+/// Starts `cmd` with stdout and stderr going to `<dir>/<name>.log`.
+pub fn spawn_logged(mut cmd: Command, dir: &Path, name: &str) -> Child {
+    let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
+    cmd.stdout(log.try_clone().unwrap()).stderr(log);
+    cmd.spawn().unwrap()
+}
+
+/// The log a process spawned by [`spawn_logged`] wrote so far.
+pub fn log_of(dir: &Path, name: &str) -> String {
+    std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default()
+}
+
+/// Polls `probe` every 50 ms until it returns `Some`, for at most `limit`.
+pub fn wait_for<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if let Some(t) = probe() {
+            return Some(t);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// Sends SIGTERM to a process.
+pub fn terminate(child: &Child) {
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// Waits for a child to exit, for at most `limit`.
+pub fn wait_exit(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    wait_for(limit, || child.try_wait().unwrap())
+}
+
+/// Pids of live processes whose command line mentions `needle`.
+pub fn processes_mentioning(needle: &str) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        // A zombie has an empty command line; it is gone for every practical purpose.
+        if cmdline.contains(needle) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// A free TCP port on loopback.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind(("127.0.0.1", 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
