@@ -61,7 +61,8 @@ pub async fn bench(cmd: BenchCommand, env: Lookup<'_>) -> anyhow::Result<ExitCod
 async fn telemetry(args: TelemetryArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
     let binary = local::nats_server_binary(env)?;
     let payloads = payloads(args.events, args.nodes);
-    let bytes_per_event = payloads.iter().map(|e| e.to_json().len()).sum::<usize>() / payloads.len();
+    let bytes_per_event =
+        payloads.iter().map(|e| e.to_json().len()).sum::<usize>() / payloads.len();
     eprintln!(
         "telemetry ingest: {} events/run ({} nodes × 8 GPUs, {bytes_per_event} B/event), window {}, {} rounds",
         args.events, args.nodes, args.window, args.rounds
@@ -133,7 +134,7 @@ fn payloads(events: usize, nodes: usize) -> Vec<Envelope> {
                 .map(|g| GpuSample {
                     index: g,
                     uuid: format!("GPU-{node}-{g}"),
-                    utilization_pct: ((tick * 7 + u64::from(g) * 13) % 101) as u8,
+                    utilization_pct: Some(((tick * 7 + u64::from(g) * 13) % 101) as u8),
                     memory_used_mib: 1_000 + tick % 70_000,
                     memory_total_mib: 81_559,
                     temperature_c: Some(40 + (tick % 40) as u32),
@@ -145,7 +146,10 @@ fn payloads(events: usize, nodes: usize) -> Vec<Envelope> {
                     last_xid: None,
                 })
                 .collect();
-            Envelope::new(format!("/allot/collector/{node}"), GpusSampled { node, samples })
+            Envelope::new(
+                format!("/allot/collector/{node}"),
+                GpusSampled { node, samples },
+            )
         })
         .collect()
 }
@@ -173,15 +177,28 @@ async fn raw_path(url: &str, payloads: &[Envelope], window: usize) -> anyhow::Re
         .await?;
     let wire: Vec<(String, Bytes)> = payloads
         .iter()
-        .map(|e| (format!("bench.raw.{}", e.subject.as_deref().unwrap_or("x")), Bytes::from(e.to_json())))
+        .map(|e| {
+            (
+                format!("bench.raw.{}", e.subject.as_deref().unwrap_or("x")),
+                Bytes::from(e.to_json()),
+            )
+        })
         .collect();
     let total = wire.len();
     let start = Instant::now();
     let consume = tokio::spawn(async move {
-        let mut messages = consumer.stream().max_messages_per_batch(256).messages().await?;
+        let mut messages = consumer
+            .stream()
+            .max_messages_per_batch(256)
+            .messages()
+            .await?;
         let mut seen = 0;
         while seen < total {
-            let message = messages.next().await.context("consumer ended")?.map_err(|e| anyhow::anyhow!(e))?;
+            let message = messages
+                .next()
+                .await
+                .context("consumer ended")?
+                .map_err(|e| anyhow::anyhow!(e))?;
             message.ack().await.map_err(|e| anyhow::anyhow!(e))?;
             seen += 1;
         }
@@ -207,7 +224,12 @@ async fn raw_path(url: &str, payloads: &[Envelope], window: usize) -> anyhow::Re
 }
 
 /// Allot: the bus publisher into TELEMETRY; the inventory service applies to SQLite.
-async fn allot_path(url: &str, dir: &std::path::Path, payloads: &[Envelope], window: usize) -> anyhow::Result<f64> {
+async fn allot_path(
+    url: &str,
+    dir: &std::path::Path,
+    payloads: &[Envelope],
+    window: usize,
+) -> anyhow::Result<f64> {
     let client = async_nats::connect(url).await?;
     let publisher = Publisher::new(client.clone(), "/allot/bench");
     allot_bus::ensure_streams(publisher.jetstream(), &allot_bus::catalog(1)).await?;
@@ -254,7 +276,9 @@ async fn allot_path(url: &str, dir: &std::path::Path, payloads: &[Envelope], win
             break;
         }
         if start.elapsed() > Duration::from_secs(600) {
-            anyhow::bail!("the inventory applied only {position} of {last_seq} events in 10 minutes");
+            anyhow::bail!(
+                "the inventory applied only {position} of {last_seq} events in 10 minutes"
+            );
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
@@ -271,5 +295,7 @@ fn median(values: &mut [f64]) -> f64 {
 }
 
 fn pick_free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?
+        .local_addr()?
+        .port())
 }

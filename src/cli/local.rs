@@ -21,7 +21,11 @@ pub fn url_file(data_dir: &Path) -> PathBuf {
 
 /// The URL client commands use: `--nats`, then `ALLOT_NATS_URL`, then the `nats.url` written by
 /// an `allot up` in this folder, then the default port.
-pub fn discover_url(flag: Option<&str>, env: &dyn Fn(&str) -> Option<String>, data_dir: &Path) -> (String, String) {
+pub fn discover_url(
+    flag: Option<&str>,
+    env: &dyn Fn(&str) -> Option<String>,
+    data_dir: &Path,
+) -> (String, String) {
     if let Some(url) = flag {
         return (url.to_owned(), "--nats".into());
     }
@@ -29,7 +33,10 @@ pub fn discover_url(flag: Option<&str>, env: &dyn Fn(&str) -> Option<String>, da
         return (url, "ALLOT_NATS_URL".into());
     }
     if let Ok(url) = std::fs::read_to_string(url_file(data_dir)) {
-        return (url.trim().to_owned(), url_file(data_dir).display().to_string());
+        return (
+            url.trim().to_owned(),
+            url_file(data_dir).display().to_string(),
+        );
     }
     ("nats://127.0.0.1:4222".into(), "the default".into())
 }
@@ -91,7 +98,13 @@ impl EmbeddedNats {
         let log = data_dir.join("nats.log");
         let mut command = Command::new(binary);
         command
-            .args(["--jetstream", "--addr", "127.0.0.1", "--port", &port.to_string()])
+            .args([
+                "--jetstream",
+                "--addr",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+            ])
             .arg("--store_dir")
             .arg(&store)
             .arg("--log")
@@ -137,7 +150,10 @@ impl EmbeddedNats {
                     tail.into_iter().rev().collect::<Vec<_>>().join("\n")
                 );
             }
-            if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(50)).await;

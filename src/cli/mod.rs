@@ -94,7 +94,11 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench(cmd) => bench::bench(cmd, &env).await,
         Command::Schemas { out } => {
             allot_events::schema::write_all(&out)?;
-            eprintln!("wrote {} schemas to {}", allot_events::schema::all().len(), out.display());
+            eprintln!(
+                "wrote {} schemas to {}",
+                allot_events::schema::all().len(),
+                out.display()
+            );
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -119,11 +123,19 @@ pub fn shutdown_on_signal() -> (tokio::sync::oneshot::Sender<()>, Shutdown) {
 }
 
 /// Waits for `task`, bounded by `grace`; logs when it overruns.
-pub async fn within_grace<T>(what: &str, grace: std::time::Duration, task: impl Future<Output = T>) -> Option<T> {
+pub async fn within_grace<T>(
+    what: &str,
+    grace: std::time::Duration,
+    task: impl Future<Output = T>,
+) -> Option<T> {
     match tokio::time::timeout(grace, task).await {
         Ok(v) => Some(v),
         Err(_) => {
-            tracing::warn!(task = what, grace_ms = grace.as_millis() as u64, "did not stop within the grace period");
+            tracing::warn!(
+                task = what,
+                grace_ms = grace.as_millis() as u64,
+                "did not stop within the grace period"
+            );
             None
         }
     }

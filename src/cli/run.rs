@@ -87,11 +87,14 @@ pub struct CollectorArgs {
 
 /// Runs one service until SIGINT/SIGTERM.
 pub async fn run(args: RunArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
-    let (url, origin) = local::discover_url(args.nats.as_deref(), env, std::path::Path::new(".allot"));
+    let (url, origin) =
+        local::discover_url(args.nats.as_deref(), env, std::path::Path::new(".allot"));
     let mut s = Settings::new(env);
     let replicas: usize = s.parse(args.stream_replicas.as_deref(), "ALLOT_STREAM_REPLICAS", 1);
     if !(1..=5).contains(&replicas) {
-        s.problem(format!("--stream-replicas / ALLOT_STREAM_REPLICAS: {replicas}; use 1 to 5"));
+        s.problem(format!(
+            "--stream-replicas / ALLOT_STREAM_REPLICAS: {replicas}; use 1 to 5"
+        ));
     }
     let service = match &args.service {
         Service::Inventory(a) => Ok(inventory_config(a, &url, &mut s)),
@@ -101,8 +104,16 @@ pub async fn run(args: RunArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
     tracing::info!(nats = %url, from = %origin, "using NATS");
 
     let (_trigger, shutdown) = shutdown_on_signal();
-    let admin = allot_bus::connect(&allot_bus::ConnectConfig::new(&url, "allot-run"), shutdown.clone()).await?;
-    allot_bus::ensure_streams(&async_nats::jetstream::new(admin.clone()), &allot_bus::catalog(replicas)).await?;
+    let admin = allot_bus::connect(
+        &allot_bus::ConnectConfig::new(&url, "allot-run"),
+        shutdown.clone(),
+    )
+    .await?;
+    allot_bus::ensure_streams(
+        &async_nats::jetstream::new(admin.clone()),
+        &allot_bus::catalog(replicas),
+    )
+    .await?;
     let _ = admin.drain().await;
 
     match service {
@@ -113,16 +124,31 @@ pub async fn run(args: RunArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
 }
 
 fn inventory_config(a: &InventoryArgs, url: &str, s: &mut Settings<'_>) -> allot_inventory::Config {
-    let data_dir = PathBuf::from(s.string(a.data_dir.as_deref(), "ALLOT_DATA_DIR", ".allot/inventory"));
+    let data_dir =
+        PathBuf::from(s.string(a.data_dir.as_deref(), "ALLOT_DATA_DIR", ".allot/inventory"));
     let mut config = allot_inventory::Config::new(url, data_dir);
-    config.consumer_prefix = s.string(a.consumer_prefix.as_deref(), "ALLOT_CONSUMER_PREFIX", "inventory");
-    if let Err(e) = allot_events::subject::validate_token("consumer prefix", &config.consumer_prefix) {
+    config.consumer_prefix = s.string(
+        a.consumer_prefix.as_deref(),
+        "ALLOT_CONSUMER_PREFIX",
+        "inventory",
+    );
+    if let Err(e) =
+        allot_events::subject::validate_token("consumer prefix", &config.consumer_prefix)
+    {
         s.problem(format!("--consumer-prefix / ALLOT_CONSUMER_PREFIX: {e}"));
     }
-    config.liveness.heartbeat_interval =
-        s.duration(a.heartbeat_interval.as_deref(), "ALLOT_HEARTBEAT_INTERVAL", Duration::from_secs(5));
-    config.liveness.missed_heartbeats = s.parse(a.missed_heartbeats.as_deref(), "ALLOT_MISSED_HEARTBEATS", 3);
-    config.ack_wait = s.duration(a.ack_wait.as_deref(), "ALLOT_ACK_WAIT", Duration::from_secs(30));
+    config.liveness.heartbeat_interval = s.duration(
+        a.heartbeat_interval.as_deref(),
+        "ALLOT_HEARTBEAT_INTERVAL",
+        Duration::from_secs(5),
+    );
+    config.liveness.missed_heartbeats =
+        s.parse(a.missed_heartbeats.as_deref(), "ALLOT_MISSED_HEARTBEATS", 3);
+    config.ack_wait = s.duration(
+        a.ack_wait.as_deref(),
+        "ALLOT_ACK_WAIT",
+        Duration::from_secs(30),
+    );
     config
 }
 
@@ -138,12 +164,17 @@ fn collector_config(a: &CollectorArgs, url: &str, s: &mut Settings<'_>) -> allot
     if let Err(e) = allot_events::subject::validate_token("pool", &pool) {
         s.problem(format!("--pool / ALLOT_POOL: {e}"));
     }
-    let source = match s.string(a.gpu_source.as_deref(), "ALLOT_GPU_SOURCE", "auto").as_str() {
+    let source = match s
+        .string(a.gpu_source.as_deref(), "ALLOT_GPU_SOURCE", "auto")
+        .as_str()
+    {
         "auto" => SourceChoice::Auto,
         "nvml" => SourceChoice::Nvml,
         "sim" | "simulated" => SourceChoice::Simulated,
         other => {
-            s.problem(format!("--gpu-source / ALLOT_GPU_SOURCE: {other:?}; use auto, nvml or sim"));
+            s.problem(format!(
+                "--gpu-source / ALLOT_GPU_SOURCE: {other:?}; use auto, nvml or sim"
+            ));
             SourceChoice::Auto
         }
     };
@@ -164,8 +195,15 @@ fn collector_config(a: &CollectorArgs, url: &str, s: &mut Settings<'_>) -> allot
             model,
             ..SimSpec::default()
         },
-        heartbeat_interval: s.duration(a.heartbeat_interval.as_deref(), "ALLOT_HEARTBEAT_INTERVAL", Duration::from_secs(5)),
-        telemetry_interval: s.duration(a.telemetry_interval.as_deref(), "ALLOT_TELEMETRY_INTERVAL", Duration::from_secs(10)),
+        heartbeat_interval: s.duration(
+            a.heartbeat_interval.as_deref(),
+            "ALLOT_HEARTBEAT_INTERVAL",
+            Duration::from_secs(5),
+        ),
+        telemetry_interval: s.duration(
+            a.telemetry_interval.as_deref(),
+            "ALLOT_TELEMETRY_INTERVAL",
+            Duration::from_secs(10),
+        ),
     }
 }
-

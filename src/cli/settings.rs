@@ -63,7 +63,9 @@ impl<'a> Settings<'a> {
 
     /// An optional string setting.
     pub fn optional(&mut self, flag: Option<&str>, var: &str) -> Option<String> {
-        self.raw(flag, var).map(|(_, v)| v).filter(|v| !v.is_empty())
+        self.raw(flag, var)
+            .map(|(_, v)| v)
+            .filter(|v| !v.is_empty())
     }
 
     /// A parsed setting; a bad value is recorded and the default returned.
@@ -121,7 +123,9 @@ impl<'a> Settings<'a> {
 
 /// `ALLOT_SIM_NODES` → `sim-nodes`.
 fn flag_name(var: &str) -> String {
-    var.trim_start_matches("ALLOT_").to_lowercase().replace('_', "-")
+    var.trim_start_matches("ALLOT_")
+        .to_lowercase()
+        .replace('_', "-")
 }
 
 #[cfg(test)]
@@ -149,7 +153,13 @@ mod tests {
         assert_eq!(err.0.len(), 3, "{err}");
         let text = err.to_string();
         assert!(text.contains("ALLOT_SIM_NODES=\"lots\""), "{text}");
-        assert!(text.contains("ALLOT_HEARTBEAT_INTERVAL=\"5 parsecs\""), "{text}");
-        assert!(text.contains("--check-interval=\"0s\": must be longer than zero"), "{text}");
+        assert!(
+            text.contains("ALLOT_HEARTBEAT_INTERVAL=\"5 parsecs\""),
+            "{text}"
+        );
+        assert!(
+            text.contains("--check-interval=\"0s\": must be longer than zero"),
+            "{text}"
+        );
     }
 }

@@ -34,7 +34,8 @@ pub async fn status(args: StatusArgs, env: Lookup<'_>) -> anyhow::Result<ExitCod
         .clone()
         .or_else(|| env("ALLOT_DATA_DIR"))
         .unwrap_or_else(|| ".allot".into());
-    let (url, origin) = local::discover_url(args.nats.as_deref(), env, std::path::Path::new(&data_dir));
+    let (url, origin) =
+        local::discover_url(args.nats.as_deref(), env, std::path::Path::new(&data_dir));
     let status = fetch(&url)
         .await
         .with_context(|| format!("asking the inventory at {url} (from {origin})"))?;
@@ -52,9 +53,11 @@ async fn fetch(url: &str) -> anyhow::Result<ClusterStatus> {
     let client = async_nats::ConnectOptions::new()
         .name("allot-status")
         .connection_timeout(Duration::from_secs(2))
-        .connect(url)
+        .connect(allot_bus::server_list(url))
         .await
-        .context("NATS is not reachable; is `allot up` running in this folder? (or pass --nats URL)")?;
+        .context(
+            "NATS is not reachable; is `allot up` running in this folder? (or pass --nats URL)",
+        )?;
     let reply = tokio::time::timeout(
         Duration::from_secs(5),
         client.request(query::STATUS_SUBJECT, bytes::Bytes::new()),
@@ -64,7 +67,10 @@ async fn fetch(url: &str) -> anyhow::Result<ClusterStatus> {
     let reply = match reply {
         Ok(reply) => reply,
         Err(e) if e.kind() == async_nats::RequestErrorKind::NoResponders => {
-            bail!("the inventory service is not running (no responders on {})", query::STATUS_SUBJECT)
+            bail!(
+                "the inventory service is not running (no responders on {})",
+                query::STATUS_SUBJECT
+            )
         }
         Err(e) => return Err(e.into()),
     };
@@ -83,11 +89,25 @@ pub fn render(status: &ClusterStatus) -> String {
     }
     let mut nodes = Table::new();
     nodes.load_preset(NOTHING).set_header([
-        "NODE", "POOL", "RACK", "STATE", "SOURCE", "GPUS", "HEALTHY", "UTIL", "GPU MEM USED", "LAST HEARTBEAT",
+        "NODE",
+        "POOL",
+        "RACK",
+        "STATE",
+        "SOURCE",
+        "GPUS",
+        "HEALTHY",
+        "UTIL",
+        "GPU MEM USED",
+        "LAST HEARTBEAT",
     ]);
     for n in &status.nodes {
         let healthy = n.gpus.iter().filter(|g| g.health == "healthy").count();
-        let utils: Vec<u32> = n.gpus.iter().filter_map(|g| g.utilization_pct).map(u32::from).collect();
+        let utils: Vec<u32> = n
+            .gpus
+            .iter()
+            .filter_map(|g| g.utilization_pct)
+            .map(u32::from)
+            .collect();
         let util = if utils.is_empty() {
             "-".into()
         } else {
@@ -113,7 +133,11 @@ pub fn render(status: &ClusterStatus) -> String {
             gpus,
             format!("{healthy}/{}", n.gpus.len()),
             util,
-            format!("{:.1}/{:.1} GiB", used as f64 / 1024.0, total as f64 / 1024.0),
+            format!(
+                "{:.1}/{:.1} GiB",
+                used as f64 / 1024.0,
+                total as f64 / 1024.0
+            ),
             ago,
         ]);
     }
@@ -133,13 +157,19 @@ pub fn render(status: &ClusterStatus) -> String {
                 g.index.to_string(),
                 g.model.clone().unwrap_or_else(|| "?".into()),
                 health,
-                g.utilization_pct.map(|u| format!("{u}%")).unwrap_or_else(|| "-".into()),
+                g.utilization_pct
+                    .map(|u| format!("{u}%"))
+                    .unwrap_or_else(|| "-".into()),
                 match (g.memory_used_mib, g.memory_total_mib) {
                     (Some(u), Some(t)) => format!("{u}/{t} MiB"),
                     _ => "-".into(),
                 },
-                g.temperature_c.map(|t| format!("{t}°C")).unwrap_or_else(|| "-".into()),
-                g.power_mw.map(|p| format!("{}W", p / 1000)).unwrap_or_else(|| "-".into()),
+                g.temperature_c
+                    .map(|t| format!("{t}°C"))
+                    .unwrap_or_else(|| "-".into()),
+                g.power_mw
+                    .map(|p| format!("{}W", p / 1000))
+                    .unwrap_or_else(|| "-".into()),
                 g.uuid.clone(),
             ]);
         }

@@ -64,10 +64,14 @@ pub struct UpConfig {
 
 impl UpConfig {
     /// Reads and checks every setting, reporting all problems at once.
-    pub fn resolve(args: &UpArgs, env: Lookup<'_>) -> Result<Self, super::settings::InvalidSettings> {
+    pub fn resolve(
+        args: &UpArgs,
+        env: Lookup<'_>,
+    ) -> Result<Self, super::settings::InvalidSettings> {
         let mut s = Settings::new(env);
         let nats = s.optional(args.nats.as_deref(), "ALLOT_NATS_URL");
-        let data_dir = PathBuf::from(s.string(args.data_dir.as_deref(), "ALLOT_DATA_DIR", ".allot"));
+        let data_dir =
+            PathBuf::from(s.string(args.data_dir.as_deref(), "ALLOT_DATA_DIR", ".allot"));
         let nats_port = s.parse(args.nats_port.as_deref(), "ALLOT_NATS_PORT", 0u16);
         let sim_nodes = s.parse(args.sim_nodes.as_deref(), "ALLOT_SIM_NODES", 4u32);
         let sim_gpus = s.parse(args.sim_gpus.as_deref(), "ALLOT_SIM_GPUS", 8u32);
@@ -82,16 +86,30 @@ impl UpConfig {
         if sim_models.is_empty() && !models.split(',').any(|m| !m.trim().is_empty()) {
             s.problem("--sim-models / ALLOT_SIM_MODELS: name at least one GPU model");
         }
-        let heartbeat_interval =
-            s.duration(args.heartbeat_interval.as_deref(), "ALLOT_HEARTBEAT_INTERVAL", Duration::from_secs(2));
-        let telemetry_interval =
-            s.duration(args.telemetry_interval.as_deref(), "ALLOT_TELEMETRY_INTERVAL", Duration::from_secs(5));
-        let missed_heartbeats = s.parse(args.missed_heartbeats.as_deref(), "ALLOT_MISSED_HEARTBEATS", 3u32);
+        let heartbeat_interval = s.duration(
+            args.heartbeat_interval.as_deref(),
+            "ALLOT_HEARTBEAT_INTERVAL",
+            Duration::from_secs(2),
+        );
+        let telemetry_interval = s.duration(
+            args.telemetry_interval.as_deref(),
+            "ALLOT_TELEMETRY_INTERVAL",
+            Duration::from_secs(5),
+        );
+        let missed_heartbeats = s.parse(
+            args.missed_heartbeats.as_deref(),
+            "ALLOT_MISSED_HEARTBEATS",
+            3u32,
+        );
         if sim_gpus == 0 || sim_gpus > 16 {
-            s.problem(format!("--sim-gpus / ALLOT_SIM_GPUS: {sim_gpus} GPUs per node; use 1 to 16"));
+            s.problem(format!(
+                "--sim-gpus / ALLOT_SIM_GPUS: {sim_gpus} GPUs per node; use 1 to 16"
+            ));
         }
         if sim_nodes > 2000 {
-            s.problem(format!("--sim-nodes / ALLOT_SIM_NODES: {sim_nodes} nodes; use at most 2000"));
+            s.problem(format!(
+                "--sim-nodes / ALLOT_SIM_NODES: {sim_nodes} nodes; use at most 2000"
+            ));
         }
         if missed_heartbeats == 0 {
             s.problem("--missed-heartbeats / ALLOT_MISSED_HEARTBEATS: must be at least 1");
@@ -148,9 +166,12 @@ async fn run_services(
     shutdown: super::Shutdown,
     trigger: tokio::sync::oneshot::Sender<()>,
 ) -> anyhow::Result<ExitCode> {
-    let admin = allot_bus::connect(&allot_bus::ConnectConfig::new(url, "allot-up"), shutdown.clone())
-        .await
-        .context("connecting to NATS")?;
+    let admin = allot_bus::connect(
+        &allot_bus::ConnectConfig::new(url, "allot-up"),
+        shutdown.clone(),
+    )
+    .await
+    .context("connecting to NATS")?;
     let js = async_nats::jetstream::new(admin.clone());
     allot_bus::ensure_streams(&js, &allot_bus::catalog(1)).await?;
 
@@ -161,7 +182,12 @@ async fn run_services(
     services.spawn({
         let shutdown = shutdown.clone();
         async move {
-            ("inventory".into(), allot_inventory::run(inventory, shutdown).await.map_err(Into::into))
+            (
+                "inventory".into(),
+                allot_inventory::run(inventory, shutdown)
+                    .await
+                    .map_err(Into::into),
+            )
         }
     });
     for i in 1..=config.sim_nodes {
@@ -185,7 +211,12 @@ async fn run_services(
         };
         let shutdown = shutdown.clone();
         services.spawn(async move {
-            (format!("collector {node}"), allot_collector::run(collector, shutdown).await.map_err(Into::into))
+            (
+                format!("collector {node}"),
+                allot_collector::run(collector, shutdown)
+                    .await
+                    .map_err(Into::into),
+            )
         });
     }
     tracing::info!(
@@ -271,7 +302,12 @@ mod tests {
         };
         let err = UpConfig::resolve(&args, &env).unwrap_err();
         let text = err.to_string();
-        for want in ["ALLOT_SIM_NODES=\"three\"", "Z9000", "--sim-gpus", "--heartbeat-interval=\"soon\""] {
+        for want in [
+            "ALLOT_SIM_NODES=\"three\"",
+            "Z9000",
+            "--sim-gpus",
+            "--heartbeat-interval=\"soon\"",
+        ] {
             assert!(text.contains(want), "missing {want:?} in:\n{text}");
         }
         assert_eq!(err.0.len(), 4, "{text}");

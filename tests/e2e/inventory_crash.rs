@@ -20,7 +20,9 @@ const ROUNDS: u64 = 600;
 async fn publish_history(url: &str) -> (u64, u64) {
     let client = async_nats::connect(url).await.unwrap();
     let publisher = Publisher::new(client, "/test/collector");
-    ensure_streams(publisher.jetstream(), &catalog(1)).await.unwrap();
+    ensure_streams(publisher.jetstream(), &catalog(1))
+        .await
+        .unwrap();
     let mut pending = Vec::new();
     for n in 1..=NODES {
         let node = format!("node-{n}");
@@ -49,13 +51,17 @@ async fn publish_history(url: &str) -> (u64, u64) {
     for round in 1..=ROUNDS {
         for n in 1..=NODES {
             let node = format!("node-{n}");
-            let beat = publisher.envelope(HeartbeatSent { node: node.clone(), seq: round, uptime_s: round });
+            let beat = publisher.envelope(HeartbeatSent {
+                node: node.clone(),
+                seq: round,
+                uptime_s: round,
+            });
             pending.push(publisher.send(&beat).await.unwrap());
             let samples = (0..8)
                 .map(|i| GpuSample {
                     index: i,
                     uuid: format!("GPU-{node}-{i}"),
-                    utilization_pct: ((round * 7 + u64::from(i) * 13) % 101) as u8,
+                    utilization_pct: Some(((round * 7 + u64::from(i) * 13) % 101) as u8),
                     memory_used_mib: round * 10,
                     memory_total_mib: 81_559,
                     temperature_c: Some(40 + (round % 30) as u32),
@@ -80,15 +86,31 @@ async fn publish_history(url: &str) -> (u64, u64) {
         p.wait().await.unwrap();
     }
     let js = publisher.jetstream();
-    let fleet = js.get_stream(names::FLEET).await.unwrap().cached_info().state.last_sequence;
-    let telemetry = js.get_stream(names::TELEMETRY).await.unwrap().cached_info().state.last_sequence;
+    let fleet = js
+        .get_stream(names::FLEET)
+        .await
+        .unwrap()
+        .cached_info()
+        .state
+        .last_sequence;
+    let telemetry = js
+        .get_stream(names::TELEMETRY)
+        .await
+        .unwrap()
+        .cached_info()
+        .state
+        .last_sequence;
     (fleet, telemetry)
 }
 
 fn positions(db: &Path, prefix: &str) -> Option<(u64, u64)> {
     let conn = allot_store::rusqlite::Connection::open(db).ok()?;
-    let fleet = allot_store::position(&conn, &format!("{prefix}-fleet")).ok()?.unwrap_or(0);
-    let telemetry = allot_store::position(&conn, &format!("{prefix}-telemetry")).ok()?.unwrap_or(0);
+    let fleet = allot_store::position(&conn, &format!("{prefix}-fleet"))
+        .ok()?
+        .unwrap_or(0);
+    let telemetry = allot_store::position(&conn, &format!("{prefix}-telemetry"))
+        .ok()?
+        .unwrap_or(0);
     Some((fleet, telemetry))
 }
 
@@ -99,9 +121,16 @@ fn dump(db: &Path) -> String {
 
 fn inventory(dir: &Path, url: &str, prefix: &str, name: &str) -> std::process::Child {
     let mut cmd = allot(dir);
-    cmd.args(["run", "--nats", url, "inventory", "--consumer-prefix", prefix])
-        .args(["--data-dir", dir.join(prefix).to_str().unwrap()])
-        .args(["--ack-wait", "1s"]);
+    cmd.args([
+        "run",
+        "--nats",
+        url,
+        "inventory",
+        "--consumer-prefix",
+        prefix,
+    ])
+    .args(["--data-dir", dir.join(prefix).to_str().unwrap()])
+    .args(["--ack-wait", "1s"]);
     spawn_logged(cmd, dir, name)
 }
 
@@ -135,16 +164,30 @@ fn inventory_killed_mid_stream_and_restarted_matches_an_uninterrupted_run() {
         "the inventory was never killed mid-stream (positions at the kills: {kills:?}); publish more history"
     );
     let mut survivor = inventory(dir.path(), &server.url(), "crash", "crash-final");
-    wait_for(Duration::from_secs(120), || positions(&crash_db, "crash").filter(|p| caught_up(*p)))
-        .unwrap_or_else(|| panic!("did not catch up; log:\n{}", log_of(dir.path(), "crash-final")));
+    wait_for(Duration::from_secs(120), || {
+        positions(&crash_db, "crash").filter(|p| caught_up(*p))
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "did not catch up; log:\n{}",
+            log_of(dir.path(), "crash-final")
+        )
+    });
     survivor.kill().unwrap();
     survivor.wait().unwrap();
 
     // The reference: one uninterrupted run over the same streams.
     let reference_db = dir.path().join("reference/inventory.db");
     let mut reference = inventory(dir.path(), &server.url(), "reference", "reference");
-    wait_for(Duration::from_secs(120), || positions(&reference_db, "reference").filter(|p| caught_up(*p)))
-        .unwrap_or_else(|| panic!("reference did not catch up; log:\n{}", log_of(dir.path(), "reference")));
+    wait_for(Duration::from_secs(120), || {
+        positions(&reference_db, "reference").filter(|p| caught_up(*p))
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "reference did not catch up; log:\n{}",
+            log_of(dir.path(), "reference")
+        )
+    });
     reference.kill().unwrap();
     reference.wait().unwrap();
 
@@ -154,11 +197,17 @@ fn inventory_killed_mid_stream_and_restarted_matches_an_uninterrupted_run() {
     let kept = ROUNDS.min(allot_bus::streams::FLEET_MSGS_PER_SUBJECT as u64);
     let want = format!("hbs={kept}");
     assert!(
-        crashed.lines().filter(|l| l.starts_with("node ")).all(|l| l.ends_with(&want)),
+        crashed
+            .lines()
+            .filter(|l| l.starts_with("node "))
+            .all(|l| l.ends_with(&want)),
         "every heartbeat counted exactly once:\n{crashed}"
     );
     assert!(
-        crashed.lines().filter(|l| l.starts_with("gpu ")).all(|l| l.contains(&format!(" Integer({ROUNDS}) "))),
+        crashed
+            .lines()
+            .filter(|l| l.starts_with("gpu "))
+            .all(|l| l.contains(&format!(" Integer({ROUNDS}) "))),
         "every telemetry sample counted exactly once:\n{crashed}"
     );
     assert_eq!(crashed.lines().count(), uninterrupted.lines().count());

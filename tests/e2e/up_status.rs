@@ -4,20 +4,38 @@ use std::time::Duration;
 
 use allot_inventory::ClusterStatus;
 
-use crate::support::{allot, free_port, log_of, processes_mentioning, spawn_logged, terminate, wait_exit, wait_for};
+use crate::support::{
+    allot, free_port, log_of, processes_mentioning, spawn_logged, terminate, wait_exit, wait_for,
+};
 
 #[test]
 fn allot_up_then_status_shows_the_simulated_nodes_and_sigterm_leaves_nothing_behind() {
     let dir = tempfile::tempdir().unwrap();
     let mut up = allot(dir.path());
-    up.args(["up", "--sim-nodes", "3", "--sim-gpus", "4", "--sim-models", "H100,L4"])
-        .args(["--heartbeat-interval", "200ms", "--telemetry-interval", "200ms"])
-        .args(["--nats-port", &free_port().to_string()]);
+    up.args([
+        "up",
+        "--sim-nodes",
+        "3",
+        "--sim-gpus",
+        "4",
+        "--sim-models",
+        "H100,L4",
+    ])
+    .args([
+        "--heartbeat-interval",
+        "200ms",
+        "--telemetry-interval",
+        "200ms",
+    ])
+    .args(["--nats-port", &free_port().to_string()]);
     let mut up = spawn_logged(up, dir.path(), "up");
 
     // `allot status` in the same folder finds the running instance without flags.
     let status = wait_for(Duration::from_secs(60), || {
-        let out = allot(dir.path()).args(["status", "--json"]).output().unwrap();
+        let out = allot(dir.path())
+            .args(["status", "--json"])
+            .output()
+            .unwrap();
         if !out.status.success() {
             return None;
         }
@@ -29,38 +47,82 @@ fn allot_up_then_status_shows_the_simulated_nodes_and_sigterm_leaves_nothing_beh
                 .all(|n| n.gpus.len() == 4 && n.gpus.iter().all(|g| g.utilization_pct.is_some()));
         complete.then_some(status)
     })
-    .unwrap_or_else(|| panic!("status never showed 3 nodes; allot up log:\n{}", log_of(dir.path(), "up")));
+    .unwrap_or_else(|| {
+        panic!(
+            "status never showed 3 nodes; allot up log:\n{}",
+            log_of(dir.path(), "up")
+        )
+    });
 
     let names: Vec<&str> = status.nodes.iter().map(|n| n.name.as_str()).collect();
     assert_eq!(names, ["node-1", "node-2", "node-3"]);
-    let models: Vec<&str> = status.nodes.iter().map(|n| n.gpus[0].model.as_deref().unwrap()).collect();
-    assert!(models[0].contains("H100") && models[1].contains("L4") && models[2].contains("H100"), "{models:?}");
-    assert!(status.nodes.iter().all(|n| n.state == "ready" && n.gpu_source == "simulated"));
+    let models: Vec<&str> = status
+        .nodes
+        .iter()
+        .map(|n| n.gpus[0].model.as_deref().unwrap())
+        .collect();
+    assert!(
+        models[0].contains("H100") && models[1].contains("L4") && models[2].contains("H100"),
+        "{models:?}"
+    );
+    assert!(
+        status
+            .nodes
+            .iter()
+            .all(|n| n.state == "ready" && n.gpu_source == "simulated")
+    );
 
     let table = allot(dir.path()).arg("status").output().unwrap();
     assert!(table.status.success());
     let table = String::from_utf8(table.stdout).unwrap();
-    assert!(table.starts_with("3 nodes, 12 GPUs (12 healthy)"), "{table}");
+    assert!(
+        table.starts_with("3 nodes, 12 GPUs (12 healthy)"),
+        "{table}"
+    );
     for node in ["node-1", "node-2", "node-3"] {
         assert!(table.contains(node), "{table}");
     }
-    assert!(table.contains("HEALTHY") && table.contains("UTIL"), "{table}");
+    assert!(
+        table.contains("HEALTHY") && table.contains("UTIL"),
+        "{table}"
+    );
 
     terminate(&up);
-    let exit = wait_exit(&mut up, Duration::from_secs(30))
-        .unwrap_or_else(|| panic!("allot up did not stop on SIGTERM; log:\n{}", log_of(dir.path(), "up")));
-    assert!(exit.success(), "exit {exit:?}; log:\n{}", log_of(dir.path(), "up"));
+    let exit = wait_exit(&mut up, Duration::from_secs(30)).unwrap_or_else(|| {
+        panic!(
+            "allot up did not stop on SIGTERM; log:\n{}",
+            log_of(dir.path(), "up")
+        )
+    });
+    assert!(
+        exit.success(),
+        "exit {exit:?}; log:\n{}",
+        log_of(dir.path(), "up")
+    );
     let store = dir.path().join(".allot").to_string_lossy().into_owned();
-    let left = wait_for(Duration::from_secs(5), || processes_mentioning(&store).is_empty().then_some(()));
-    assert!(left.is_some(), "processes left behind: {:?}", processes_mentioning(&store));
-    assert!(!dir.path().join(".allot/nats.url").exists(), "the URL of a stopped server is removed");
+    let left = wait_for(Duration::from_secs(5), || {
+        processes_mentioning(&store).is_empty().then_some(())
+    });
+    assert!(
+        left.is_some(),
+        "processes left behind: {:?}",
+        processes_mentioning(&store)
+    );
+    assert!(
+        !dir.path().join(".allot/nats.url").exists(),
+        "the URL of a stopped server is removed"
+    );
 }
 
 #[test]
 fn status_without_a_running_allot_says_how_to_start_one() {
     let dir = tempfile::tempdir().unwrap();
     let out = allot(dir.path())
-        .args(["status", "--nats", &format!("nats://127.0.0.1:{}", free_port())])
+        .args([
+            "status",
+            "--nats",
+            &format!("nats://127.0.0.1:{}", free_port()),
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());

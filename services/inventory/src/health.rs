@@ -20,10 +20,16 @@ pub fn judge(sample: &GpuSample) -> (GpuHealth, String) {
         && count > 0
         && FATAL_XIDS.contains(&xid)
     {
-        return (GpuHealth::Unhealthy, format!("fatal XID {xid} ({count} XID errors)"));
+        return (
+            GpuHealth::Unhealthy,
+            format!("fatal XID {xid} ({count} XID errors)"),
+        );
     }
     if let Some(t) = sample.temperature_c.filter(|t| *t >= HOT_C) {
-        return (GpuHealth::Degraded, format!("temperature {t} °C (≥ {HOT_C} °C)"));
+        return (
+            GpuHealth::Degraded,
+            format!("temperature {t} °C (≥ {HOT_C} °C)"),
+        );
     }
     (GpuHealth::Healthy, String::new())
 }
@@ -54,7 +60,7 @@ mod tests {
         GpuSample {
             index: 0,
             uuid: "GPU-0".into(),
-            utilization_pct: 50,
+            utilization_pct: Some(50),
             memory_used_mib: 1000,
             memory_total_mib: 80_000,
             temperature_c: Some(60),
@@ -76,34 +82,59 @@ mod tests {
             want_reason: &'static str,
         }
         let cases = [
-            Case { name: "a normal GPU is healthy", sample: sample(), want: GpuHealth::Healthy, want_reason: "" },
+            Case {
+                name: "a normal GPU is healthy",
+                sample: sample(),
+                want: GpuHealth::Healthy,
+                want_reason: "",
+            },
             Case {
                 name: "readings the device does not support are not symptoms",
-                sample: GpuSample { temperature_c: None, ecc_uncorrected: None, xid_errors: None, ..sample() },
+                sample: GpuSample {
+                    temperature_c: None,
+                    ecc_uncorrected: None,
+                    xid_errors: None,
+                    ..sample()
+                },
                 want: GpuHealth::Healthy,
                 want_reason: "",
             },
             Case {
                 name: "hot is degraded",
-                sample: GpuSample { temperature_c: Some(93), ..sample() },
+                sample: GpuSample {
+                    temperature_c: Some(93),
+                    ..sample()
+                },
                 want: GpuHealth::Degraded,
                 want_reason: "temperature 93 °C",
             },
             Case {
                 name: "uncorrected ECC is unhealthy even when hot",
-                sample: GpuSample { ecc_uncorrected: Some(2), temperature_c: Some(95), ..sample() },
+                sample: GpuSample {
+                    ecc_uncorrected: Some(2),
+                    temperature_c: Some(95),
+                    ..sample()
+                },
                 want: GpuHealth::Unhealthy,
                 want_reason: "2 uncorrected ECC errors",
             },
             Case {
                 name: "a fatal XID is unhealthy",
-                sample: GpuSample { xid_errors: Some(1), last_xid: Some(79), ..sample() },
+                sample: GpuSample {
+                    xid_errors: Some(1),
+                    last_xid: Some(79),
+                    ..sample()
+                },
                 want: GpuHealth::Unhealthy,
                 want_reason: "fatal XID 79",
             },
             Case {
                 name: "an application XID (13, graphics exception) is not the GPU's fault",
-                sample: GpuSample { xid_errors: Some(3), last_xid: Some(13), ..sample() },
+                sample: GpuSample {
+                    xid_errors: Some(3),
+                    last_xid: Some(13),
+                    ..sample()
+                },
                 want: GpuHealth::Healthy,
                 want_reason: "",
             },

@@ -92,7 +92,10 @@ pub enum Error {
 }
 
 /// Runs the inventory until `shutdown` completes.
-pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), Error> {
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
     let shutdown = shutdown.boxed().shared();
     let client = allot_bus::connect(
         &ConnectConfig::new(&config.nats_url, "allot-inventory"),
@@ -119,7 +122,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
     let telemetry = ConsumerRunner::new(
         client.clone(),
         consumer(names::TELEMETRY, "telemetry"),
-        Projector::new(telemetry_conn, format!("{}-telemetry", config.consumer_prefix)),
+        Projector::new(
+            telemetry_conn,
+            format!("{}-telemetry", config.consumer_prefix),
+        ),
     );
     let reporter = reporter::Reporter {
         conn: reporter_conn,
@@ -160,7 +166,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send + 'st
             }
         }
     }
-    if tokio::time::timeout(Duration::from_secs(5), client.drain()).await.is_err() {
+    if tokio::time::timeout(Duration::from_secs(5), client.drain())
+        .await
+        .is_err()
+    {
         tracing::warn!("draining the NATS connection timed out");
     }
     tracing::info!("inventory stopped");

@@ -87,7 +87,12 @@ pub fn status(conn: &Connection, now: DateTime<Utc>) -> Result<ClusterStatus, ru
                 name: r.get(0)?,
                 pool: r.get(1)?,
                 rack: r.get(2)?,
-                state: if r.get::<_, i64>(3)? == 1 { "ready" } else { "unreachable" }.to_owned(),
+                state: if r.get::<_, i64>(3)? == 1 {
+                    "ready"
+                } else {
+                    "unreachable"
+                }
+                .to_owned(),
                 gpu_source: r.get(4)?,
                 cpu_milli: r.get::<_, i64>(5)? as u64,
                 memory_mib: r.get::<_, i64>(6)? as u64,

@@ -82,18 +82,24 @@ pub(crate) fn changes(
          ORDER BY name",
     )?;
     let rows = nodes.query_map([], |r| {
-        Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)? == 1))
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, i64>(2)? == 1,
+        ))
     })?;
     for row in rows {
         let (node, last, reported_reachable) = row?;
-        let Some(last) = DateTime::parse_from_rfc3339(&last).ok().map(|t| t.with_timezone(&Utc))
+        let Some(last) = DateTime::parse_from_rfc3339(&last)
+            .ok()
+            .map(|t| t.with_timezone(&Utc))
         else {
             continue;
         };
         let silent = now - last;
         if reported_reachable && silent > deadline && judge_liveness {
-            let missed = silent.num_milliseconds()
-                / (liveness.heartbeat_interval.as_millis().max(1) as i64);
+            let missed =
+                silent.num_milliseconds() / (liveness.heartbeat_interval.as_millis().max(1) as i64);
             out.push(Change::Unreachable(NodeUnreachable {
                 node,
                 last_heartbeat_at: last,
@@ -119,7 +125,11 @@ pub(crate) fn changes(
             to: health::parse(&r.get::<_, String>(4)?),
             reason: {
                 let reason: String = r.get(5)?;
-                if reason.is_empty() { "no symptoms in the latest sample".into() } else { reason }
+                if reason.is_empty() {
+                    "no symptoms in the latest sample".into()
+                } else {
+                    reason
+                }
             },
         })
     })?;
@@ -169,9 +179,13 @@ impl Reporter {
             // restart: consumers of inventory events treat them as idempotent state changes.
             change.record(&self.conn).map_err(|e| e.to_string())?;
             match &change {
-                Change::Unreachable(e) => tracing::warn!(node = %e.node, missed = e.missed_heartbeats, "node unreachable"),
+                Change::Unreachable(e) => {
+                    tracing::warn!(node = %e.node, missed = e.missed_heartbeats, "node unreachable")
+                }
                 Change::Recovered(e) => tracing::info!(node = %e.node, "node reachable again"),
-                Change::Health(e) => tracing::warn!(node = %e.node, gpu = e.index, from = ?e.from, to = ?e.to, reason = %e.reason, "GPU health changed"),
+                Change::Health(e) => {
+                    tracing::warn!(node = %e.node, gpu = e.index, from = ?e.from, to = ?e.to, reason = %e.reason, "GPU health changed")
+                }
             }
         }
         Ok(())

@@ -31,7 +31,9 @@ impl Harness {
         let dir = tempfile::tempdir().unwrap();
         let client = async_nats::connect(server.url()).await.unwrap();
         let publisher = Publisher::new(client.clone(), "/test/collector");
-        ensure_streams(publisher.jetstream(), &catalog(1)).await.unwrap();
+        ensure_streams(publisher.jetstream(), &catalog(1))
+            .await
+            .unwrap();
         let mut config = Config::new(server.url(), dir.path());
         config.check_interval = Duration::from_millis(50);
         tune(&mut config);
@@ -65,7 +67,8 @@ impl Harness {
         for _ in 0..200 {
             if let Ok(Ok(reply)) = tokio::time::timeout(
                 Duration::from_millis(500),
-                self.client.request(query::STATUS_SUBJECT, bytes::Bytes::new()),
+                self.client
+                    .request(query::STATUS_SUBJECT, bytes::Bytes::new()),
             )
             .await
             {
@@ -76,7 +79,10 @@ impl Harness {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        panic!("timed out waiting until {what}; last status: {:?}", self.status().await);
+        panic!(
+            "timed out waiting until {what}; last status: {:?}",
+            self.status().await
+        );
     }
 
     async fn inventory_events(&self) -> Vec<InventoryEvent> {
@@ -146,7 +152,7 @@ fn sample(node: &str, gpus: u32, ecc_uncorrected: u64) -> GpusSampled {
             .map(|i| GpuSample {
                 index: i,
                 uuid: format!("GPU-{node}-{i}"),
-                utilization_pct: 70,
+                utilization_pct: Some(70),
                 memory_used_mib: 20_000,
                 memory_total_mib: 81_920,
                 temperature_c: Some(61),
@@ -169,7 +175,11 @@ async fn registered_nodes_and_their_telemetry_show_up_in_status() {
     h.publisher.publish(sample("node-1", 4, 0)).await.unwrap();
     let status = h
         .wait_status("two nodes with telemetry", |s| {
-            s.nodes.len() == 2 && s.nodes[0].gpus.iter().all(|g| g.utilization_pct == Some(70))
+            s.nodes.len() == 2
+                && s.nodes[0]
+                    .gpus
+                    .iter()
+                    .all(|g| g.utilization_pct == Some(70))
         })
         .await;
     assert_eq!(status.gpu_count(), 6);
@@ -182,15 +192,28 @@ async fn registered_nodes_and_their_telemetry_show_up_in_status() {
 #[tokio::test]
 async fn an_event_published_twice_is_applied_once() {
     let h = Harness::start(|_| {}).await;
-    let beat = h.publisher.envelope(HeartbeatSent { node: "node-1".into(), seq: 1, uptime_s: 5 });
+    let beat = h.publisher.envelope(HeartbeatSent {
+        node: "node-1".into(),
+        seq: 1,
+        uptime_s: 5,
+    });
     h.publisher.publish_envelope(&beat).await.unwrap();
     h.publisher.publish_envelope(&beat).await.unwrap();
-    let marker = h.publisher.envelope(HeartbeatSent { node: "node-2".into(), seq: 1, uptime_s: 5 });
+    let marker = h.publisher.envelope(HeartbeatSent {
+        node: "node-2".into(),
+        seq: 1,
+        uptime_s: 5,
+    });
     h.publisher.publish_envelope(&marker).await.unwrap();
-    h.wait_status("both nodes seen", |s| s.nodes.len() == 2).await;
+    h.wait_status("both nodes seen", |s| s.nodes.len() == 2)
+        .await;
     let conn = allot_store::open(&h.db, allot_inventory::projection::MIGRATIONS).unwrap();
     let heartbeats: i64 = conn
-        .query_row("SELECT heartbeats FROM nodes WHERE name = 'node-1'", [], |r| r.get(0))
+        .query_row(
+            "SELECT heartbeats FROM nodes WHERE name = 'node-1'",
+            [],
+            |r| r.get(0),
+        )
         .unwrap();
     assert_eq!(heartbeats, 1);
     h.stop().await;
@@ -204,13 +227,32 @@ async fn a_silent_node_is_announced_unreachable_once_and_recovered_when_it_retur
     })
     .await;
     h.publisher.publish(registered("node-1", 1)).await.unwrap();
-    h.publisher.publish(HeartbeatSent { node: "node-1".into(), seq: 1, uptime_s: 1 }).await.unwrap();
-    h.wait_status("node-1 unreachable", |s| s.nodes.first().is_some_and(|n| n.state == "unreachable"))
-        .await;
+    h.publisher
+        .publish(HeartbeatSent {
+            node: "node-1".into(),
+            seq: 1,
+            uptime_s: 1,
+        })
+        .await
+        .unwrap();
+    h.wait_status("node-1 unreachable", |s| {
+        s.nodes.first().is_some_and(|n| n.state == "unreachable")
+    })
+    .await;
     // Give the reporter several more ticks: it must not announce it again.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    h.publisher.publish(HeartbeatSent { node: "node-1".into(), seq: 2, uptime_s: 2 }).await.unwrap();
-    h.wait_status("node-1 back", |s| s.nodes.first().is_some_and(|n| n.state == "ready")).await;
+    h.publisher
+        .publish(HeartbeatSent {
+            node: "node-1".into(),
+            seq: 2,
+            uptime_s: 2,
+        })
+        .await
+        .unwrap();
+    h.wait_status("node-1 back", |s| {
+        s.nodes.first().is_some_and(|n| n.state == "ready")
+    })
+    .await;
 
     let events = h.inventory_events().await;
     let kinds: Vec<&str> = events.iter().map(|e| e.name()).collect();
@@ -233,7 +275,9 @@ async fn a_gpu_with_uncorrected_ecc_errors_is_announced_unhealthy_once() {
         h.publisher.publish(sample("node-1", 2, 4)).await.unwrap();
     }
     h.wait_status("GPU 0 unhealthy", |s| {
-        s.nodes.first().is_some_and(|n| n.gpus[0].health == "unhealthy")
+        s.nodes
+            .first()
+            .is_some_and(|n| n.gpus[0].health == "unhealthy")
     })
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -241,7 +285,10 @@ async fn a_gpu_with_uncorrected_ecc_errors_is_announced_unhealthy_once() {
     assert_eq!(events.len(), 1, "{events:?}");
     match &events[0] {
         InventoryEvent::GpuHealthChanged(e) => {
-            assert_eq!((e.index, e.from, e.to), (0, GpuHealth::Healthy, GpuHealth::Unhealthy));
+            assert_eq!(
+                (e.index, e.from, e.to),
+                (0, GpuHealth::Healthy, GpuHealth::Unhealthy)
+            );
             assert_eq!(e.reason, "4 uncorrected ECC errors");
         }
         other => panic!("{other:?}"),

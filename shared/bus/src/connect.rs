@@ -30,6 +30,15 @@ impl ConnectConfig {
     }
 }
 
+/// Splits a comma-separated server list (`nats://a:4222,nats://b:4222`) into addresses; the
+/// client takes one address per string.
+pub fn server_list(url: &str) -> Vec<&str> {
+    url.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
 /// The wait before attempt `attempt` (1-based): 100 ms doubling, capped.
 pub fn backoff(attempt: u32, cap: Duration) -> Duration {
     let exp = attempt.saturating_sub(1).min(16);
@@ -48,7 +57,7 @@ pub async fn connect(
     let mut attempt = 0u32;
     loop {
         attempt += 1;
-        match options(config).connect(config.url.as_str()).await {
+        match options(config).connect(server_list(&config.url)).await {
             Ok(client) => {
                 if attempt > 1 {
                     tracing::info!(url = %config.url, attempt, "connected to NATS");
@@ -126,13 +135,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_cluster_url_list_is_split_into_servers() {
+        assert_eq!(
+            server_list("nats://a:4222, nats://b:4223,,nats://c:4224 "),
+            ["nats://a:4222", "nats://b:4223", "nats://c:4224"]
+        );
+        assert_eq!(
+            server_list("nats://127.0.0.1:4222"),
+            ["nats://127.0.0.1:4222"]
+        );
+    }
+
+    #[test]
     fn backoff_doubles_from_100ms_and_stops_at_the_cap() {
         let cap = Duration::from_secs(10);
-        let waits: Vec<u64> = (1..=10).map(|a| backoff(a, cap).as_millis() as u64).collect();
+        let waits: Vec<u64> = (1..=10)
+            .map(|a| backoff(a, cap).as_millis() as u64)
+            .collect();
         assert_eq!(
             waits,
             [100, 200, 400, 800, 1600, 3200, 6400, 10_000, 10_000, 10_000]
         );
-        assert_eq!(backoff(u32::MAX, cap), cap, "no overflow on huge attempt counts");
+        assert_eq!(
+            backoff(u32::MAX, cap),
+            cap,
+            "no overflow on huge attempt counts"
+        );
     }
 }

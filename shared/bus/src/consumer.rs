@@ -24,8 +24,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use async_nats::jetstream::{
-    self,
-    ErrorCode,
+    self, ErrorCode,
     consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull},
     message::PublishMessage,
     stream::ConsumerErrorKind,
@@ -169,7 +168,8 @@ struct Pulled {
 impl<H: Handler> ConsumerRunner<H> {
     /// A runner for `spec` on `client`, handing messages to `handler`.
     pub fn new(client: async_nats::Client, spec: ConsumerSpec, handler: H) -> Self {
-        let dead_letters = Publisher::new(client.clone(), format!("/allot/consumer/{}", spec.durable));
+        let dead_letters =
+            Publisher::new(client.clone(), format!("/allot/consumer/{}", spec.durable));
         Self {
             js: jetstream::new(client),
             settler: Settler { spec, dead_letters },
@@ -181,11 +181,14 @@ impl<H: Handler> ConsumerRunner<H> {
     /// Returns the handler, so tests can inspect it.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<H, BusError> {
         tokio::pin!(shutdown);
-        let resume_after = self.handler.resume_after().map_err(|e| BusError::JetStream {
-            operation: "reading the applied position",
-            name: self.settler.spec.durable.clone(),
-            message: e.0,
-        })?;
+        let resume_after = self
+            .handler
+            .resume_after()
+            .map_err(|e| BusError::JetStream {
+                operation: "reading the applied position",
+                name: self.settler.spec.durable.clone(),
+                message: e.0,
+            })?;
         let consumer = create_consumer(&self.js, &self.settler.spec, resume_after).await?;
         'pull: loop {
             let messages = consumer
@@ -195,7 +198,9 @@ impl<H: Handler> ConsumerRunner<H> {
                 .expires(Duration::from_secs(30))
                 .messages()
                 .await
-                .map_err(|e| BusError::jetstream("pulling from consumer", &self.settler.spec.durable, e))?;
+                .map_err(|e| {
+                    BusError::jetstream("pulling from consumer", &self.settler.spec.durable, e)
+                })?;
             let mut chunks = messages.ready_chunks(self.settler.spec.batch);
             loop {
                 let chunk = tokio::select! {
@@ -225,7 +230,6 @@ impl<H: Handler> ConsumerRunner<H> {
         tracing::info!(consumer = %self.settler.spec.durable, "consumer stopped");
         Ok(self.handler)
     }
-
 
     /// Reads a message's metadata and decodes its event.
     fn open(&self, message: jetstream::Message) -> Pulled {
@@ -289,9 +293,19 @@ impl<H: Handler> ConsumerRunner<H> {
                 // Find the message that keeps failing: retry each alone.
                 for (p, d) in run.iter().zip(&deliveries) {
                     let single = std::slice::from_ref(p);
-                    match self.handle_with_retries(single, std::slice::from_ref(d)).await {
+                    match self
+                        .handle_with_retries(single, std::slice::from_ref(d))
+                        .await
+                    {
                         Ok(outcomes) => self.settler.settle(single, outcomes).await,
-                        Err(e) => self.settler.dead_letter(&p.message, &give_up(self.settler.spec.max_deliveries, &e)).await,
+                        Err(e) => {
+                            self.settler
+                                .dead_letter(
+                                    &p.message,
+                                    &give_up(self.settler.spec.max_deliveries, &e),
+                                )
+                                .await
+                        }
                     }
                 }
             }
@@ -339,7 +353,6 @@ impl<H: Handler> ConsumerRunner<H> {
             }
         }
     }
-
 }
 
 impl Settler {

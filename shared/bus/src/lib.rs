@@ -19,7 +19,7 @@ pub mod error;
 pub mod publish;
 pub mod streams;
 
-pub use connect::{ConnectConfig, connect};
+pub use connect::{ConnectConfig, connect, server_list};
 pub use consumer::{ConsumerRunner, ConsumerSpec, Delivery, Handler, HandlerError, Outcome};
 pub use error::{BusError, PublishError};
 pub use publish::{PendingAck, Published, Publisher};

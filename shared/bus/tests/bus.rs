@@ -9,7 +9,7 @@ use futures::StreamExt;
 
 use allot_bus::consumer::{ConsumerRunner, ConsumerSpec, Delivery, Handler, HandlerError, Outcome};
 use allot_bus::streams::{Ensured, names};
-use allot_bus::{Publisher, PublishError, catalog, ensure_streams, headers};
+use allot_bus::{PublishError, Publisher, catalog, ensure_streams, headers};
 use allot_events::node::HeartbeatSent;
 use allot_testkit::NatsServer;
 
@@ -24,7 +24,9 @@ fn heartbeat(node: &str, seq: u64) -> HeartbeatSent {
 async fn setup(server: &NatsServer) -> (async_nats::Client, Publisher) {
     let client = async_nats::connect(server.url()).await.unwrap();
     let publisher = Publisher::new(client.clone(), "/test");
-    ensure_streams(publisher.jetstream(), &catalog(1)).await.unwrap();
+    ensure_streams(publisher.jetstream(), &catalog(1))
+        .await
+        .unwrap();
     (client, publisher)
 }
 
@@ -105,15 +107,26 @@ async fn streams_are_created_once_and_updated_when_their_spec_changes() {
     let js = jetstream::new(client);
     let specs = catalog(1);
     let first = ensure_streams(&js, &specs).await.unwrap();
-    assert!(first.iter().all(|(_, e)| *e == Ensured::Created), "{first:?}");
+    assert!(
+        first.iter().all(|(_, e)| *e == Ensured::Created),
+        "{first:?}"
+    );
     let second = ensure_streams(&js, &specs).await.unwrap();
-    assert!(second.iter().all(|(_, e)| *e == Ensured::Unchanged), "{second:?}");
+    assert!(
+        second.iter().all(|(_, e)| *e == Ensured::Unchanged),
+        "{second:?}"
+    );
 
     let mut changed = specs.clone();
     changed[1].max_age = Some(Duration::from_secs(600));
     let third = ensure_streams(&js, &changed).await.unwrap();
     assert_eq!(third[1], (names::TELEMETRY, Ensured::Updated));
-    let info = js.get_stream(names::TELEMETRY).await.unwrap().cached_info().clone();
+    let info = js
+        .get_stream(names::TELEMETRY)
+        .await
+        .unwrap()
+        .cached_info()
+        .clone();
     assert_eq!(info.config.max_age, Duration::from_secs(600));
     assert_eq!(info.config.retention, RetentionPolicy::Limits);
 }
@@ -170,32 +183,68 @@ async fn a_malformed_message_is_dead_lettered_with_its_reason_and_the_consumer_g
     let recorder = Recorder::default();
     let seen = recorder.seen.clone();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let runner = ConsumerRunner::new(client.clone(), ConsumerSpec::new(names::FLEET, "test"), recorder);
+    let runner = ConsumerRunner::new(
+        client.clone(),
+        ConsumerSpec::new(names::FLEET, "test"),
+        recorder,
+    );
     let task = tokio::spawn(runner.run(async {
         let _ = stopped.await;
     }));
-    wait_until("both valid heartbeats are handled", || seen.lock().unwrap().len() == 2).await;
-    assert_eq!(*seen.lock().unwrap(), vec![1, 2], "in order, around the bad ones");
+    wait_until("both valid heartbeats are handled", || {
+        seen.lock().unwrap().len() == 2
+    })
+    .await;
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![1, 2],
+        "in order, around the bad ones"
+    );
 
     let dead = read_all(&client, names::DEADLETTER).await;
     assert_eq!(dead.len(), 2);
     let h = dead[0].headers.as_ref().unwrap();
-    assert_eq!(h.get(headers::ORIGINAL_SUBJECT).unwrap().as_str(), "allot.node.heartbeat.node-1");
-    assert_eq!(h.get(headers::ORIGINAL_STREAM).unwrap().as_str(), names::FLEET);
+    assert_eq!(
+        h.get(headers::ORIGINAL_SUBJECT).unwrap().as_str(),
+        "allot.node.heartbeat.node-1"
+    );
+    assert_eq!(
+        h.get(headers::ORIGINAL_STREAM).unwrap().as_str(),
+        names::FLEET
+    );
     assert_eq!(h.get(headers::ORIGINAL_SEQUENCE).unwrap().as_str(), "2");
     assert_eq!(h.get(headers::CONSUMER).unwrap().as_str(), "test");
-    assert!(h.get(headers::ERROR).unwrap().as_str().contains("malformed CloudEvent"));
-    assert_eq!(&dead[0].payload[..], b"{not json", "the original bytes are kept");
-    assert_eq!(dead[0].subject.as_str(), "allot.deadletter.allot.node.heartbeat.node-1");
+    assert!(
+        h.get(headers::ERROR)
+            .unwrap()
+            .as_str()
+            .contains("malformed CloudEvent")
+    );
+    assert_eq!(
+        &dead[0].payload[..],
+        b"{not json",
+        "the original bytes are kept"
+    );
+    assert_eq!(
+        dead[0].subject.as_str(),
+        "allot.deadletter.allot.node.heartbeat.node-1"
+    );
     let h = dead[1].headers.as_ref().unwrap();
     assert!(
-        h.get(headers::ERROR).unwrap().as_str().contains("version v9"),
+        h.get(headers::ERROR)
+            .unwrap()
+            .as_str()
+            .contains("version v9"),
         "{:?}",
         h.get(headers::ERROR)
     );
 
     stop.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     let consumer_info = jetstream::new(client)
         .get_stream(names::FLEET)
         .await
@@ -204,7 +253,10 @@ async fn a_malformed_message_is_dead_lettered_with_its_reason_and_the_consumer_g
         .await
         .unwrap()
         .clone();
-    assert_eq!(consumer_info.num_ack_pending, 0, "everything was acknowledged");
+    assert_eq!(
+        consumer_info.num_ack_pending, 0,
+        "everything was acknowledged"
+    );
     assert_eq!(consumer_info.num_pending, 0);
 }
 
@@ -221,15 +273,28 @@ async fn a_rejected_message_is_dead_lettered_and_the_rest_of_its_batch_is_handle
     };
     let seen = recorder.seen.clone();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let runner = ConsumerRunner::new(client.clone(), ConsumerSpec::new(names::FLEET, "test"), recorder);
+    let runner = ConsumerRunner::new(
+        client.clone(),
+        ConsumerSpec::new(names::FLEET, "test"),
+        recorder,
+    );
     let task = tokio::spawn(runner.run(async {
         let _ = stopped.await;
     }));
-    wait_until("four heartbeats are handled", || seen.lock().unwrap().len() == 4).await;
+    wait_until("four heartbeats are handled", || {
+        seen.lock().unwrap().len() == 4
+    })
+    .await;
     assert_eq!(*seen.lock().unwrap(), vec![1, 2, 4, 5]);
     let dead = read_all(&client, names::DEADLETTER).await;
     assert_eq!(dead.len(), 1);
-    let reason = dead[0].headers.as_ref().unwrap().get(headers::ERROR).unwrap().to_string();
+    let reason = dead[0]
+        .headers
+        .as_ref()
+        .unwrap()
+        .get(headers::ERROR)
+        .unwrap()
+        .to_string();
     assert_eq!(reason, "heartbeat 3 is cursed");
     stop.send(()).unwrap();
     task.await.unwrap().unwrap();
@@ -255,9 +320,15 @@ async fn a_transient_failure_is_retried_in_place_without_later_messages_overtaki
     let task = tokio::spawn(runner.run(async {
         let _ = stopped.await;
     }));
-    wait_until("three heartbeats are handled", || seen.lock().unwrap().len() == 3).await;
+    wait_until("three heartbeats are handled", || {
+        seen.lock().unwrap().len() == 3
+    })
+    .await;
     assert_eq!(*seen.lock().unwrap(), vec![1, 2, 3]);
-    assert!(*attempts.lock().unwrap() >= 3, "failed twice, then succeeded");
+    assert!(
+        *attempts.lock().unwrap() >= 3,
+        "failed twice, then succeeded"
+    );
     assert!(read_all(&client, names::DEADLETTER).await.is_empty());
     stop.send(()).unwrap();
     task.await.unwrap().unwrap();
@@ -289,7 +360,13 @@ async fn a_batch_that_keeps_failing_is_dead_lettered_after_the_delivery_limit() 
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(dead.len(), 1);
-    let reason = dead[0].headers.as_ref().unwrap().get(headers::ERROR).unwrap().to_string();
+    let reason = dead[0]
+        .headers
+        .as_ref()
+        .unwrap()
+        .get(headers::ERROR)
+        .unwrap()
+        .to_string();
     assert_eq!(reason, "handler failed 3 times: database is locked");
     stop.send(()).unwrap();
     task.await.unwrap().unwrap();

@@ -51,7 +51,10 @@ pub fn write_all(dir: &Path) -> std::io::Result<()> {
     let schemas = all();
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
         if name.ends_with(".json") && !schemas.iter().any(|(ty, _)| file_name(ty) == name) {
             std::fs::remove_file(&path)?;
         }

@@ -6,7 +6,9 @@
 
 /// Why a name cannot be used as a subject token.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{what} {value:?} is not a valid name: use 1-64 characters from a-z, A-Z, 0-9, '-' and '_'")]
+#[error(
+    "{what} {value:?} is not a valid name: use 1-64 characters from a-z, A-Z, 0-9, '-' and '_'"
+)]
 pub struct InvalidToken {
     /// What kind of name it was (`node name`, `team` …).
     pub what: &'static str,

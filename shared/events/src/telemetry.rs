@@ -48,8 +48,10 @@ pub struct GpuSample {
     pub index: u32,
     /// GPU id (`GPU-…`).
     pub uuid: String,
-    /// Percent of time a kernel was running over the last sample period (0-100).
-    pub utilization_pct: u8,
+    /// Percent of time a kernel was running over the last sample period (0-100); absent when
+    /// the device cannot say (MIG mode, for one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utilization_pct: Option<u8>,
     /// Framebuffer memory in use, MiB.
     pub memory_used_mib: u64,
     /// Framebuffer memory in total, MiB.

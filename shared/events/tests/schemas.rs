@@ -49,7 +49,7 @@ fn samples() -> Vec<AnyEvent> {
             samples: vec![GpuSample {
                 index: 0,
                 uuid: "GPU-3f2a".into(),
-                utilization_pct: 87,
+                utilization_pct: Some(87),
                 memory_used_mib: 40_000,
                 memory_total_mib: 81_559,
                 temperature_c: Some(64),
@@ -101,7 +101,10 @@ fn committed_schemas_match_the_rust_types() {
             Err(_) => stale.push(format!("{} is missing", path.display())),
         }
     }
-    let expected: BTreeSet<String> = generated.iter().map(|(t, _)| schema::file_name(t)).collect();
+    let expected: BTreeSet<String> = generated
+        .iter()
+        .map(|(t, _)| schema::file_name(t))
+        .collect();
     for entry in std::fs::read_dir(&dir).unwrap() {
         let name = entry.unwrap().file_name().to_string_lossy().into_owned();
         if !expected.contains(&name) {
@@ -118,7 +121,7 @@ fn committed_schemas_match_the_rust_types() {
 #[test]
 fn every_event_type_has_a_sample_that_validates_against_its_committed_schema() {
     let samples = samples();
-    let sampled: BTreeSet<String> = samples.iter().map(|e| event_type(e)).collect();
+    let sampled: BTreeSet<String> = samples.iter().map(event_type).collect();
     let all: BTreeSet<String> = schema::all().into_iter().map(|(t, _)| t).collect();
     assert_eq!(sampled, all, "every event type needs a sample here");
 
@@ -156,7 +159,8 @@ fn a_schema_rejects_an_event_of_another_type_or_with_a_broken_payload() {
     let registered = jsonschema::validator_for(&schema_of("io.allot.node.v1.registered")).unwrap();
     assert!(!registered.is_valid(&instance), "type is pinned per schema");
 
-    let heartbeat = jsonschema::validator_for(&schema_of("io.allot.node.v1.heartbeat_sent")).unwrap();
+    let heartbeat =
+        jsonschema::validator_for(&schema_of("io.allot.node.v1.heartbeat_sent")).unwrap();
     assert!(heartbeat.is_valid(&instance));
     instance["data"]["seq"] = "one".into();
     assert!(!heartbeat.is_valid(&instance), "payload fields are typed");

@@ -95,7 +95,10 @@ fn configure(conn: &Connection) -> Result<(), rusqlite::Error> {
     Ok(())
 }
 
-fn migrate(conn: &mut Connection, migrations: &[&'static str]) -> Result<(), rusqlite_migration::Error> {
+fn migrate(
+    conn: &mut Connection,
+    migrations: &[&'static str],
+) -> Result<(), rusqlite_migration::Error> {
     let all: Vec<M<'static>> = std::iter::once(STORE_MIGRATION)
         .chain(migrations.iter().copied())
         .map(M::up)

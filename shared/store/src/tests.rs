@@ -42,7 +42,10 @@ fn a_redelivered_sequence_is_not_applied_twice() {
 fn positions_are_kept_per_consumer() {
     let mut conn = open_in_memory(&[COUNTER]).unwrap();
     apply(&mut conn, "nodes", 5, bump).unwrap();
-    assert_eq!(apply(&mut conn, "telemetry", 1, bump).unwrap(), Applied::Applied);
+    assert_eq!(
+        apply(&mut conn, "telemetry", 1, bump).unwrap(),
+        Applied::Applied
+    );
     assert_eq!(position(&conn, "nodes").unwrap(), Some(5));
     assert_eq!(position(&conn, "telemetry").unwrap(), Some(1));
     assert_eq!(position(&conn, "other").unwrap(), None);
@@ -52,10 +55,15 @@ fn positions_are_kept_per_consumer() {
 fn a_failed_change_keeps_neither_the_state_nor_the_position() {
     let mut conn = open_in_memory(&[COUNTER]).unwrap();
     apply(&mut conn, "c", 1, bump).unwrap();
-    let result = apply(&mut conn, "c", 2, |c: &Connection| -> Result<(), Rejected> {
-        bump(c)?;
-        Err(Rejected)
-    });
+    let result = apply(
+        &mut conn,
+        "c",
+        2,
+        |c: &Connection| -> Result<(), Rejected> {
+            bump(c)?;
+            Err(Rejected)
+        },
+    );
     assert!(result.is_err());
     assert_eq!(count(&conn), 1, "the half-made change was rolled back");
     assert_eq!(position(&conn, "c").unwrap(), Some(1));

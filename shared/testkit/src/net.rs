@@ -28,7 +28,8 @@ pub(crate) fn free_ports(count: usize) -> Vec<u16> {
 /// True once a NATS server on `port` greets a new connection with its `INFO` line, which it does
 /// only after JetStream is up and the client listener accepts.
 pub(crate) fn accepts_clients(port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect_timeout(&SocketAddr::from((HOST, port)), CONNECT_TIMEOUT)
+    let Ok(mut stream) =
+        TcpStream::connect_timeout(&SocketAddr::from((HOST, port)), CONNECT_TIMEOUT)
     else {
         return false;
     };

@@ -163,7 +163,10 @@ impl NatsServer {
                 }
                 thread::sleep(POLL_INTERVAL);
             }
-            tracing::warn!(pid = child.id(), "nats-server ignored SIGTERM for 5 s; killing it");
+            tracing::warn!(
+                pid = child.id(),
+                "nats-server ignored SIGTERM for 5 s; killing it"
+            );
         }
         kill_and_reap(child);
     }
@@ -236,7 +239,11 @@ impl NatsServer {
             .spawn()
             .unwrap_or_else(|err| panic!("spawn {}: {err}", self.binary.display()));
         self.pid = child.id();
-        tracing::debug!(pid = self.pid, port = self.config.port, "nats-server started");
+        tracing::debug!(
+            pid = self.pid,
+            port = self.config.port,
+            "nats-server started"
+        );
         self.child = Some(child);
     }
 
@@ -280,7 +287,12 @@ impl NatsServer {
             self.config_path.display(),
         );
         message.push_str(&self.config.render());
-        let _ = write!(message, "\nlog {}:\n{}", self.log_path.display(), self.log());
+        let _ = write!(
+            message,
+            "\nlog {}:\n{}",
+            self.log_path.display(),
+            self.log()
+        );
         message
     }
 }
@@ -356,7 +368,11 @@ impl Config {
         let _ = writeln!(out, "listen: \"{HOST}:{}\"", self.port);
         let _ = writeln!(out, "http: \"{HOST}:{}\"", self.monitor_port);
         let _ = writeln!(out, "jetstream {{");
-        let _ = writeln!(out, "  store_dir: {}", quote(&self.store_dir.to_string_lossy()));
+        let _ = writeln!(
+            out,
+            "  store_dir: {}",
+            quote(&self.store_dir.to_string_lossy())
+        );
         let _ = writeln!(out, "  max_memory_store: 256MB");
         let _ = writeln!(out, "  max_file_store: 2GB");
         let _ = writeln!(out, "}}");

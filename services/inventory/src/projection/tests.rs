@@ -51,7 +51,7 @@ fn sampled(node: &str, gpus: u32, util: u8) -> GpusSampled {
             .map(|i| GpuSample {
                 index: i,
                 uuid: format!("GPU-{node}-{i}"),
-                utilization_pct: util,
+                utilization_pct: Some(util),
                 memory_used_mib: 1_000,
                 memory_total_mib: 81_559,
                 temperature_c: Some(50),
@@ -75,7 +75,14 @@ fn apply_all(conn: &Connection, events: &[Delivery]) {
 #[test]
 fn registration_and_telemetry_give_the_same_state_in_either_order() {
     let reg = delivery(1, registered("node-1", 2));
-    let hb = delivery(2, HeartbeatSent { node: "node-1".into(), seq: 1, uptime_s: 5 });
+    let hb = delivery(
+        2,
+        HeartbeatSent {
+            node: "node-1".into(),
+            seq: 1,
+            uptime_s: 5,
+        },
+    );
     let tel = delivery(3, sampled("node-1", 2, 40));
 
     let a = db();
@@ -93,7 +100,13 @@ fn registration_and_telemetry_give_the_same_state_in_either_order() {
 #[test]
 fn a_re_registration_forgets_gpus_the_node_no_longer_has() {
     let conn = db();
-    apply_all(&conn, &[delivery(1, registered("node-1", 4)), delivery(2, registered("node-1", 2))]);
+    apply_all(
+        &conn,
+        &[
+            delivery(1, registered("node-1", 4)),
+            delivery(2, registered("node-1", 2)),
+        ],
+    );
     let status = crate::query::status(&conn, chrono::Utc::now()).unwrap();
     assert_eq!(status.gpu_count(), 2);
 }
@@ -103,7 +116,10 @@ fn uncorrected_ecc_in_a_sample_makes_the_gpu_unhealthy_with_a_reason() {
     let conn = db();
     let mut bad = sampled("node-1", 2, 10);
     bad.samples[1].ecc_uncorrected = Some(3);
-    apply_all(&conn, &[delivery(1, registered("node-1", 2)), delivery(2, bad)]);
+    apply_all(
+        &conn,
+        &[delivery(1, registered("node-1", 2)), delivery(2, bad)],
+    );
     let status = crate::query::status(&conn, chrono::Utc::now()).unwrap();
     let gpus = &status.nodes[0].gpus;
     assert_eq!(gpus[0].health, "healthy");
@@ -114,7 +130,20 @@ fn uncorrected_ecc_in_a_sample_makes_the_gpu_unhealthy_with_a_reason() {
 #[test]
 fn a_node_name_that_would_break_subjects_is_rejected() {
     let conn = db();
-    let err = apply(&conn, &delivery(1, HeartbeatSent { node: "a.b".into(), seq: 1, uptime_s: 1 }))
-        .unwrap_err();
-    assert!(matches!(err, ApplyError::Rejected(ref m) if m.contains("\"a.b\"")), "{err}");
+    let err = apply(
+        &conn,
+        &delivery(
+            1,
+            HeartbeatSent {
+                node: "a.b".into(),
+                seq: 1,
+                uptime_s: 1,
+            },
+        ),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, ApplyError::Rejected(ref m) if m.contains("\"a.b\"")),
+        "{err}"
+    );
 }

@@ -104,7 +104,10 @@ fn bad_input_decodes_to_a_typed_error_naming_the_problem() {
         },
         Case {
             name: "data that does not match the type's schema",
-            bytes: with("data", serde_json::json!({"node": "node-1", "seq": "seven"})),
+            bytes: with(
+                "data",
+                serde_json::json!({"node": "node-1", "seq": "seven"}),
+            ),
             want: |e| matches!(e, DecodeError::InvalidData { .. }),
             want_message: "invalid data for io.allot.node.v1.heartbeat_sent",
         },

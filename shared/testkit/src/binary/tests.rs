@@ -57,7 +57,11 @@ fn env_override_to_a_missing_file_is_an_error_not_a_fallback() {
 
     let err = fx.locate().expect_err("must not fall back");
 
-    assert!(err.to_string().contains("$ALLOT_NATS_SERVER=/nowhere/nats-server"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("$ALLOT_NATS_SERVER=/nowhere/nats-server"),
+        "{err}"
+    );
 }
 
 #[test]
