@@ -217,8 +217,10 @@ async fn raw_path(url: &str, payloads: &[Envelope], window: usize) -> anyhow::Re
     for ack in in_flight {
         ack.await?;
     }
+    let published_after = start.elapsed();
     consume.await??;
     let elapsed = start.elapsed();
+    tracing::debug!(published_ms = published_after.as_millis() as u64, consumed_ms = elapsed.as_millis() as u64, "raw path");
     client.drain().await.ok();
     Ok(total as f64 / elapsed.as_secs_f64())
 }
@@ -268,6 +270,7 @@ async fn allot_path(
     for ack in in_flight {
         last_seq = ack.wait().await?.sequence;
     }
+    let published_after = start.elapsed();
     // Applied = the position recorded in SQLite with the state.
     let conn = allot_store::rusqlite::Connection::open(&db)?;
     loop {
@@ -283,6 +286,7 @@ async fn allot_path(
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let elapsed = start.elapsed();
+    tracing::debug!(published_ms = published_after.as_millis() as u64, applied_ms = elapsed.as_millis() as u64, "allot path");
     let _ = stop.send(());
     inventory.await??;
     client.drain().await.ok();

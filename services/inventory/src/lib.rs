@@ -236,17 +236,26 @@ impl Handler for Projector {
     }
 
     async fn handle(&mut self, batch: &[Delivery]) -> Result<Vec<Outcome>, HandlerError> {
-        let items: Vec<(u64, &Delivery)> = batch.iter().map(|d| (d.stream_sequence, d)).collect();
-        let results = allot_store::apply_batch(&mut self.conn, &self.consumer, &items, |c, d| {
-            projection::apply(c, d)
-        })
-        .map_err(|e| HandlerError(format!("inventory database: {e}")))?;
-        Ok(results
-            .into_iter()
-            .map(|r| match r {
-                Ok(_) => Outcome::Handled,
+        // Invalid events are settled first (dead-lettered with the reason); the rest are
+        // applied together, in order, with the position, in one transaction.
+        let outcomes: Vec<Outcome> = batch
+            .iter()
+            .map(|d| match projection::check(d) {
+                Ok(()) => Outcome::Handled,
                 Err(e) => Outcome::Rejected(e.to_string()),
             })
-            .collect())
+            .collect();
+        let items: Vec<(u64, &Delivery)> = batch
+            .iter()
+            .zip(&outcomes)
+            .map(|(d, o)| (d.stream_sequence, (*o == Outcome::Handled).then_some(d)))
+            .filter_map(|(seq, d)| d.map(|d| (seq, d)))
+            .collect();
+        allot_store::apply_batch(&mut self.conn, &self.consumer, &items, |c, fresh| {
+            let fresh: Vec<&Delivery> = fresh.iter().map(|d| **d).collect();
+            projection::apply_all(c, &fresh)
+        })
+        .map_err(|e| HandlerError(format!("inventory database: {e}")))?;
+        Ok(outcomes)
     }
 }

@@ -184,8 +184,11 @@ pub enum DecodeError {
 }
 
 /// Decodes a structured-mode CloudEvent into a typed Allot event.
+///
+/// The envelope is read first with `data` left as raw JSON text, then `data` is parsed straight
+/// into the payload type its `type` names: one pass over the payload, no intermediate tree.
 pub fn decode(bytes: &[u8]) -> Result<Envelope<AnyEvent>, DecodeError> {
-    let raw: Envelope<serde_json::Value> =
+    let raw: Envelope<&serde_json::value::RawValue> =
         serde_json::from_slice(bytes).map_err(DecodeError::Malformed)?;
     if raw.specversion != SPEC_VERSION {
         return Err(DecodeError::SpecVersion(raw.specversion));

@@ -38,10 +38,10 @@ macro_rules! domain_events {
             /// Decodes the `data` of an event of this domain named `name` (current version).
             pub(crate) fn decode_data(
                 name: &str,
-                data: serde_json::Value,
+                data: &serde_json::value::RawValue,
             ) -> Option<Result<Self, serde_json::Error>> {
                 match name {
-                    $( $name => Some(serde_json::from_value::<$payload>(data).map(Self::$variant)), )+
+                    $( $name => Some(serde_json::from_str::<$payload>(data.get()).map(Self::$variant)), )+
                     _ => None,
                 }
             }

@@ -6,7 +6,8 @@
 //!   its migrations, after the store's own (the `applied_positions` table).
 //! - [`apply`] and [`apply_batch`]: the checkpointed-projection helper. A consumer's handler
 //!   changes its tables inside a transaction that also records the stream sequence it applied;
-//!   a sequence at or below the recorded one is skipped. Because the state and the position
+//!   a sequence at or below the recorded one is skipped. A batch is applied as one change so
+//!   the handler can coalesce it. Because the state and the position
 //!   commit together, a crash at any instant leaves them consistent, and a redelivery after a
 //!   restart is recognised and not applied twice.
 //!
@@ -160,49 +161,51 @@ where
     Ok(Applied::Applied)
 }
 
-/// Applies a batch of events, in order, in one transaction: the fast path for consumers that
-/// pull many messages at once.
+/// What [`apply_batch`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchApplied {
+    /// Items after the recorded position, handed to the change.
+    pub applied: usize,
+    /// Items at or below the recorded position, skipped.
+    pub skipped: usize,
+}
+
+/// Applies a batch of events in one transaction: the fast path for consumers that pull many
+/// messages at once.
 ///
-/// Each item is applied inside its own savepoint, so an item whose `change` fails is rolled
-/// back alone and reported in its slot of the result, while the rest of the batch commits. The
-/// recorded position becomes the highest sequence in the batch that was applied or failed —
-/// a failed item is the caller's to dead-letter, never to retry in place.
-/// Returns an error only if the transaction itself cannot be opened or committed, in which case
-/// nothing from the batch was kept.
+/// Items at or below the recorded position are dropped; the rest go to `change` together, in
+/// order, so it can coalesce them (write the latest value of a row once rather than once per
+/// event). The position becomes the highest sequence in the batch. If `change` fails nothing
+/// is kept; the consumer runner then retries, and in the end applies the items one at a time
+/// to find and dead-letter the one that cannot be applied.
 pub fn apply_batch<T, E>(
     conn: &mut Connection,
     consumer: &str,
     items: &[(u64, T)],
-    mut change: impl FnMut(&Connection, &T) -> Result<(), E>,
-) -> Result<Vec<Result<Applied, E>>, rusqlite::Error> {
-    let mut tx = conn.transaction()?;
-    let mut position = position(&tx, consumer)?;
-    let mut results = Vec::with_capacity(items.len());
-    for (seq, item) in items {
-        if let Some(p) = position.filter(|p| seq <= p) {
-            results.push(Ok(Applied::AlreadyApplied { position: p }));
-            continue;
-        }
-        let sp = tx.savepoint()?;
-        let outcome = change(&sp, item);
-        match outcome {
-            Ok(()) => {
-                sp.commit()?;
-                results.push(Ok(Applied::Applied));
-            }
-            Err(e) => {
-                // Dropping the savepoint rolls it back.
-                drop(sp);
-                results.push(Err(e));
-            }
-        }
-        position = Some(*seq);
+    change: impl FnOnce(&Connection, &[&T]) -> Result<(), E>,
+) -> Result<BatchApplied, E>
+where
+    E: From<rusqlite::Error>,
+{
+    let tx = conn.transaction()?;
+    let position = position(&tx, consumer)?;
+    let fresh: Vec<&T> = items
+        .iter()
+        .filter(|(seq, _)| position.is_none_or(|p| *seq > p))
+        .map(|(_, item)| item)
+        .collect();
+    let outcome = BatchApplied {
+        applied: fresh.len(),
+        skipped: items.len() - fresh.len(),
+    };
+    if fresh.is_empty() {
+        return Ok(outcome);
     }
-    if let Some(p) = position {
-        record_position(&tx, consumer, p)?;
-    }
+    change(&tx, &fresh)?;
+    let highest = items.iter().map(|(seq, _)| *seq).max().unwrap_or(0);
+    record_position(&tx, consumer, highest)?;
     tx.commit()?;
-    Ok(results)
+    Ok(outcome)
 }
 
 #[cfg(test)]

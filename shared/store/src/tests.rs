@@ -71,28 +71,37 @@ fn a_failed_change_keeps_neither_the_state_nor_the_position() {
 }
 
 #[test]
-fn a_batch_skips_what_was_applied_and_isolates_a_failing_item() {
+fn a_batch_hands_over_only_what_was_not_applied_and_records_its_highest_sequence() {
     let mut conn = open_in_memory(&[COUNTER]).unwrap();
     apply(&mut conn, "c", 2, bump).unwrap();
-    let items = [(1, true), (2, true), (3, true), (4, false), (5, true)];
-    let results = apply_batch(&mut conn, "c", &items, |c, ok| {
-        bump(c)?;
-        if *ok { Ok(()) } else { Err(Rejected) }
+    let items = [(1, 10), (2, 20), (3, 30), (5, 50)];
+    let mut handed = Vec::new();
+    let outcome = apply_batch(&mut conn, "c", &items, |c, fresh: &[&i32]| {
+        handed = fresh.iter().map(|v| **v).collect();
+        bump(c)
     })
     .unwrap();
-    let got: Vec<Option<Applied>> = results.into_iter().map(Result::ok).collect();
-    assert_eq!(
-        got,
-        vec![
-            Some(Applied::AlreadyApplied { position: 2 }),
-            Some(Applied::AlreadyApplied { position: 2 }),
-            Some(Applied::Applied),
-            None,
-            Some(Applied::Applied),
-        ]
-    );
-    assert_eq!(count(&conn), 3, "seq 2, 3 and 5; 4's bump was rolled back");
+    assert_eq!(handed, vec![30, 50]);
+    assert_eq!(outcome, BatchApplied { applied: 2, skipped: 2 });
+    assert_eq!(count(&conn), 2);
     assert_eq!(position(&conn, "c").unwrap(), Some(5));
+
+    let again = apply_batch(&mut conn, "c", &items, |c, _: &[&i32]| bump(c)).unwrap();
+    assert_eq!(again, BatchApplied { applied: 0, skipped: 4 }, "a redelivered batch changes nothing");
+    assert_eq!(count(&conn), 2);
+}
+
+#[test]
+fn a_failed_batch_keeps_neither_its_changes_nor_its_position() {
+    let mut conn = open_in_memory(&[COUNTER]).unwrap();
+    let items = [(1, ()), (2, ())];
+    let result = apply_batch(&mut conn, "c", &items, |c, _: &[&()]| -> Result<(), Rejected> {
+        bump(c)?;
+        Err(Rejected)
+    });
+    assert!(result.is_err());
+    assert_eq!(count(&conn), 0);
+    assert_eq!(position(&conn, "c").unwrap(), None);
 }
 
 #[test]

@@ -66,7 +66,7 @@ fn sampled(node: &str, gpus: u32, util: u8) -> GpusSampled {
     }
 }
 
-fn apply_all(conn: &Connection, events: &[Delivery]) {
+fn apply_each(conn: &Connection, events: &[Delivery]) {
     for d in events {
         apply(conn, d).unwrap();
     }
@@ -86,9 +86,9 @@ fn registration_and_telemetry_give_the_same_state_in_either_order() {
     let tel = delivery(3, sampled("node-1", 2, 40));
 
     let a = db();
-    apply_all(&a, &[reg.clone(), hb.clone(), tel.clone()]);
+    apply_each(&a, &[reg.clone(), hb.clone(), tel.clone()]);
     let b = db();
-    apply_all(&b, &[tel, hb, reg]);
+    apply_each(&b, &[tel, hb, reg]);
     assert_eq!(dump(&a).unwrap(), dump(&b).unwrap());
     let status = crate::query::status(&a, chrono::Utc::now()).unwrap();
     assert_eq!(status.nodes.len(), 1);
@@ -100,7 +100,7 @@ fn registration_and_telemetry_give_the_same_state_in_either_order() {
 #[test]
 fn a_re_registration_forgets_gpus_the_node_no_longer_has() {
     let conn = db();
-    apply_all(
+    apply_each(
         &conn,
         &[
             delivery(1, registered("node-1", 4)),
@@ -116,7 +116,7 @@ fn uncorrected_ecc_in_a_sample_makes_the_gpu_unhealthy_with_a_reason() {
     let conn = db();
     let mut bad = sampled("node-1", 2, 10);
     bad.samples[1].ecc_uncorrected = Some(3);
-    apply_all(
+    apply_each(
         &conn,
         &[delivery(1, registered("node-1", 2)), delivery(2, bad)],
     );
@@ -146,4 +146,56 @@ fn a_node_name_that_would_break_subjects_is_rejected() {
         matches!(err, ApplyError::Rejected(ref m) if m.contains("\"a.b\"")),
         "{err}"
     );
+}
+
+mod coalescing {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// One event of a small fleet: 0 = registration, 1 = heartbeat, 2.. = telemetry.
+    fn event(kind: u8, node: u8, value: u8) -> AnyEvent {
+        let node = format!("node-{node}");
+        match kind {
+            0 => registered(&node, 1 + u32::from(value % 3)).into(),
+            1 => HeartbeatSent { node, seq: u64::from(value), uptime_s: 1 }.into(),
+            _ => {
+                let mut s = sampled(&node, 2, value % 101);
+                s.samples[0].power_limit_mw = (value % 2 == 0).then_some(u64::from(value) * 1000);
+                s.samples[1].ecc_uncorrected = Some(u64::from(value % 7 == 0));
+                s.samples[1].temperature_c = Some(50 + u32::from(value % 50));
+                s.into()
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn coalesced_batches_leave_the_same_state_as_one_event_at_a_time(
+            events in proptest::collection::vec((0u8..5, 0u8..3, any::<u8>()), 1..60),
+            cuts in proptest::collection::vec(1usize..8, 1..20),
+        ) {
+            let deliveries: Vec<Delivery> = events
+                .iter()
+                .enumerate()
+                .map(|(i, (k, n, v))| delivery(i as u64 + 1, event(*k, *n, *v)))
+                .collect();
+            let one_by_one = db();
+            for d in &deliveries {
+                apply(&one_by_one, d).unwrap();
+            }
+            let batched = db();
+            let mut rest: &[Delivery] = &deliveries;
+            for cut in cuts.iter().cycle() {
+                if rest.is_empty() {
+                    break;
+                }
+                let (batch, tail) = rest.split_at((*cut).min(rest.len()));
+                let refs: Vec<&Delivery> = batch.iter().collect();
+                apply_all(&batched, &refs).unwrap();
+                rest = tail;
+            }
+            prop_assert_eq!(dump(&one_by_one).unwrap(), dump(&batched).unwrap());
+        }
+    }
 }
