@@ -5,6 +5,11 @@ mod cli;
 
 use clap::Parser;
 
+// The services allocate many small, short-lived buffers per message (JSON, SQLite rows);
+// mimalloc serves that pattern markedly faster than glibc's allocator (docs/benchmarks.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     let args = cli::Cli::parse();
     cli::init_tracing(&args);

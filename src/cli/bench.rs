@@ -220,7 +220,11 @@ async fn raw_path(url: &str, payloads: &[Envelope], window: usize) -> anyhow::Re
     let published_after = start.elapsed();
     consume.await??;
     let elapsed = start.elapsed();
-    tracing::debug!(published_ms = published_after.as_millis() as u64, consumed_ms = elapsed.as_millis() as u64, "raw path");
+    tracing::debug!(
+        published_ms = published_after.as_millis() as u64,
+        consumed_ms = elapsed.as_millis() as u64,
+        "raw path"
+    );
     client.drain().await.ok();
     Ok(total as f64 / elapsed.as_secs_f64())
 }
@@ -286,7 +290,11 @@ async fn allot_path(
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let elapsed = start.elapsed();
-    tracing::debug!(published_ms = published_after.as_millis() as u64, applied_ms = elapsed.as_millis() as u64, "allot path");
+    tracing::debug!(
+        published_ms = published_after.as_millis() as u64,
+        applied_ms = elapsed.as_millis() as u64,
+        "allot path"
+    );
     let _ = stop.send(());
     inventory.await??;
     client.drain().await.ok();

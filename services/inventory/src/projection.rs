@@ -261,7 +261,9 @@ impl Coalesced {
                 health = excluded.health, health_reason = excluded.health_reason",
         )?;
         for uuid in self.order.drain(..) {
-            let Some(p) = self.gpus.remove(&uuid) else { continue };
+            let Some(p) = self.gpus.remove(&uuid) else {
+                continue;
+            };
             let s = &p.sample;
             let (health, reason) = health::judge(s);
             upsert.execute(params![

@@ -82,12 +82,25 @@ fn a_batch_hands_over_only_what_was_not_applied_and_records_its_highest_sequence
     })
     .unwrap();
     assert_eq!(handed, vec![30, 50]);
-    assert_eq!(outcome, BatchApplied { applied: 2, skipped: 2 });
+    assert_eq!(
+        outcome,
+        BatchApplied {
+            applied: 2,
+            skipped: 2
+        }
+    );
     assert_eq!(count(&conn), 2);
     assert_eq!(position(&conn, "c").unwrap(), Some(5));
 
     let again = apply_batch(&mut conn, "c", &items, |c, _: &[&i32]| bump(c)).unwrap();
-    assert_eq!(again, BatchApplied { applied: 0, skipped: 4 }, "a redelivered batch changes nothing");
+    assert_eq!(
+        again,
+        BatchApplied {
+            applied: 0,
+            skipped: 4
+        },
+        "a redelivered batch changes nothing"
+    );
     assert_eq!(count(&conn), 2);
 }
 
@@ -95,10 +108,15 @@ fn a_batch_hands_over_only_what_was_not_applied_and_records_its_highest_sequence
 fn a_failed_batch_keeps_neither_its_changes_nor_its_position() {
     let mut conn = open_in_memory(&[COUNTER]).unwrap();
     let items = [(1, ()), (2, ())];
-    let result = apply_batch(&mut conn, "c", &items, |c, _: &[&()]| -> Result<(), Rejected> {
-        bump(c)?;
-        Err(Rejected)
-    });
+    let result = apply_batch(
+        &mut conn,
+        "c",
+        &items,
+        |c, _: &[&()]| -> Result<(), Rejected> {
+            bump(c)?;
+            Err(Rejected)
+        },
+    );
     assert!(result.is_err());
     assert_eq!(count(&conn), 0);
     assert_eq!(position(&conn, "c").unwrap(), None);

@@ -158,11 +158,17 @@ mod coalescing {
         let node = format!("node-{node}");
         match kind {
             0 => registered(&node, 1 + u32::from(value % 3)).into(),
-            1 => HeartbeatSent { node, seq: u64::from(value), uptime_s: 1 }.into(),
+            1 => HeartbeatSent {
+                node,
+                seq: u64::from(value),
+                uptime_s: 1,
+            }
+            .into(),
             _ => {
                 let mut s = sampled(&node, 2, value % 101);
-                s.samples[0].power_limit_mw = (value % 2 == 0).then_some(u64::from(value) * 1000);
-                s.samples[1].ecc_uncorrected = Some(u64::from(value % 7 == 0));
+                s.samples[0].power_limit_mw =
+                    value.is_multiple_of(2).then_some(u64::from(value) * 1000);
+                s.samples[1].ecc_uncorrected = Some(u64::from(value.is_multiple_of(7)));
                 s.samples[1].temperature_c = Some(50 + u32::from(value % 50));
                 s.into()
             }
