@@ -11,12 +11,17 @@
 //!   commit together, a crash at any instant leaves them consistent, and a redelivery after a
 //!   restart is recognised and not applied twice.
 //!
+//! Transactions that apply events begin `IMMEDIATE`: they take the write lock up front (waiting
+//! for it under the busy timeout) instead of reading first and then failing to upgrade a stale
+//! snapshot when another connection — the service's other consumer, its reporter — wrote in
+//! between.
+//!
 //! The store assumes one writer per consumer, which is how the services use it: each consumer
 //! processes its messages in stream order on one task.
 
 use std::path::Path;
 
-use rusqlite::{Connection, OptionalExtension, Transaction};
+use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior};
 use rusqlite_migration::{M, Migrations};
 
 pub use rusqlite;
@@ -151,7 +156,7 @@ pub fn apply<E>(
 where
     E: From<rusqlite::Error>,
 {
-    let tx = conn.transaction()?;
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     if let Some(position) = position(&tx, consumer)?.filter(|p| seq <= *p) {
         return Ok(Applied::AlreadyApplied { position });
     }
@@ -187,7 +192,7 @@ pub fn apply_batch<T, E>(
 where
     E: From<rusqlite::Error>,
 {
-    let tx = conn.transaction()?;
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let position = position(&tx, consumer)?;
     let fresh: Vec<&T> = items
         .iter()

@@ -138,3 +138,27 @@ fn state_and_position_survive_reopening_the_file() {
         .unwrap();
     assert_eq!(mode, "wal");
 }
+
+#[test]
+fn applying_while_another_connection_writes_waits_for_the_lock_instead_of_failing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let mut conn = open(&path, &[COUNTER]).unwrap();
+    let other = {
+        let path = path.clone();
+        std::thread::spawn(move || {
+            let conn = open(&path, &[COUNTER]).unwrap();
+            for _ in 0..2_000 {
+                conn.execute("INSERT OR REPLACE INTO counter VALUES (2, 0)", [])
+                    .unwrap();
+            }
+        })
+    };
+    for seq in 1..=2_000u64 {
+        let items = [(seq, ())];
+        apply_batch(&mut conn, "c", &items, |c, _: &[&()]| bump(c))
+            .unwrap_or_else(|e| panic!("batch {seq} failed: {e}"));
+    }
+    other.join().unwrap();
+    assert_eq!(count(&conn), 2_000);
+}
