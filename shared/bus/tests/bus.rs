@@ -371,3 +371,51 @@ async fn a_batch_that_keeps_failing_is_dead_lettered_after_the_delivery_limit() 
     stop.send(()).unwrap();
     task.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn connecting_waits_for_an_unreachable_server_instead_of_failing() {
+    let mut server = NatsServer::start();
+    let url = server.url();
+    server.stop();
+    let connecting = tokio::spawn(async move {
+        allot_bus::connect(
+            &allot_bus::ConnectConfig::new(url, "test"),
+            std::future::pending::<()>(),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(!connecting.is_finished(), "still retrying while the server is down");
+    let server = tokio::task::spawn_blocking(move || {
+        server.restart();
+        server
+    })
+    .await
+    .unwrap();
+    let client = tokio::time::timeout(Duration::from_secs(15), connecting)
+        .await
+        .expect("connected once the server was back")
+        .unwrap()
+        .unwrap();
+    client.flush().await.unwrap();
+    drop(server);
+}
+
+#[tokio::test]
+async fn connecting_gives_up_at_once_on_a_malformed_url_and_on_shutdown() {
+    let err = allot_bus::connect(
+        &allot_bus::ConnectConfig::new("nats://127.0.0.1:notaport", "test"),
+        std::future::pending::<()>(),
+    )
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("notaport"), "{err}");
+
+    let err = allot_bus::connect(
+        &allot_bus::ConnectConfig::new("nats://127.0.0.1:1", "test"),
+        tokio::time::sleep(Duration::from_millis(300)),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, allot_bus::BusError::ShutdownBeforeConnect { .. }), "{err}");
+}
