@@ -6,9 +6,7 @@ use std::time::Duration;
 
 use allot_bus::streams::names;
 use allot_bus::{Publisher, catalog, ensure_streams};
-use allot_events::node::{GpuInfo, GpuSourceKind, HeartbeatSent, NodeRegistered};
-use allot_events::telemetry::{GpuSample, GpusSampled};
-use allot_testkit::NatsServer;
+use allot_testkit::{NatsServer, node};
 
 use crate::support::{allot, log_of, spawn_logged, wait_for};
 
@@ -24,56 +22,21 @@ async fn publish_history(url: &str) -> (u64, u64) {
         .await
         .unwrap();
     let mut pending = Vec::new();
-    for n in 1..=NODES {
-        let node = format!("node-{n}");
-        let event = publisher.envelope(NodeRegistered {
-            node: node.clone(),
-            hostname: node.clone(),
-            pool: "default".into(),
-            rack: None,
-            cpu_milli: 64_000,
-            memory_mib: 512_000,
-            gpu_source: GpuSourceKind::Simulated,
-            driver_version: None,
-            gpus: (0..8)
-                .map(|i| GpuInfo {
-                    index: i,
-                    uuid: format!("GPU-{node}-{i}"),
-                    model: "H100".into(),
-                    memory_total_mib: 81_559,
-                    power_limit_mw: Some(700_000),
-                    nvlink_peers: vec![],
-                })
-                .collect(),
-        });
-        pending.push(publisher.send(&event).await.unwrap());
+    let nodes: Vec<_> = (1..=NODES).map(|n| node(&format!("node-{n}"))).collect();
+    for n in &nodes {
+        pending.push(
+            publisher
+                .send(&publisher.envelope(n.registered()))
+                .await
+                .unwrap(),
+        );
     }
     for round in 1..=ROUNDS {
-        for n in 1..=NODES {
-            let node = format!("node-{n}");
-            let beat = publisher.envelope(HeartbeatSent {
-                node: node.clone(),
-                seq: round,
-                uptime_s: round,
-            });
+        for (i, n) in nodes.iter().enumerate() {
+            let beat = publisher.envelope(n.heartbeat(round));
             pending.push(publisher.send(&beat).await.unwrap());
-            let samples = (0..8)
-                .map(|i| GpuSample {
-                    index: i,
-                    uuid: format!("GPU-{node}-{i}"),
-                    utilization_pct: Some(((round * 7 + u64::from(i) * 13) % 101) as u8),
-                    memory_used_mib: round * 10,
-                    memory_total_mib: 81_559,
-                    temperature_c: Some(40 + (round % 30) as u32),
-                    power_mw: Some(100_000 + round * 100),
-                    power_limit_mw: Some(700_000),
-                    ecc_corrected: Some(0),
-                    ecc_uncorrected: Some(0),
-                    xid_errors: Some(0),
-                    last_xid: None,
-                })
-                .collect();
-            let sample = publisher.envelope(GpusSampled { node, samples });
+            // Values change every round, so a lost or repeated sample shows in the tables.
+            let sample = publisher.envelope(n.sampled(((round * 7 + i as u64 * 13) % 101) as u8));
             pending.push(publisher.send(&sample).await.unwrap());
         }
         if pending.len() > 2000 {

@@ -6,38 +6,19 @@
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
 use allot_bus::Delivery;
-use allot_events::telemetry::{GpuSample, GpusSampled};
 use allot_events::{Envelope, decode};
+use allot_testkit::node;
 
 const EVENTS: usize = 2_048;
 
 /// 100 nodes × 8 GPUs, one sample per node per tick, as the collectors send them.
 fn wire() -> Vec<Vec<u8>> {
+    let nodes: Vec<_> = (1..=100).map(|n| node(&format!("node-{n}"))).collect();
     (0..EVENTS)
         .map(|i| {
-            let node = format!("node-{}", i % 100 + 1);
-            let tick = (i / 100) as u64;
-            let samples = (0..8u32)
-                .map(|g| GpuSample {
-                    index: g,
-                    uuid: format!("GPU-{node}-{g}"),
-                    utilization_pct: Some(((tick * 7 + u64::from(g) * 13) % 101) as u8),
-                    memory_used_mib: 1_000 + tick,
-                    memory_total_mib: 81_559,
-                    temperature_c: Some(40 + (tick % 40) as u32),
-                    power_mw: Some(150_000 + tick),
-                    power_limit_mw: Some(700_000),
-                    ecc_corrected: Some(0),
-                    ecc_uncorrected: Some(0),
-                    xid_errors: Some(0),
-                    last_xid: None,
-                })
-                .collect();
-            Envelope::new(
-                format!("/allot/collector/{node}"),
-                GpusSampled { node, samples },
-            )
-            .to_json()
+            let n = &nodes[i % nodes.len()];
+            let util = ((i / nodes.len()) * 7 % 101) as u8;
+            Envelope::new(format!("/allot/collector/{}", n.name()), n.sampled(util)).to_json()
         })
         .collect()
 }

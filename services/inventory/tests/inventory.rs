@@ -3,17 +3,15 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer::DeliverPolicy};
-use futures::StreamExt;
-
 use allot_bus::streams::names;
 use allot_bus::{Publisher, catalog, ensure_streams};
 use allot_events::inventory::{GpuHealth, InventoryEvent};
-use allot_events::node::{GpuInfo, GpuSourceKind, HeartbeatSent, NodeRegistered};
-use allot_events::telemetry::{GpuSample, GpusSampled};
+use allot_events::telemetry::GpusSampled;
 use allot_events::{AnyEvent, decode};
 use allot_inventory::{ClusterStatus, Config, query};
-use allot_testkit::NatsServer;
+use allot_testkit::fixtures::NodeFixture;
+use allot_testkit::streams::read_all;
+use allot_testkit::{NatsServer, node};
 
 struct Harness {
     _server: NatsServer,
@@ -86,30 +84,14 @@ impl Harness {
     }
 
     async fn inventory_events(&self) -> Vec<InventoryEvent> {
-        let js = jetstream::new(self.client.clone());
-        let stream = js.get_stream(names::INVENTORY).await.unwrap();
-        let count = stream.cached_info().state.messages as usize;
-        if count == 0 {
-            return Vec::new();
-        }
-        let consumer = stream
-            .create_consumer(jetstream::consumer::pull::OrderedConfig {
-                deliver_policy: DeliverPolicy::All,
-                ..Default::default()
-            })
+        read_all(&self.client, names::INVENTORY)
             .await
-            .unwrap();
-        consumer
-            .messages()
-            .await
-            .unwrap()
-            .take(count)
-            .map(|m| match decode(&m.unwrap().payload).unwrap().data {
+            .into_iter()
+            .map(|m| match decode(&m.payload).unwrap().data {
                 AnyEvent::Inventory(e) => e,
                 other => panic!("unexpected {other:?}"),
             })
             .collect()
-            .await
     }
 
     async fn stop(mut self) {
@@ -122,57 +104,28 @@ impl Harness {
     }
 }
 
-fn registered(node: &str, gpus: u32) -> NodeRegistered {
-    NodeRegistered {
-        node: node.into(),
-        hostname: node.into(),
-        pool: "default".into(),
-        rack: Some("rack-1".into()),
-        cpu_milli: 32_000,
-        memory_mib: 256_000,
-        gpu_source: GpuSourceKind::Simulated,
-        driver_version: None,
-        gpus: (0..gpus)
-            .map(|i| GpuInfo {
-                index: i,
-                uuid: format!("GPU-{node}-{i}"),
-                model: "A100".into(),
-                memory_total_mib: 81_920,
-                power_limit_mw: Some(400_000),
-                nvlink_peers: vec![],
-            })
-            .collect(),
-    }
-}
-
-fn sample(node: &str, gpus: u32, ecc_uncorrected: u64) -> GpusSampled {
-    GpusSampled {
-        node: node.into(),
-        samples: (0..gpus)
-            .map(|i| GpuSample {
-                index: i,
-                uuid: format!("GPU-{node}-{i}"),
-                utilization_pct: Some(70),
-                memory_used_mib: 20_000,
-                memory_total_mib: 81_920,
-                temperature_c: Some(61),
-                power_mw: Some(300_000),
-                power_limit_mw: Some(400_000),
-                ecc_corrected: Some(0),
-                ecc_uncorrected: Some(if i == 0 { ecc_uncorrected } else { 0 }),
-                xid_errors: Some(0),
-                last_xid: None,
-            })
-            .collect(),
-    }
+/// A sample of every GPU of `node` at 70 %, with `ecc_uncorrected` errors on GPU 0.
+fn sample_with_ecc(node: &NodeFixture, ecc_uncorrected: u64) -> GpusSampled {
+    let mut sample = node.sampled(70);
+    sample.samples[0].ecc_uncorrected = Some(ecc_uncorrected);
+    sample
 }
 
 #[tokio::test]
 async fn registered_nodes_and_their_telemetry_show_up_in_status() {
     let h = Harness::start(|_| {}).await;
-    h.publisher.publish(registered("node-1", 4)).await.unwrap();
-    h.publisher.publish(registered("node-2", 2)).await.unwrap();
-    h.publisher.publish(sample("node-1", 4, 0)).await.unwrap();
+    h.publisher
+        .publish(node("node-1").gpus(4).model("A100").registered())
+        .await
+        .unwrap();
+    h.publisher
+        .publish(node("node-2").gpus(2).model("A100").registered())
+        .await
+        .unwrap();
+    h.publisher
+        .publish(node("node-1").gpus(4).sampled(70))
+        .await
+        .unwrap();
     let status = h
         .wait_status("two nodes with telemetry", |s| {
             s.nodes.len() == 2
@@ -192,18 +145,10 @@ async fn registered_nodes_and_their_telemetry_show_up_in_status() {
 #[tokio::test]
 async fn an_event_published_twice_is_applied_once() {
     let h = Harness::start(|_| {}).await;
-    let beat = h.publisher.envelope(HeartbeatSent {
-        node: "node-1".into(),
-        seq: 1,
-        uptime_s: 5,
-    });
+    let beat = h.publisher.envelope(node("node-1").heartbeat(1));
     h.publisher.publish_envelope(&beat).await.unwrap();
     h.publisher.publish_envelope(&beat).await.unwrap();
-    let marker = h.publisher.envelope(HeartbeatSent {
-        node: "node-2".into(),
-        seq: 1,
-        uptime_s: 5,
-    });
+    let marker = h.publisher.envelope(node("node-2").heartbeat(1));
     h.publisher.publish_envelope(&marker).await.unwrap();
     h.wait_status("both nodes seen", |s| s.nodes.len() == 2)
         .await;
@@ -226,13 +171,12 @@ async fn a_silent_node_is_announced_unreachable_once_and_recovered_when_it_retur
         c.liveness.missed_heartbeats = 3;
     })
     .await;
-    h.publisher.publish(registered("node-1", 1)).await.unwrap();
     h.publisher
-        .publish(HeartbeatSent {
-            node: "node-1".into(),
-            seq: 1,
-            uptime_s: 1,
-        })
+        .publish(node("node-1").gpus(1).registered())
+        .await
+        .unwrap();
+    h.publisher
+        .publish(node("node-1").heartbeat(1))
         .await
         .unwrap();
     h.wait_status("node-1 unreachable", |s| {
@@ -242,11 +186,7 @@ async fn a_silent_node_is_announced_unreachable_once_and_recovered_when_it_retur
     // Give the reporter several more ticks: it must not announce it again.
     tokio::time::sleep(Duration::from_millis(300)).await;
     h.publisher
-        .publish(HeartbeatSent {
-            node: "node-1".into(),
-            seq: 2,
-            uptime_s: 2,
-        })
+        .publish(node("node-1").heartbeat(2))
         .await
         .unwrap();
     h.wait_status("node-1 back", |s| {
@@ -270,9 +210,15 @@ async fn a_silent_node_is_announced_unreachable_once_and_recovered_when_it_retur
 #[tokio::test]
 async fn a_gpu_with_uncorrected_ecc_errors_is_announced_unhealthy_once() {
     let h = Harness::start(|_| {}).await;
-    h.publisher.publish(registered("node-1", 2)).await.unwrap();
+    h.publisher
+        .publish(node("node-1").gpus(2).registered())
+        .await
+        .unwrap();
     for _ in 0..3 {
-        h.publisher.publish(sample("node-1", 2, 4)).await.unwrap();
+        h.publisher
+            .publish(sample_with_ecc(&node("node-1").gpus(2), 4))
+            .await
+            .unwrap();
     }
     h.wait_status("GPU 0 unhealthy", |s| {
         s.nodes

@@ -4,21 +4,17 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer::DeliverPolicy, stream::RetentionPolicy};
-use futures::StreamExt;
+use async_nats::jetstream::{self, stream::RetentionPolicy};
 
 use allot_bus::consumer::{ConsumerRunner, ConsumerSpec, Delivery, Handler, HandlerError, Outcome};
 use allot_bus::streams::{Ensured, names};
 use allot_bus::{PublishError, Publisher, catalog, ensure_streams, headers};
 use allot_events::node::HeartbeatSent;
-use allot_testkit::NatsServer;
+use allot_testkit::streams::read_all;
+use allot_testkit::{NatsServer, node};
 
-fn heartbeat(node: &str, seq: u64) -> HeartbeatSent {
-    HeartbeatSent {
-        node: node.into(),
-        seq,
-        uptime_s: seq * 5,
-    }
+fn heartbeat(seq: u64) -> HeartbeatSent {
+    node("node-1").heartbeat(seq)
 }
 
 async fn setup(server: &NatsServer) -> (async_nats::Client, Publisher) {
@@ -75,29 +71,21 @@ async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     panic!("timed out waiting until {what}");
 }
 
-/// Reads every message of a stream.
-async fn read_all(client: &async_nats::Client, stream: &str) -> Vec<jetstream::Message> {
-    let js = jetstream::new(client.clone());
-    let stream = js.get_stream(stream).await.unwrap();
-    let count = stream.cached_info().state.messages as usize;
-    if count == 0 {
-        return Vec::new();
-    }
-    let consumer = stream
-        .create_consumer(jetstream::consumer::pull::OrderedConfig {
-            deliver_policy: DeliverPolicy::All,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    consumer
-        .messages()
-        .await
-        .unwrap()
-        .take(count)
-        .map(|m| m.unwrap())
-        .collect()
-        .await
+/// A runner for `spec` with `recorder`, running until the returned sender fires.
+fn spawn_runner(
+    client: &async_nats::Client,
+    spec: ConsumerSpec,
+    recorder: Recorder,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<Recorder, allot_bus::BusError>>,
+) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let runner = ConsumerRunner::new(client.clone(), spec, recorder);
+    let task = tokio::spawn(runner.run(async {
+        let _ = stopped.await;
+    }));
+    (stop, task)
 }
 
 #[tokio::test]
@@ -135,7 +123,7 @@ async fn streams_are_created_once_and_updated_when_their_spec_changes() {
 async fn the_same_event_published_twice_is_stored_once() {
     let server = NatsServer::start();
     let (client, publisher) = setup(&server).await;
-    let event = publisher.envelope(heartbeat("node-1", 1));
+    let event = publisher.envelope(heartbeat(1));
     let first = publisher.publish_envelope(&event).await.unwrap();
     let again = publisher.publish_envelope(&event).await.unwrap();
     assert!(!first.duplicate);
@@ -154,7 +142,7 @@ async fn publishing_where_no_stream_listens_is_an_error_not_a_silent_loss() {
     let server = NatsServer::start();
     let client = async_nats::connect(server.url()).await.unwrap();
     let publisher = Publisher::new(client, "/test");
-    let err = publisher.publish(heartbeat("node-1", 1)).await.unwrap_err();
+    let err = publisher.publish(heartbeat(1)).await.unwrap_err();
     assert!(matches!(err, PublishError::NoStream { .. }), "{err:?}");
     assert!(!err.is_retryable());
 }
@@ -163,7 +151,7 @@ async fn publishing_where_no_stream_listens_is_an_error_not_a_silent_loss() {
 async fn a_malformed_message_is_dead_lettered_with_its_reason_and_the_consumer_goes_on() {
     let server = NatsServer::start();
     let (client, publisher) = setup(&server).await;
-    publisher.publish(heartbeat("node-1", 1)).await.unwrap();
+    publisher.publish(heartbeat(1)).await.unwrap();
     let js = publisher.jetstream();
     js.publish("allot.node.heartbeat.node-1", "{not json".into())
         .await
@@ -178,19 +166,11 @@ async fn a_malformed_message_is_dead_lettered_with_its_reason_and_the_consumer_g
     .unwrap()
     .await
     .unwrap();
-    publisher.publish(heartbeat("node-1", 2)).await.unwrap();
+    publisher.publish(heartbeat(2)).await.unwrap();
 
     let recorder = Recorder::default();
     let seen = recorder.seen.clone();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let runner = ConsumerRunner::new(
-        client.clone(),
-        ConsumerSpec::new(names::FLEET, "test"),
-        recorder,
-    );
-    let task = tokio::spawn(runner.run(async {
-        let _ = stopped.await;
-    }));
+    let (stop, task) = spawn_runner(&client, ConsumerSpec::new(names::FLEET, "test"), recorder);
     wait_until("both valid heartbeats are handled", || {
         seen.lock().unwrap().len() == 2
     })
@@ -265,22 +245,14 @@ async fn a_rejected_message_is_dead_lettered_and_the_rest_of_its_batch_is_handle
     let server = NatsServer::start();
     let (client, publisher) = setup(&server).await;
     for seq in 1..=5 {
-        publisher.publish(heartbeat("node-1", seq)).await.unwrap();
+        publisher.publish(heartbeat(seq)).await.unwrap();
     }
     let recorder = Recorder {
         reject_heartbeat_seq: Some(3),
         ..Recorder::default()
     };
     let seen = recorder.seen.clone();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let runner = ConsumerRunner::new(
-        client.clone(),
-        ConsumerSpec::new(names::FLEET, "test"),
-        recorder,
-    );
-    let task = tokio::spawn(runner.run(async {
-        let _ = stopped.await;
-    }));
+    let (stop, task) = spawn_runner(&client, ConsumerSpec::new(names::FLEET, "test"), recorder);
     wait_until("four heartbeats are handled", || {
         seen.lock().unwrap().len() == 4
     })
@@ -305,7 +277,7 @@ async fn a_transient_failure_is_retried_in_place_without_later_messages_overtaki
     let server = NatsServer::start();
     let (client, publisher) = setup(&server).await;
     for seq in 1..=3 {
-        publisher.publish(heartbeat("node-1", seq)).await.unwrap();
+        publisher.publish(heartbeat(seq)).await.unwrap();
     }
     let recorder = Recorder {
         fail_first_attempts: 2,
@@ -313,13 +285,9 @@ async fn a_transient_failure_is_retried_in_place_without_later_messages_overtaki
     };
     let seen = recorder.seen.clone();
     let attempts = recorder.attempts.clone();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let mut spec = ConsumerSpec::new(names::FLEET, "test");
     spec.max_backoff = Duration::from_millis(200);
-    let runner = ConsumerRunner::new(client.clone(), spec, recorder);
-    let task = tokio::spawn(runner.run(async {
-        let _ = stopped.await;
-    }));
+    let (stop, task) = spawn_runner(&client, spec, recorder);
     wait_until("three heartbeats are handled", || {
         seen.lock().unwrap().len() == 3
     })
@@ -338,19 +306,15 @@ async fn a_transient_failure_is_retried_in_place_without_later_messages_overtaki
 async fn a_batch_that_keeps_failing_is_dead_lettered_after_the_delivery_limit() {
     let server = NatsServer::start();
     let (client, publisher) = setup(&server).await;
-    publisher.publish(heartbeat("node-1", 1)).await.unwrap();
+    publisher.publish(heartbeat(1)).await.unwrap();
     let recorder = Recorder {
         fail_first_attempts: u32::MAX,
         ..Recorder::default()
     };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let mut spec = ConsumerSpec::new(names::FLEET, "test");
     spec.max_deliveries = 3;
     spec.max_backoff = Duration::from_millis(50);
-    let runner = ConsumerRunner::new(client.clone(), spec, recorder);
-    let task = tokio::spawn(runner.run(async {
-        let _ = stopped.await;
-    }));
+    let (stop, task) = spawn_runner(&client, spec, recorder);
     let mut dead = Vec::new();
     for _ in 0..100 {
         dead = read_all(&client, names::DEADLETTER).await;
@@ -385,7 +349,10 @@ async fn connecting_waits_for_an_unreachable_server_instead_of_failing() {
         .await
     });
     tokio::time::sleep(Duration::from_millis(800)).await;
-    assert!(!connecting.is_finished(), "still retrying while the server is down");
+    assert!(
+        !connecting.is_finished(),
+        "still retrying while the server is down"
+    );
     let server = tokio::task::spawn_blocking(move || {
         server.restart();
         server
@@ -417,5 +384,8 @@ async fn connecting_gives_up_at_once_on_a_malformed_url_and_on_shutdown() {
     )
     .await
     .unwrap_err();
-    assert!(matches!(err, allot_bus::BusError::ShutdownBeforeConnect { .. }), "{err}");
+    assert!(
+        matches!(err, allot_bus::BusError::ShutdownBeforeConnect { .. }),
+        "{err}"
+    );
 }

@@ -16,14 +16,21 @@
 //! - [`cluster`] is [`NatsCluster`], a JetStream cluster of N such servers (`n1`..`nN`, cluster
 //!   `allot-test`) that is handed out only once a meta leader is elected, with per-node kill and
 //!   restart for failover tests.
+//! - [`fixtures`] builds events for tests from a few words —
+//!   `node("node-1").gpus(4).model("A100").registered()`, `.heartbeat(3)`, `.sampled(70)` —
+//!   so a test states what matters to it and nothing else.
+//! - [`streams`] reads back what a stream holds (`read_all`), for asserting on what was published.
 //! - `net` (private) holds the loopback plumbing: picking free ports, the `INFO` readiness
 //!   probe, and a minimal HTTP GET for the monitoring endpoints.
 
 pub mod binary;
 pub mod cluster;
+pub mod fixtures;
 mod net;
 pub mod server;
+pub mod streams;
 
 pub use binary::{MissingNatsServer, nats_server_binary};
 pub use cluster::NatsCluster;
+pub use fixtures::node;
 pub use server::NatsServer;

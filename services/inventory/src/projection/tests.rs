@@ -1,8 +1,9 @@
 use allot_bus::Delivery;
-use allot_events::node::{GpuInfo, GpuSourceKind, HeartbeatSent, NodeRegistered};
-use allot_events::telemetry::{GpuSample, GpusSampled};
+use allot_events::node::{HeartbeatSent, NodeRegistered};
+use allot_events::telemetry::GpusSampled;
 use allot_events::{AnyEvent, Envelope};
 use allot_store::rusqlite::Connection;
+use allot_testkit::node;
 
 use super::*;
 
@@ -21,49 +22,12 @@ fn delivery(seq: u64, event: impl Into<AnyEvent>) -> Delivery {
     }
 }
 
-fn registered(node: &str, gpus: u32) -> NodeRegistered {
-    NodeRegistered {
-        node: node.into(),
-        hostname: format!("{node}.lab"),
-        pool: "default".into(),
-        rack: None,
-        cpu_milli: 64_000,
-        memory_mib: 512_000,
-        gpu_source: GpuSourceKind::Simulated,
-        driver_version: None,
-        gpus: (0..gpus)
-            .map(|i| GpuInfo {
-                index: i,
-                uuid: format!("GPU-{node}-{i}"),
-                model: "H100".into(),
-                memory_total_mib: 81_559,
-                power_limit_mw: Some(700_000),
-                nvlink_peers: vec![],
-            })
-            .collect(),
-    }
+fn registered(name: &str, gpus: u32) -> NodeRegistered {
+    node(name).gpus(gpus).registered()
 }
 
-fn sampled(node: &str, gpus: u32, util: u8) -> GpusSampled {
-    GpusSampled {
-        node: node.into(),
-        samples: (0..gpus)
-            .map(|i| GpuSample {
-                index: i,
-                uuid: format!("GPU-{node}-{i}"),
-                utilization_pct: Some(util),
-                memory_used_mib: 1_000,
-                memory_total_mib: 81_559,
-                temperature_c: Some(50),
-                power_mw: Some(200_000),
-                power_limit_mw: Some(700_000),
-                ecc_corrected: Some(0),
-                ecc_uncorrected: Some(0),
-                xid_errors: Some(0),
-                last_xid: None,
-            })
-            .collect(),
-    }
+fn sampled(name: &str, gpus: u32, util: u8) -> GpusSampled {
+    node(name).gpus(gpus).sampled(util)
 }
 
 fn apply_each(conn: &Connection, events: &[Delivery]) {
