@@ -1,0 +1,224 @@
+//! The live cluster view: every node's free capacity, kept current by applying grants and
+//! releases (never rebuilt per decision), with an index that makes best-fit placement cheap.
+
+use std::collections::{BTreeSet, HashMap};
+
+use crate::model::{NodeIdx, NodeSpec, WHOLE_GPU_MILLI};
+
+/// One node's state.
+#[derive(Debug, Clone)]
+pub struct NodeState {
+    /// As it joined.
+    pub spec: NodeSpec,
+    /// Free milli-GPU of each GPU, by GPU index.
+    pub gpu_free: Vec<u32>,
+    /// GPUs entirely free.
+    pub free_whole: u32,
+    /// Free CPU, millicores.
+    pub free_cpu: u64,
+    /// Free memory, MiB.
+    pub free_memory: u64,
+    /// False when cordoned or unhealthy: nothing new is placed here.
+    pub schedulable: bool,
+}
+
+impl NodeState {
+    /// Whether nothing runs on the node's GPUs.
+    pub fn is_idle(&self) -> bool {
+        self.free_whole == self.spec.gpus
+    }
+}
+
+/// A task's share of one node: which GPUs, and how much of each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeShare {
+    /// The node.
+    pub node: NodeIdx,
+    /// `(gpu index, milli-GPU)` pairs.
+    pub gpus: Vec<(u32, u32)>,
+    /// CPU, millicores.
+    pub cpu_milli: u64,
+    /// Memory, MiB.
+    pub memory_mib: u64,
+}
+
+/// Where a task runs: one share per node it spans.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Placement {
+    /// Shares, by node.
+    pub shares: Vec<NodeShare>,
+}
+
+impl Placement {
+    /// Milli-GPU held.
+    pub fn gpu_milli(&self) -> u64 {
+        self.shares
+            .iter()
+            .flat_map(|s| &s.gpus)
+            .map(|(_, m)| u64::from(*m))
+            .sum()
+    }
+}
+
+/// The cluster.
+#[derive(Debug, Clone, Default)]
+pub struct Cluster {
+    nodes: Vec<NodeState>,
+    by_name: HashMap<String, NodeIdx>,
+    /// Per GPU model, schedulable nodes bucketed by their number of entirely free GPUs.
+    buckets: HashMap<String, Vec<BTreeSet<NodeIdx>>>,
+    capacity_milli: u64,
+    allocated_milli: u64,
+}
+
+impl Cluster {
+    /// An empty cluster.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a node (schedulable, all free); returns its index.
+    pub fn add_node(&mut self, spec: NodeSpec) -> NodeIdx {
+        let idx = NodeIdx(self.nodes.len() as u32);
+        self.by_name.insert(spec.name.clone(), idx);
+        self.capacity_milli += u64::from(spec.gpus) * u64::from(WHOLE_GPU_MILLI);
+        let state = NodeState {
+            gpu_free: vec![WHOLE_GPU_MILLI; spec.gpus as usize],
+            free_whole: spec.gpus,
+            free_cpu: spec.cpu_milli,
+            free_memory: spec.memory_mib,
+            schedulable: true,
+            spec,
+        };
+        self.nodes.push(state);
+        self.index(idx);
+        idx
+    }
+
+    /// All nodes, by index.
+    pub fn nodes(&self) -> &[NodeState] {
+        &self.nodes
+    }
+
+    /// One node.
+    pub fn node(&self, idx: NodeIdx) -> &NodeState {
+        &self.nodes[idx.0 as usize]
+    }
+
+    /// A node's index by name.
+    pub fn find(&self, name: &str) -> Option<NodeIdx> {
+        self.by_name.get(name).copied()
+    }
+
+    /// Total GPU capacity of schedulable nodes, milli-GPU.
+    pub fn capacity_milli(&self) -> u64 {
+        self.capacity_milli
+    }
+
+    /// Milli-GPU currently granted.
+    pub fn allocated_milli(&self) -> u64 {
+        self.allocated_milli
+    }
+
+    /// Marks a node (un)schedulable: cordoned or unhealthy nodes take nothing new.
+    pub fn set_schedulable(&mut self, idx: NodeIdx, schedulable: bool) {
+        let was = self.nodes[idx.0 as usize].schedulable;
+        if was == schedulable {
+            return;
+        }
+        self.unindex(idx);
+        let gpus = u64::from(self.nodes[idx.0 as usize].spec.gpus) * u64::from(WHOLE_GPU_MILLI);
+        self.nodes[idx.0 as usize].schedulable = schedulable;
+        if schedulable {
+            self.capacity_milli += gpus;
+        } else {
+            self.capacity_milli -= gpus;
+        }
+        self.index(idx);
+    }
+
+    /// Schedulable nodes of `model` with exactly `free` entirely free GPUs, lowest index first.
+    pub fn nodes_with_free(&self, model: &str, free: u32) -> impl Iterator<Item = NodeIdx> + '_ {
+        self.buckets
+            .get(model)
+            .and_then(|b| b.get(free as usize))
+            .into_iter()
+            .flat_map(|set| set.iter().copied())
+    }
+
+    /// GPU models present, sorted.
+    pub fn models(&self) -> Vec<&str> {
+        let mut models: Vec<&str> = self.buckets.keys().map(String::as_str).collect();
+        models.sort_unstable();
+        models
+    }
+
+    /// The largest GPU count of any node of `model`.
+    pub fn max_gpus(&self, model: &str) -> u32 {
+        self.buckets
+            .get(model)
+            .map_or(0, |b| b.len().saturating_sub(1) as u32)
+    }
+
+    /// Takes the resources of `placement`.
+    pub fn allocate(&mut self, placement: &Placement) {
+        for share in &placement.shares {
+            self.unindex(share.node);
+            let node = &mut self.nodes[share.node.0 as usize];
+            for (gpu, milli) in &share.gpus {
+                let free = &mut node.gpu_free[*gpu as usize];
+                debug_assert!(*free >= *milli, "GPU granted twice");
+                if *free == WHOLE_GPU_MILLI {
+                    node.free_whole -= 1;
+                }
+                *free -= milli;
+                self.allocated_milli += u64::from(*milli);
+            }
+            node.free_cpu = node.free_cpu.saturating_sub(share.cpu_milli);
+            node.free_memory = node.free_memory.saturating_sub(share.memory_mib);
+            self.index(share.node);
+        }
+    }
+
+    /// Gives back the resources of `placement`.
+    pub fn release(&mut self, placement: &Placement) {
+        for share in &placement.shares {
+            self.unindex(share.node);
+            let node = &mut self.nodes[share.node.0 as usize];
+            for (gpu, milli) in &share.gpus {
+                let free = &mut node.gpu_free[*gpu as usize];
+                *free += milli;
+                debug_assert!(*free <= WHOLE_GPU_MILLI, "GPU released twice");
+                if *free == WHOLE_GPU_MILLI {
+                    node.free_whole += 1;
+                }
+                self.allocated_milli -= u64::from(*milli);
+            }
+            node.free_cpu += share.cpu_milli;
+            node.free_memory += share.memory_mib;
+            self.index(share.node);
+        }
+    }
+
+    fn index(&mut self, idx: NodeIdx) {
+        let node = &self.nodes[idx.0 as usize];
+        if !node.schedulable {
+            return;
+        }
+        let buckets = self.buckets.entry(node.spec.gpu_model.clone()).or_default();
+        let size = node.spec.gpus as usize + 1;
+        if buckets.len() < size {
+            buckets.resize_with(size, BTreeSet::new);
+        }
+        buckets[node.free_whole as usize].insert(idx);
+    }
+
+    fn unindex(&mut self, idx: NodeIdx) {
+        let node = &self.nodes[idx.0 as usize];
+        if let Some(b) = self.buckets.get_mut(&node.spec.gpu_model)
+            && let Some(set) = b.get_mut(node.free_whole as usize)
+        {
+            set.remove(&idx);
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! What the scheduler decides, each with its explanation.
+
+use crate::cluster::Placement;
+use crate::model::{LeaseId, TaskId, Time};
+
+/// A decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// The task may start on `placement`.
+    Granted {
+        /// The task.
+        task: TaskId,
+        /// The lease to release when it ends.
+        lease: LeaseId,
+        /// Where.
+        placement: Placement,
+        /// When.
+        at: Time,
+        /// Why now and why there.
+        reason: String,
+    },
+    /// The task cannot start now.
+    Waiting {
+        /// The task.
+        task: TaskId,
+        /// Why.
+        reason: WaitReason,
+        /// When.
+        at: Time,
+    },
+    /// A finished or cancelled task's resources were returned.
+    Released {
+        /// The task.
+        task: TaskId,
+        /// Its lease.
+        lease: LeaseId,
+        /// When.
+        at: Time,
+    },
+}
+
+/// Why a task waits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WaitReason {
+    /// No placement exists on the free capacity now.
+    NoCapacity {
+        /// GPUs requested.
+        gpus: u32,
+        /// Free GPUs in the whole cluster.
+        free_gpus: u64,
+    },
+    /// The policy starts tasks in order and this one is behind a task that cannot start.
+    BehindHead {
+        /// The task at the head.
+        head: TaskId,
+    },
+}
+
+impl std::fmt::Display for WaitReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NoCapacity { gpus, free_gpus } => write!(
+                f,
+                "needs {gpus} GPUs placed together; {free_gpus} GPUs are free but no placement fits"
+            ),
+            Self::BehindHead { head } => write!(f, "queued behind {head}, which cannot start yet"),
+        }
+    }
+}

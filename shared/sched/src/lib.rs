@@ -1,0 +1,29 @@
+//! allot-sched: Allot's scheduling core. Pure and deterministic — no clock, no I/O, no
+//! unseeded randomness: inputs in ([`Input`]), explained decisions out ([`Decision`]). The
+//! allocator service and the trace simulator both drive it, and the decision log replays
+//! through it.
+//!
+//! # Layout
+//!
+//! - [`model`]: time, ids, node and task specs.
+//! - [`cluster`]: the live cluster view — free capacity per node and GPU, indexed for cheap
+//!   best fit, changed only by grants and releases.
+//! - [`placement`]: where a task fits (best fit on a node, whole nodes for large tasks, the
+//!   tightest GPU for a fraction).
+//! - [`policy`]: the [`Policy`] trait and the policies; only ordering and blocking differ
+//!   between them.
+//! - [`scheduler`]: [`Scheduler::apply`] and the numbered scheduling pass.
+//! - [`decision`]: decisions and wait reasons, each explainable.
+
+pub mod cluster;
+pub mod decision;
+pub mod model;
+pub mod placement;
+pub mod policy;
+pub mod scheduler;
+
+pub use cluster::{Cluster, Placement};
+pub use decision::{Decision, WaitReason};
+pub use model::{LeaseId, NodeIdx, NodeSpec, TaskId, TaskSpec, Time};
+pub use policy::Policy;
+pub use scheduler::{ApplyError, Input, Scheduler};

@@ -1,0 +1,106 @@
+//! Policies: what differs between schedulers, behind one small trait. Everything else — the
+//! cluster view, placement, the pass, decisions — is shared, so a comparison between policies
+//! compares policies and nothing else.
+
+use crate::model::{TaskSpec, Time};
+
+/// The order of pending tasks: smaller keys go first. The last field is the submission
+/// sequence, so equal keys keep arrival order and the order is total and deterministic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct QueueKey(pub i64, pub i64, pub u64);
+
+/// A pending task as a policy sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct PendingView<'a> {
+    /// The task.
+    pub spec: &'a TaskSpec,
+    /// When it was submitted.
+    pub submitted: Time,
+    /// Submission sequence number (arrival order, ties in file order).
+    pub seq: u64,
+}
+
+/// What a pass does when the next task in order cannot be placed now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhenBlocked {
+    /// Stop the pass: nothing behind it starts (strict FIFO, head-of-line blocking).
+    Stop,
+    /// Try the tasks behind it.
+    Continue,
+}
+
+/// A scheduling policy.
+pub trait Policy: Send + std::fmt::Debug {
+    /// Its name on the command line and in reports.
+    fn name(&self) -> &'static str;
+    /// Where a pending task stands in the queue at `now`.
+    fn key(&self, task: PendingView<'_>, now: Time) -> QueueKey;
+    /// Whether keys change as time passes (then the queue is re-ordered every pass).
+    fn dynamic(&self) -> bool {
+        false
+    }
+    /// What a pass does when the next task does not fit.
+    fn when_blocked(&self) -> WhenBlocked;
+    /// Whether the policy reads true durations (allowed for oracle baselines only).
+    fn uses_oracle(&self) -> bool {
+        false
+    }
+    /// The parameters it runs with, printed beside results.
+    fn parameters(&self) -> String {
+        String::new()
+    }
+}
+
+/// Strict first-come-first-served with head-of-line blocking (DESIGN.md's reference).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Fifo;
+
+impl Policy for Fifo {
+    fn name(&self) -> &'static str {
+        "fifo"
+    }
+    fn key(&self, task: PendingView<'_>, _now: Time) -> QueueKey {
+        QueueKey(task.submitted as i64, 0, task.seq)
+    }
+    fn when_blocked(&self) -> WhenBlocked {
+        WhenBlocked::Stop
+    }
+    fn parameters(&self) -> String {
+        "order=submit time; head-of-line blocking; best-fit placement".into()
+    }
+}
+
+/// Shortest job first by true duration, non-preemptive, head-of-line blocking (Helios' SJF).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SjfOracle;
+
+impl Policy for SjfOracle {
+    fn name(&self) -> &'static str {
+        "sjf-oracle"
+    }
+    fn key(&self, task: PendingView<'_>, _now: Time) -> QueueKey {
+        let duration = task.spec.oracle_duration.unwrap_or(u64::MAX >> 1);
+        QueueKey(duration as i64, task.submitted as i64, task.seq)
+    }
+    fn when_blocked(&self) -> WhenBlocked {
+        WhenBlocked::Stop
+    }
+    fn uses_oracle(&self) -> bool {
+        true
+    }
+    fn parameters(&self) -> String {
+        "order=true duration; head-of-line blocking; non-preemptive".into()
+    }
+}
+
+/// The policies known by name.
+pub fn by_name(name: &str) -> Option<Box<dyn Policy>> {
+    match name {
+        "fifo" => Some(Box::new(Fifo)),
+        "sjf-oracle" => Some(Box::new(SjfOracle)),
+        _ => None,
+    }
+}
+
+/// Names accepted by [`by_name`].
+pub const NAMES: &[&str] = &["fifo", "sjf-oracle"];

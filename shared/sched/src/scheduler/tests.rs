@@ -1,0 +1,201 @@
+use super::*;
+use crate::policy::{Fifo, SjfOracle};
+
+fn node(name: &str) -> NodeBuilder {
+    NodeBuilder(NodeSpec::new(name, 8, "H100"))
+}
+
+struct NodeBuilder(NodeSpec);
+impl NodeBuilder {
+    fn gpus(mut self, gpus: u32) -> Self {
+        self.0.gpus = gpus;
+        self
+    }
+    fn model(mut self, model: &str) -> Self {
+        self.0.gpu_model = model.into();
+        self
+    }
+}
+
+fn task(id: u64) -> TaskBuilder {
+    TaskBuilder(TaskSpec::new(id, "team-a", 1))
+}
+
+struct TaskBuilder(TaskSpec);
+impl TaskBuilder {
+    fn gpus(mut self, gpus: u32) -> Self {
+        self.0.gpus = gpus;
+        self
+    }
+    fn milli(mut self, milli: u32) -> Self {
+        self.0.gpu_milli = milli;
+        self
+    }
+    fn lasts(mut self, ms: u64) -> Self {
+        self.0.oracle_duration = Some(ms);
+        self
+    }
+    fn models(mut self, models: &[&str]) -> Self {
+        self.0.gpu_models = models.iter().map(|m| (*m).to_owned()).collect();
+        self
+    }
+}
+
+fn scheduler(policy: Box<dyn Policy>, nodes: Vec<NodeBuilder>) -> Scheduler {
+    let mut s = Scheduler::new(policy);
+    for n in nodes {
+        s.apply(Input::NodeAdded(n.0)).unwrap();
+    }
+    s
+}
+
+/// Submits tasks at time 0 and runs one pass; returns (task, node names) of the grants.
+fn run_pass(s: &mut Scheduler, tasks: Vec<TaskBuilder>) -> Vec<(u64, Vec<String>)> {
+    for t in tasks {
+        s.apply(Input::TaskSubmitted { task: t.0, at: 0 }).unwrap();
+    }
+    let decisions = s.apply(Input::Schedule { at: 0 }).unwrap();
+    granted(s, decisions)
+}
+
+fn granted(s: &Scheduler, decisions: Vec<Decision>) -> Vec<(u64, Vec<String>)> {
+    decisions
+        .into_iter()
+        .filter_map(|d| match d {
+            Decision::Granted { task, placement, .. } => Some((
+                task.0,
+                placement
+                    .shares
+                    .iter()
+                    .map(|sh| s.cluster().node(sh.node).spec.name.clone())
+                    .collect(),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn placement_and_order_table() {
+    struct Case {
+        name: &'static str,
+        policy: Box<dyn Policy>,
+        nodes: Vec<NodeBuilder>,
+        /// Tasks already running (granted in a first pass).
+        running: Vec<TaskBuilder>,
+        tasks: Vec<TaskBuilder>,
+        want: Vec<(u64, Vec<&'static str>)>,
+    }
+    let cases = vec![
+        Case {
+            name: "best fit puts a task on the fullest node that still fits",
+            policy: Box::new(Fifo),
+            nodes: vec![node("n1"), node("n2"), node("n3")],
+            running: vec![task(1).gpus(6), task(2).gpus(3)],
+            tasks: vec![task(3).gpus(2)],
+            want: vec![(3, vec!["n1"])],
+        },
+        Case {
+            name: "ties go to the lowest index",
+            policy: Box::new(Fifo),
+            nodes: vec![node("n1"), node("n2")],
+            running: vec![],
+            tasks: vec![task(1).gpus(4)],
+            want: vec![(1, vec!["n1"])],
+        },
+        Case {
+            name: "a task larger than a node takes whole idle nodes, lowest first",
+            policy: Box::new(Fifo),
+            nodes: vec![node("n1"), node("n2"), node("n3")],
+            running: vec![task(1).gpus(1)],
+            tasks: vec![task(2).gpus(16)],
+            want: vec![(2, vec!["n2", "n3"])],
+        },
+        Case {
+            name: "fifo stops at the first task that does not fit",
+            policy: Box::new(Fifo),
+            nodes: vec![node("n1")],
+            running: vec![task(1).gpus(4)],
+            tasks: vec![task(2).gpus(8), task(3).gpus(1)],
+            want: vec![],
+        },
+        Case {
+            name: "sjf-oracle starts the shortest first",
+            policy: Box::new(SjfOracle),
+            nodes: vec![node("n1")],
+            running: vec![],
+            tasks: vec![task(1).gpus(8).lasts(500), task(2).gpus(8).lasts(100)],
+            want: vec![(2, vec!["n1"])],
+        },
+        Case {
+            name: "a task only runs on a GPU model it accepts",
+            policy: Box::new(Fifo),
+            nodes: vec![node("n1").model("T4"), node("n2").model("A100")],
+            running: vec![],
+            tasks: vec![task(1).gpus(2).models(&["A100"])],
+            want: vec![(1, vec!["n2"])],
+        },
+        Case {
+            name: "fractions share a GPU, tightest fit first",
+            policy: Box::new(Fifo),
+            nodes: vec![node("n1").gpus(2)],
+            running: vec![task(1).milli(700)],
+            tasks: vec![task(2).milli(300), task(3).milli(500)],
+            want: vec![(2, vec!["n1"]), (3, vec!["n1"])],
+        },
+    ];
+    for case in cases {
+        let mut s = scheduler(case.policy, case.nodes);
+        run_pass(&mut s, case.running);
+        let got = run_pass(&mut s, case.tasks);
+        let want: Vec<(u64, Vec<String>)> = case
+            .want
+            .into_iter()
+            .map(|(t, n)| (t, n.into_iter().map(String::from).collect()))
+            .collect();
+        assert_eq!(got, want, "{}", case.name);
+    }
+}
+
+#[test]
+fn a_finished_task_frees_its_gpus_for_the_blocked_head() {
+    let mut s = scheduler(Box::new(Fifo), vec![node("n1")]);
+    run_pass(&mut s, vec![task(1).gpus(8)]);
+    let waiting = run_pass(&mut s, vec![task(2).gpus(4)]);
+    assert!(waiting.is_empty());
+    let released = s.apply(Input::TaskFinished { task: TaskId(1), at: 10 }).unwrap();
+    assert!(matches!(released[..], [Decision::Released { task: TaskId(1), .. }]));
+    let decisions = s.apply(Input::Schedule { at: 10 }).unwrap();
+    assert_eq!(granted(&s, decisions), vec![(2, vec!["n1".to_owned()])]);
+}
+
+#[test]
+fn a_blocked_head_is_told_why_once_until_the_reason_changes() {
+    let mut s = scheduler(Box::new(Fifo), vec![node("n1")]);
+    run_pass(&mut s, vec![task(1).gpus(6)]);
+    s.apply(Input::TaskSubmitted { task: task(2).gpus(4).0, at: 1 }).unwrap();
+    let first = s.apply(Input::Schedule { at: 1 }).unwrap();
+    assert!(
+        matches!(&first[..], [Decision::Waiting { task: TaskId(2), reason: WaitReason::NoCapacity { gpus: 4, free_gpus: 2 }, .. }]),
+        "{first:?}"
+    );
+    assert!(s.apply(Input::Schedule { at: 2 }).unwrap().is_empty(), "same reason, no repeat");
+}
+
+#[test]
+fn bad_inputs_are_typed_errors() {
+    let mut s = scheduler(Box::new(Fifo), vec![node("n1")]);
+    s.apply(Input::TaskSubmitted { task: task(1).0, at: 0 }).unwrap();
+    assert_eq!(
+        s.apply(Input::TaskSubmitted { task: task(1).0, at: 0 }),
+        Err(ApplyError::DuplicateTask(TaskId(1)))
+    );
+    assert_eq!(
+        s.apply(Input::TaskFinished { task: TaskId(1), at: 0 }),
+        Err(ApplyError::NotRunning(TaskId(1)))
+    );
+    let too_big = s.apply(Input::TaskSubmitted { task: task(2).gpus(9).0, at: 0 });
+    assert!(matches!(too_big, Err(ApplyError::Unplaceable { .. })), "{too_big:?}");
+    let wrong_model = s.apply(Input::TaskSubmitted { task: task(3).models(&["TPU"]).0, at: 0 });
+    assert!(matches!(wrong_model, Err(ApplyError::Unplaceable { .. })), "{wrong_model:?}");
+}
