@@ -4,6 +4,7 @@
 //!   cluster (laptops, CI).
 //! - [`run`]: one service, for Kubernetes.
 //! - [`status`]: the cluster as the inventory sees it.
+//! - [`sim`]: trace-driven simulation of the scheduling policies (`allot sim`).
 //! - [`bench`]: benchmarks that need the real bus (`allot bench telemetry`).
 //! - [`settings`]: flags and `ALLOT_*` variables, all problems reported at once.
 //! - [`local`]: the embedded nats-server and how client commands find it (`./.allot/`).
@@ -20,6 +21,7 @@ pub mod bench;
 pub mod local;
 pub mod run;
 pub mod settings;
+pub mod sim;
 pub mod status;
 pub mod up;
 
@@ -46,6 +48,8 @@ pub enum Command {
     Run(run::RunArgs),
     /// Show nodes, GPUs, health and utilization.
     Status(status::StatusArgs),
+    /// Replay a GPU-cluster trace through the scheduling core under several policies.
+    Sim(sim::SimArgs),
     /// Benchmarks against a real nats-server.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -92,6 +96,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run(args) => run::run(args, &env).await,
         Command::Status(args) => status::status(args, &env).await,
         Command::Bench(cmd) => bench::bench(cmd, &env).await,
+        Command::Sim(args) => sim::sim(args),
         Command::Schemas { out } => {
             allot_events::schema::write_all(&out)?;
             eprintln!(

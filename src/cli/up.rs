@@ -230,6 +230,8 @@ async fn run_services(
     let mut code = ExitCode::SUCCESS;
     let mut trigger = Some(trigger);
     tokio::select! {
+        // Services stop when shutdown fires: seen first, their exit is not a failure.
+        biased;
         () = shutdown.clone() => {}
         Some(joined) = services.join_next() => {
             let (name, result) = joined.unwrap_or_else(|e| ("a service".into(), Err(e.into())));

@@ -69,7 +69,13 @@ pub fn best_fit(cluster: &Cluster, task: &TaskSpec) -> Option<Placement> {
             return Some(Placement {
                 shares: idle
                     .into_iter()
-                    .map(|idx| share(idx, (0..per_node).map(|g| (g, WHOLE_GPU_MILLI)).collect(), task))
+                    .map(|idx| {
+                        share(
+                            idx,
+                            (0..per_node).map(|g| (g, WHOLE_GPU_MILLI)).collect(),
+                            task,
+                        )
+                    })
                     .collect(),
             });
         }

@@ -63,8 +63,16 @@ pub enum ApplyError {
 
 #[derive(Debug)]
 enum State {
-    Pending { key: QueueKey, seq: u64, submitted: Time, last_wait: Option<WaitReason> },
-    Running { lease: LeaseId, placement: Placement },
+    Pending {
+        key: QueueKey,
+        seq: u64,
+        submitted: Time,
+        last_wait: Option<WaitReason>,
+    },
+    Running {
+        lease: LeaseId,
+        placement: Placement,
+    },
 }
 
 #[derive(Debug)]
@@ -80,8 +88,33 @@ pub struct Scheduler {
     policy: Box<dyn Policy>,
     queue: BTreeMap<QueueKey, TaskId>,
     tasks: HashMap<TaskId, Task>,
+    /// Distinct request shapes among pending tasks, with how many tasks have each: whether
+    /// any pending task could start is a question about shapes, not tasks.
+    shapes: HashMap<Shape, (usize, TaskSpec)>,
     next_seq: u64,
     next_lease: u64,
+}
+
+/// What placement depends on in a request.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Shape {
+    gpus: u32,
+    gpu_milli: u32,
+    gpu_models: Vec<String>,
+    cpu_milli: u64,
+    memory_mib: u64,
+}
+
+impl Shape {
+    fn of(spec: &TaskSpec) -> Self {
+        Self {
+            gpus: spec.gpus,
+            gpu_milli: spec.gpu_milli,
+            gpu_models: spec.gpu_models.clone(),
+            cpu_milli: spec.cpu_milli,
+            memory_mib: spec.memory_mib,
+        }
+    }
 }
 
 impl Scheduler {
@@ -92,6 +125,7 @@ impl Scheduler {
             policy,
             queue: BTreeMap::new(),
             tasks: HashMap::new(),
+            shapes: HashMap::new(),
             next_seq: 0,
             next_lease: 1,
         }
@@ -115,6 +149,14 @@ impl Scheduler {
     /// Pending tasks in queue order.
     pub fn pending_specs(&self) -> impl Iterator<Item = &TaskSpec> {
         self.queue.values().map(|id| &self.tasks[id].spec)
+    }
+
+    /// Whether some pending task could be placed on the free capacity as it is now — the
+    /// question behind WR_fit (capacity idle while a task that fits waits).
+    pub fn some_pending_fits(&self) -> bool {
+        self.shapes
+            .values()
+            .any(|(_, spec)| placement::best_fit(&self.cluster, spec).is_some())
     }
 
     /// Applies one input and returns what was decided.
@@ -146,13 +188,29 @@ impl Scheduler {
         }
         let seq = self.next_seq;
         self.next_seq += 1;
-        let key = self.policy.key(PendingView { spec: &spec, submitted: at, seq }, at);
+        let key = self.policy.key(
+            PendingView {
+                spec: &spec,
+                submitted: at,
+                seq,
+            },
+            at,
+        );
         self.queue.insert(key, spec.id);
+        self.shapes
+            .entry(Shape::of(&spec))
+            .or_insert_with(|| (0, spec.clone()))
+            .0 += 1;
         self.tasks.insert(
             spec.id,
             Task {
                 spec,
-                state: State::Pending { key, seq, submitted: at, last_wait: None },
+                state: State::Pending {
+                    key,
+                    seq,
+                    submitted: at,
+                    last_wait: None,
+                },
             },
         );
         Ok(())
@@ -163,9 +221,17 @@ impl Scheduler {
         if spec.gpus == 0 {
             return None;
         }
-        let models: Vec<&str> = self.cluster.models().into_iter().filter(|m| spec.accepts(m)).collect();
+        let models: Vec<&str> = self
+            .cluster
+            .models()
+            .into_iter()
+            .filter(|m| spec.accepts(m))
+            .collect();
         if models.is_empty() {
-            return Some(format!("no node has an accepted GPU model ({})", spec.gpu_models.join(", ")));
+            return Some(format!(
+                "no node has an accepted GPU model ({})",
+                spec.gpu_models.join(", ")
+            ));
         }
         let capacity: u64 = self
             .cluster
@@ -174,18 +240,36 @@ impl Scheduler {
             .filter(|n| spec.accepts(&n.spec.gpu_model))
             .map(|n| u64::from(n.spec.gpus))
             .sum();
-        (u64::from(spec.gpus) > capacity)
-            .then(|| format!("asks for {} GPUs; the cluster has {capacity} of the accepted models", spec.gpus))
+        (u64::from(spec.gpus) > capacity).then(|| {
+            format!(
+                "asks for {} GPUs; the cluster has {capacity} of the accepted models",
+                spec.gpus
+            )
+        })
     }
 
     fn finish(&mut self, id: TaskId, at: Time, out: &mut Vec<Decision>) -> Result<(), ApplyError> {
-        let running = matches!(self.tasks.get(&id), Some(Task { state: State::Running { .. }, .. }));
+        let running = matches!(
+            self.tasks.get(&id),
+            Some(Task {
+                state: State::Running { .. },
+                ..
+            })
+        );
         if !running {
             return Err(ApplyError::NotRunning(id));
         }
-        if let Some(Task { state: State::Running { lease, placement }, .. }) = self.tasks.remove(&id) {
+        if let Some(Task {
+            state: State::Running { lease, placement },
+            ..
+        }) = self.tasks.remove(&id)
+        {
             self.cluster.release(&placement);
-            out.push(Decision::Released { task: id, lease, at });
+            out.push(Decision::Released {
+                task: id,
+                lease,
+                at,
+            });
         }
         Ok(())
     }
@@ -234,15 +318,29 @@ impl Scheduler {
         for (key, id, lease, placement) in granted {
             self.queue.remove(&key);
             if let Some(task) = self.tasks.get_mut(&id) {
+                let shape = Shape::of(&task.spec);
+                if let Some(entry) = self.shapes.get_mut(&shape) {
+                    entry.0 -= 1;
+                    if entry.0 == 0 {
+                        self.shapes.remove(&shape);
+                    }
+                }
                 task.state = State::Running { lease, placement };
             }
         }
         if let Some((id, reason)) = blocked
-            && let Some(Task { state: State::Pending { last_wait, .. }, .. }) = self.tasks.get_mut(&id)
+            && let Some(Task {
+                state: State::Pending { last_wait, .. },
+                ..
+            }) = self.tasks.get_mut(&id)
             && last_wait.as_ref() != Some(&reason)
         {
             *last_wait = Some(reason.clone());
-            out.push(Decision::Waiting { task: id, reason, at: now });
+            out.push(Decision::Waiting {
+                task: id,
+                reason,
+                at: now,
+            });
         }
     }
 
@@ -251,9 +349,21 @@ impl Scheduler {
         self.queue.clear();
         for id in ids {
             if let Some(task) = self.tasks.get_mut(&id)
-                && let State::Pending { key, seq, submitted, .. } = &mut task.state
+                && let State::Pending {
+                    key,
+                    seq,
+                    submitted,
+                    ..
+                } = &mut task.state
             {
-                *key = self.policy.key(PendingView { spec: &task.spec, submitted: *submitted, seq: *seq }, now);
+                *key = self.policy.key(
+                    PendingView {
+                        spec: &task.spec,
+                        submitted: *submitted,
+                        seq: *seq,
+                    },
+                    now,
+                );
                 self.queue.insert(*key, id);
             }
         }

@@ -62,7 +62,9 @@ fn granted(s: &Scheduler, decisions: Vec<Decision>) -> Vec<(u64, Vec<String>)> {
     decisions
         .into_iter()
         .filter_map(|d| match d {
-            Decision::Granted { task, placement, .. } => Some((
+            Decision::Granted {
+                task, placement, ..
+            } => Some((
                 task.0,
                 placement
                     .shares
@@ -163,8 +165,19 @@ fn a_finished_task_frees_its_gpus_for_the_blocked_head() {
     run_pass(&mut s, vec![task(1).gpus(8)]);
     let waiting = run_pass(&mut s, vec![task(2).gpus(4)]);
     assert!(waiting.is_empty());
-    let released = s.apply(Input::TaskFinished { task: TaskId(1), at: 10 }).unwrap();
-    assert!(matches!(released[..], [Decision::Released { task: TaskId(1), .. }]));
+    let released = s
+        .apply(Input::TaskFinished {
+            task: TaskId(1),
+            at: 10,
+        })
+        .unwrap();
+    assert!(matches!(
+        released[..],
+        [Decision::Released {
+            task: TaskId(1),
+            ..
+        }]
+    ));
     let decisions = s.apply(Input::Schedule { at: 10 }).unwrap();
     assert_eq!(granted(&s, decisions), vec![(2, vec!["n1".to_owned()])]);
 }
@@ -173,29 +186,68 @@ fn a_finished_task_frees_its_gpus_for_the_blocked_head() {
 fn a_blocked_head_is_told_why_once_until_the_reason_changes() {
     let mut s = scheduler(Box::new(Fifo), vec![node("n1")]);
     run_pass(&mut s, vec![task(1).gpus(6)]);
-    s.apply(Input::TaskSubmitted { task: task(2).gpus(4).0, at: 1 }).unwrap();
+    s.apply(Input::TaskSubmitted {
+        task: task(2).gpus(4).0,
+        at: 1,
+    })
+    .unwrap();
     let first = s.apply(Input::Schedule { at: 1 }).unwrap();
     assert!(
-        matches!(&first[..], [Decision::Waiting { task: TaskId(2), reason: WaitReason::NoCapacity { gpus: 4, free_gpus: 2 }, .. }]),
+        matches!(
+            &first[..],
+            [Decision::Waiting {
+                task: TaskId(2),
+                reason: WaitReason::NoCapacity {
+                    gpus: 4,
+                    free_gpus: 2
+                },
+                ..
+            }]
+        ),
         "{first:?}"
     );
-    assert!(s.apply(Input::Schedule { at: 2 }).unwrap().is_empty(), "same reason, no repeat");
+    assert!(
+        s.apply(Input::Schedule { at: 2 }).unwrap().is_empty(),
+        "same reason, no repeat"
+    );
 }
 
 #[test]
 fn bad_inputs_are_typed_errors() {
     let mut s = scheduler(Box::new(Fifo), vec![node("n1")]);
-    s.apply(Input::TaskSubmitted { task: task(1).0, at: 0 }).unwrap();
+    s.apply(Input::TaskSubmitted {
+        task: task(1).0,
+        at: 0,
+    })
+    .unwrap();
     assert_eq!(
-        s.apply(Input::TaskSubmitted { task: task(1).0, at: 0 }),
+        s.apply(Input::TaskSubmitted {
+            task: task(1).0,
+            at: 0
+        }),
         Err(ApplyError::DuplicateTask(TaskId(1)))
     );
     assert_eq!(
-        s.apply(Input::TaskFinished { task: TaskId(1), at: 0 }),
+        s.apply(Input::TaskFinished {
+            task: TaskId(1),
+            at: 0
+        }),
         Err(ApplyError::NotRunning(TaskId(1)))
     );
-    let too_big = s.apply(Input::TaskSubmitted { task: task(2).gpus(9).0, at: 0 });
-    assert!(matches!(too_big, Err(ApplyError::Unplaceable { .. })), "{too_big:?}");
-    let wrong_model = s.apply(Input::TaskSubmitted { task: task(3).models(&["TPU"]).0, at: 0 });
-    assert!(matches!(wrong_model, Err(ApplyError::Unplaceable { .. })), "{wrong_model:?}");
+    let too_big = s.apply(Input::TaskSubmitted {
+        task: task(2).gpus(9).0,
+        at: 0,
+    });
+    assert!(
+        matches!(too_big, Err(ApplyError::Unplaceable { .. })),
+        "{too_big:?}"
+    );
+    let wrong_model = s.apply(Input::TaskSubmitted {
+        task: task(3).models(&["TPU"]).0,
+        at: 0,
+    });
+    assert!(
+        matches!(wrong_model, Err(ApplyError::Unplaceable { .. })),
+        "{wrong_model:?}"
+    );
 }

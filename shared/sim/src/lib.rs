@@ -1,0 +1,23 @@
+//! allot-sim: replays GPU-cluster traces through allot-sched, the same library the allocator
+//! service runs, and measures the KPIs of DESIGN.md.
+//!
+//! # Layout
+//!
+//! - [`trace`]: what a loaded trace is ([`Trace`], [`TraceJob`], [`TraceNode`]) and
+//!   [`LoadError`], which names the file, line and column of a bad row.
+//! - [`load`]: one loader per format — Philly, openb, Tiresias, and a generic CSV.
+//! - [`engine`]: the discrete-event loop (release, submit, one pass per event time) and
+//!   [`SimConfig`] (checkpoint interval and restart overhead for preemptions).
+//! - [`kpi`]: JCT, queueing delay, makespan, allocation ratio, Wastage Ratio and WR_fit, Jain's
+//!   fairness — one definition for every policy.
+//! - [`scenario`]: named scenarios (`philly-640`) that fix trace, cluster and quotas.
+
+pub mod engine;
+pub mod kpi;
+pub mod load;
+pub mod scenario;
+pub mod trace;
+
+pub use engine::{SimConfig, SimError, SimResult, run};
+pub use kpi::Kpis;
+pub use trace::{LoadError, Millis, Trace, TraceJob, TraceNode, TraceTeam};
