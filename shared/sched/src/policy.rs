@@ -2,7 +2,9 @@
 //! cluster view, placement, the pass, decisions — is shared, so a comparison between policies
 //! compares policies and nothing else.
 
+use crate::cluster::{Cluster, Placement};
 use crate::model::{TaskSpec, Time};
+use crate::placement;
 
 /// The order of pending tasks: smaller keys go first. The last field is the submission
 /// sequence, so equal keys keep arrival order and the order is total and deterministic.
@@ -45,6 +47,13 @@ pub trait Policy: Send + std::fmt::Debug {
     fn uses_oracle(&self) -> bool {
         false
     }
+    /// Where `task` goes on the cluster as it is now, if anywhere. Best fit unless the policy
+    /// places differently (FGD, topology-aware placement …).
+    fn place(&self, cluster: &Cluster, task: &TaskSpec) -> Option<Placement> {
+        placement::best_fit(cluster, task)
+    }
+    /// Tells the policy a task was submitted (FGD learns the distribution of task shapes).
+    fn observe_submitted(&mut self, _task: &TaskSpec) {}
     /// The parameters it runs with, printed beside results.
     fn parameters(&self) -> String {
         String::new()

@@ -13,7 +13,6 @@ use std::collections::{BTreeMap, HashMap};
 use crate::cluster::{Cluster, Placement};
 use crate::decision::{Decision, WaitReason};
 use crate::model::{LeaseId, NodeSpec, TaskId, TaskSpec, Time, WHOLE_GPU_MILLI};
-use crate::placement;
 use crate::policy::{PendingView, Policy, QueueKey, WhenBlocked};
 
 /// Something that happened, in the one total order the scheduler sees.
@@ -156,7 +155,7 @@ impl Scheduler {
     pub fn some_pending_fits(&self) -> bool {
         self.shapes
             .values()
-            .any(|(_, spec)| placement::best_fit(&self.cluster, spec).is_some())
+            .any(|(_, spec)| self.policy.place(&self.cluster, spec).is_some())
     }
 
     /// Applies one input and returns what was decided.
@@ -188,6 +187,7 @@ impl Scheduler {
         }
         let seq = self.next_seq;
         self.next_seq += 1;
+        self.policy.observe_submitted(&spec);
         let key = self.policy.key(
             PendingView {
                 spec: &spec,
@@ -284,7 +284,7 @@ impl Scheduler {
         for (key, id) in &self.queue {
             let spec = &self.tasks[id].spec;
             // 2. nominate
-            let Some(placement) = placement::best_fit(&self.cluster, spec) else {
+            let Some(placement) = self.policy.place(&self.cluster, spec) else {
                 // 4. blocked
                 if blocked.is_none() {
                     let free = self.cluster.capacity_milli() - self.cluster.allocated_milli();
