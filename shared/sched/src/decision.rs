@@ -28,6 +28,19 @@ pub enum Decision {
         /// When.
         at: Time,
     },
+    /// A running task must stop so a more important one can start; it goes back to the queue.
+    Preempted {
+        /// The task stopped.
+        task: TaskId,
+        /// Its lease, now released.
+        lease: LeaseId,
+        /// When.
+        at: Time,
+        /// The task it made room for.
+        for_task: TaskId,
+        /// Why.
+        reason: String,
+    },
     /// A finished or cancelled task's resources were returned.
     Released {
         /// The task.

@@ -12,14 +12,19 @@
 //!   tightest GPU for a fraction).
 //! - [`policy`]: the [`Policy`] trait and the policies; only ordering and blocking differ
 //!   between them.
+//! - [`quota`]: team quotas in one cohort — nominal quota, borrowing, usage.
 //! - [`scheduler`]: [`Scheduler::apply`] and the numbered scheduling pass.
 //! - [`decision`]: decisions and wait reasons, each explainable.
+//! - [`estimate`]: duration estimates — the oracle (oracle baselines only) and a history-based
+//!   online estimator that learns from finished tasks only.
 
 pub mod cluster;
 pub mod decision;
+pub mod estimate;
 pub mod model;
 pub mod placement;
 pub mod policy;
+pub mod quota;
 pub mod scheduler;
 
 pub use cluster::{Cluster, Placement};

@@ -5,13 +5,19 @@
 use crate::cluster::{Cluster, Placement};
 use crate::model::{TaskSpec, Time};
 use crate::placement;
+use crate::quota::Quotas;
+
+pub mod packing;
+
+pub mod allot;
+pub mod queueing;
 
 /// The order of pending tasks: smaller keys go first. The last field is the submission
 /// sequence, so equal keys keep arrival order and the order is total and deterministic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct QueueKey(pub i64, pub i64, pub u64);
 
-/// A pending task as a policy sees it.
+/// A task — pending, or running when a preemptive policy weighs victims — as a policy sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct PendingView<'a> {
     /// The task.
@@ -20,6 +26,21 @@ pub struct PendingView<'a> {
     pub submitted: Time,
     /// Submission sequence number (arrival order, ties in file order).
     pub seq: u64,
+    /// Run time so far, over all its runs, ms.
+    pub attained: Time,
+    /// GPU-time so far: GPUs × run time, GPU-ms.
+    pub attained_gpu: u64,
+    /// The estimator's total run time for it (see [`crate::estimate`]).
+    pub estimate: Time,
+}
+
+/// A task in a preemption decision: its spec and its key at this instant.
+#[derive(Debug, Clone, Copy)]
+pub struct Contender<'a> {
+    /// The task.
+    pub spec: &'a TaskSpec,
+    /// Its key now.
+    pub key: QueueKey,
 }
 
 /// What a pass does when the next task in order cannot be placed now.
@@ -29,6 +50,10 @@ pub enum WhenBlocked {
     Stop,
     /// Try the tasks behind it.
     Continue,
+    /// EASY backfill: the first blocked task gets a reservation at the earliest time enough
+    /// capacity frees up (by the estimates of running tasks); tasks behind it start only if
+    /// they fit now and, by their own estimate, do not delay that reservation.
+    Reserve,
 }
 
 /// A scheduling policy.
@@ -43,6 +68,19 @@ pub trait Policy: Send + std::fmt::Debug {
     }
     /// What a pass does when the next task does not fit.
     fn when_blocked(&self) -> WhenBlocked;
+    /// Whether a task that does not fit may preempt running tasks whose keys are worse.
+    fn preemptive(&self) -> bool {
+        false
+    }
+    /// Whether `preemptor` may preempt the running `victim`. Must never hold both ways for two
+    /// tasks; by default, the victim's key must be strictly worse.
+    fn may_preempt(&self, preemptor: Contender<'_>, victim: Contender<'_>, _quotas: &Quotas) -> bool {
+        victim.key > preemptor.key
+    }
+    /// Whether quotas let `task` start now (policies without quotas admit everything).
+    fn admits(&self, _task: &TaskSpec, _quotas: &Quotas) -> bool {
+        true
+    }
     /// Whether the policy reads true durations (allowed for oracle baselines only).
     fn uses_oracle(&self) -> bool {
         false
@@ -104,12 +142,30 @@ impl Policy for SjfOracle {
 
 /// The policies known by name.
 pub fn by_name(name: &str) -> Option<Box<dyn Policy>> {
+    if name == "allot" {
+        return Some(Box::new(allot::Allot::default()));
+    }
+    if let Some(policy) = queueing::by_name(name) {
+        return Some(policy);
+    }
     match name {
         "fifo" => Some(Box::new(Fifo)),
         "sjf-oracle" => Some(Box::new(SjfOracle)),
+        "bestfit" => Some(Box::new(packing::BestFit)),
+        "fgd" => Some(Box::new(packing::Fgd::new())),
         _ => None,
     }
 }
 
 /// Names accepted by [`by_name`].
-pub const NAMES: &[&str] = &["fifo", "sjf-oracle"];
+pub const NAMES: &[&str] = &[
+    "fifo",
+    "sjf-oracle",
+    "srtf-oracle",
+    "fifo-backfill",
+    "tiresias",
+    "kueue",
+    "allot",
+    "bestfit",
+    "fgd",
+];

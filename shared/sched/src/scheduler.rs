@@ -5,15 +5,26 @@
 //! 1. **order** — pending tasks in the policy's order (re-keyed first if the policy's keys move
 //!    with time);
 //! 2. **nominate** — for the next task, find a placement on the free capacity;
-//! 3. **admit** — grant it: take the resources, open a lease, explain the decision;
-//! 4. **blocked** — if it does not fit, record why, then stop or go on as the policy says.
+//! 3. **preempt** — if none and the policy is preemptive, free room by preempting running
+//!    tasks whose keys are strictly worse, worst first, keeping only victims on the nodes the
+//!    placement uses (gangs leave whole);
+//! 4. **admit** — grant it: take the resources, open a lease, explain the decision;
+//! 5. **blocked** — if it still does not fit, record why, then stop, go on, or reserve its
+//!    earliest start and backfill around it, as the policy says.
+//!
+//! A victim goes back to the queue with its original arrival. Policies decide who may preempt
+//! whom ([`Policy::may_preempt`]) under one rule: never both ways — by key (a victim's key is
+//! strictly worse) or by quota (only a team within its nominal quota reclaims, only from teams
+//! that borrow) — so no two tasks can preempt each other in turn.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::cluster::{Cluster, Placement};
 use crate::decision::{Decision, WaitReason};
-use crate::model::{LeaseId, NodeSpec, TaskId, TaskSpec, Time, WHOLE_GPU_MILLI};
-use crate::policy::{PendingView, Policy, QueueKey, WhenBlocked};
+use crate::estimate::{DurationEstimator, History};
+use crate::model::{LeaseId, NodeIdx, NodeSpec, TaskId, TaskSpec, Time, WHOLE_GPU_MILLI};
+use crate::policy::{Contender, PendingView, Policy, QueueKey, WhenBlocked};
+use crate::quota::{Quota, Quotas};
 
 /// Something that happened, in the one total order the scheduler sees.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,12 +38,19 @@ pub enum Input {
         /// When.
         at: Time,
     },
-    /// A running task ended (completed, failed or was cancelled).
+    /// A running task completed.
     TaskFinished {
         /// The task.
         task: TaskId,
         /// When.
         at: Time,
+    },
+    /// A team's quota was set (or changed).
+    TeamQuota {
+        /// The team.
+        team: String,
+        /// Its quota.
+        quota: Quota,
     },
     /// Run a scheduling pass.
     Schedule {
@@ -64,34 +82,41 @@ pub enum ApplyError {
 enum State {
     Pending {
         key: QueueKey,
-        seq: u64,
-        submitted: Time,
         last_wait: Option<WaitReason>,
     },
     Running {
         lease: LeaseId,
         placement: Placement,
+        since: Time,
     },
 }
 
 #[derive(Debug)]
 struct Task {
     spec: TaskSpec,
+    submitted: Time,
+    seq: u64,
+    /// Run time of earlier runs (before preemptions), ms.
+    attained: Time,
     state: State,
 }
 
-/// The scheduling core. See the module docs for the pass.
-#[derive(Debug)]
-pub struct Scheduler {
-    cluster: Cluster,
-    policy: Box<dyn Policy>,
-    queue: BTreeMap<QueueKey, TaskId>,
-    tasks: HashMap<TaskId, Task>,
-    /// Distinct request shapes among pending tasks, with how many tasks have each: whether
-    /// any pending task could start is a question about shapes, not tasks.
-    shapes: HashMap<Shape, (usize, TaskSpec)>,
-    next_seq: u64,
-    next_lease: u64,
+impl Task {
+    fn view(&self, now: Time, estimate: Time) -> PendingView<'_> {
+        let attained = self.attained
+            + match self.state {
+                State::Running { since, .. } => now.saturating_sub(since),
+                State::Pending { .. } => 0,
+            };
+        PendingView {
+            spec: &self.spec,
+            submitted: self.submitted,
+            seq: self.seq,
+            attained,
+            attained_gpu: attained.saturating_mul(u64::from(self.spec.gpus.max(1))),
+            estimate,
+        }
+    }
 }
 
 /// What placement depends on in a request.
@@ -116,12 +141,36 @@ impl Shape {
     }
 }
 
+/// The scheduling core. See the module docs for the pass.
+#[derive(Debug)]
+pub struct Scheduler {
+    cluster: Cluster,
+    policy: Box<dyn Policy>,
+    estimator: Box<dyn DurationEstimator>,
+    quotas: Quotas,
+    queue: BTreeMap<QueueKey, TaskId>,
+    tasks: HashMap<TaskId, Task>,
+    /// Distinct request shapes among pending tasks, with how many tasks have each: whether
+    /// any pending task could start is a question about shapes, not tasks.
+    shapes: HashMap<Shape, (usize, TaskSpec)>,
+    next_seq: u64,
+    next_lease: u64,
+}
+
 impl Scheduler {
-    /// A scheduler with an empty cluster, deciding by `policy`.
+    /// A scheduler with an empty cluster, deciding by `policy`, estimating durations from
+    /// history (or with the oracle, for policies that are oracle baselines).
     pub fn new(policy: Box<dyn Policy>) -> Self {
+        let estimator: Box<dyn DurationEstimator> = if policy.uses_oracle() {
+            Box::new(crate::estimate::Oracle)
+        } else {
+            Box::new(History::default())
+        };
         Self {
             cluster: Cluster::new(),
             policy,
+            estimator,
+            quotas: Quotas::default(),
             queue: BTreeMap::new(),
             tasks: HashMap::new(),
             shapes: HashMap::new(),
@@ -138,6 +187,16 @@ impl Scheduler {
     /// The policy.
     pub fn policy(&self) -> &dyn Policy {
         self.policy.as_ref()
+    }
+
+    /// The duration estimator.
+    pub fn estimator(&self) -> &dyn DurationEstimator {
+        self.estimator.as_ref()
+    }
+
+    /// Team quotas and usage.
+    pub fn quotas(&self) -> &Quotas {
+        &self.quotas
     }
 
     /// Tasks waiting.
@@ -173,6 +232,7 @@ impl Scheduler {
             }
             Input::TaskSubmitted { task, at } => self.submit(task, at)?,
             Input::TaskFinished { task, at } => self.finish(task, at, out)?,
+            Input::TeamQuota { team, quota } => self.quotas.set(&team, quota),
             Input::Schedule { at } => self.pass(at, out),
         }
         Ok(())
@@ -188,32 +248,48 @@ impl Scheduler {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.policy.observe_submitted(&spec);
-        let key = self.policy.key(
-            PendingView {
-                spec: &spec,
-                submitted: at,
-                seq,
+        let mut task = Task {
+            spec,
+            submitted: at,
+            seq,
+            attained: 0,
+            state: State::Pending {
+                key: QueueKey(0, 0, 0),
+                last_wait: None,
             },
-            at,
-        );
-        self.queue.insert(key, spec.id);
-        self.shapes
-            .entry(Shape::of(&spec))
-            .or_insert_with(|| (0, spec.clone()))
-            .0 += 1;
-        self.tasks.insert(
-            spec.id,
-            Task {
-                spec,
-                state: State::Pending {
-                    key,
-                    seq,
-                    submitted: at,
-                    last_wait: None,
-                },
-            },
-        );
+        };
+        let key = self.key_of(&task, at);
+        task.state = State::Pending {
+            key,
+            last_wait: None,
+        };
+        self.enqueue(key, task);
         Ok(())
+    }
+
+    fn key_of(&self, task: &Task, now: Time) -> QueueKey {
+        let estimate = self.estimator.estimate(&task.spec);
+        self.policy.key(task.view(now, estimate), now)
+    }
+
+    fn enqueue(&mut self, key: QueueKey, task: Task) {
+        let id = task.spec.id;
+        self.queue.insert(key, id);
+        self.shapes
+            .entry(Shape::of(&task.spec))
+            .or_insert_with(|| (0, task.spec.clone()))
+            .0 += 1;
+        self.tasks.insert(id, task);
+    }
+
+    fn forget_shape(&mut self, spec: &TaskSpec) {
+        let shape = Shape::of(spec);
+        if let Some(entry) = self.shapes.get_mut(&shape) {
+            entry.0 -= 1;
+            if entry.0 == 0 {
+                self.shapes.remove(&shape);
+            }
+        }
     }
 
     /// Why no node of the cluster, even empty, could ever hold the task.
@@ -259,12 +335,17 @@ impl Scheduler {
         if !running {
             return Err(ApplyError::NotRunning(id));
         }
-        if let Some(Task {
-            state: State::Running { lease, placement },
-            ..
-        }) = self.tasks.remove(&id)
+        if let Some(task) = self.tasks.remove(&id)
+            && let State::Running {
+                lease,
+                placement,
+                since,
+            } = task.state
         {
             self.cluster.release(&placement);
+            self.quotas.refund(&task.spec.team, placement.gpu_milli());
+            self.estimator
+                .observe(&task.spec, task.attained + at.saturating_sub(since));
             out.push(Decision::Released {
                 task: id,
                 lease,
@@ -279,56 +360,12 @@ impl Scheduler {
         if self.policy.dynamic() {
             self.rekey(now);
         }
-        let mut granted: Vec<(QueueKey, TaskId, LeaseId, Placement)> = Vec::new();
-        let mut blocked: Option<(TaskId, WaitReason)> = None;
-        for (key, id) in &self.queue {
-            let spec = &self.tasks[id].spec;
-            // 2. nominate
-            let Some(placement) = self.policy.place(&self.cluster, spec) else {
-                // 4. blocked
-                if blocked.is_none() {
-                    let free = self.cluster.capacity_milli() - self.cluster.allocated_milli();
-                    let reason = WaitReason::NoCapacity {
-                        gpus: spec.gpus,
-                        free_gpus: free / u64::from(WHOLE_GPU_MILLI),
-                    };
-                    blocked = Some((*id, reason));
-                }
-                match self.policy.when_blocked() {
-                    WhenBlocked::Stop => break,
-                    WhenBlocked::Continue => continue,
-                }
-            };
-            // 3. admit
-            self.cluster.allocate(&placement);
-            let lease = LeaseId(self.next_lease);
-            self.next_lease += 1;
-            out.push(Decision::Granted {
-                task: *id,
-                lease,
-                placement: placement.clone(),
-                at: now,
-                reason: format!(
-                    "{}: first in the queue's order that fits; best-fit placement",
-                    self.policy.name()
-                ),
-            });
-            granted.push((*key, *id, lease, placement));
+        let blocked = self.sweep(now, out, true);
+        // Victims leave more room than their preemptor needed: give it to whoever fits.
+        if blocked.1 {
+            self.sweep(now, out, false);
         }
-        for (key, id, lease, placement) in granted {
-            self.queue.remove(&key);
-            if let Some(task) = self.tasks.get_mut(&id) {
-                let shape = Shape::of(&task.spec);
-                if let Some(entry) = self.shapes.get_mut(&shape) {
-                    entry.0 -= 1;
-                    if entry.0 == 0 {
-                        self.shapes.remove(&shape);
-                    }
-                }
-                task.state = State::Running { lease, placement };
-            }
-        }
-        if let Some((id, reason)) = blocked
+        if let Some((id, reason)) = blocked.0
             && let Some(Task {
                 state: State::Pending { last_wait, .. },
                 ..
@@ -344,29 +381,285 @@ impl Scheduler {
         }
     }
 
+    /// One walk over the queue (steps 2-5); returns the first blocked task and whether any
+    /// task was preempted.
+    fn sweep(
+        &mut self,
+        now: Time,
+        out: &mut Vec<Decision>,
+        may_preempt: bool,
+    ) -> (Option<(TaskId, WaitReason)>, bool) {
+        let queue = std::mem::take(&mut self.queue);
+        let mut started: Vec<QueueKey> = Vec::new();
+        let mut requeued: Vec<TaskId> = Vec::new();
+        let mut blocked: Option<(TaskId, WaitReason)> = None;
+        let mut reservation: Option<Reservation> = None;
+        let mut hopeless_gpus = u32::MAX;
+        for (key, id) in &queue {
+            let spec = &self.tasks[id].spec;
+            // 2. nominate
+            let mut placement = if self.policy.admits(spec, &self.quotas) {
+                self.policy.place(&self.cluster, spec)
+            } else {
+                None
+            };
+            if let (Some(p), Some(r)) = (&placement, &reservation)
+                && !r.allows(p, now + self.estimator.estimate(spec))
+            {
+                placement = None;
+            }
+            // 3. preempt
+            if placement.is_none()
+                && may_preempt
+                && self.policy.preemptive()
+                && reservation.is_none()
+                && spec.gpus < hopeless_gpus
+            {
+                let spec = spec.clone();
+                placement = self.preempt_for(&spec, *key, now, out, &mut requeued);
+                if placement.is_none() {
+                    hopeless_gpus = spec.gpus;
+                }
+            }
+            let spec = &self.tasks[id].spec;
+            let Some(placement) = placement else {
+                // 5. blocked
+                if blocked.is_none() {
+                    let free = self.cluster.capacity_milli() - self.cluster.allocated_milli();
+                    let reason = WaitReason::NoCapacity {
+                        gpus: spec.gpus,
+                        free_gpus: free / u64::from(WHOLE_GPU_MILLI),
+                    };
+                    blocked = Some((*id, reason));
+                }
+                match self.policy.when_blocked() {
+                    WhenBlocked::Stop => break,
+                    WhenBlocked::Continue => continue,
+                    WhenBlocked::Reserve => {
+                        if reservation.is_none() {
+                            reservation = Some(self.reserve(spec, now));
+                        }
+                        continue;
+                    }
+                }
+            };
+            // 4. admit
+            self.cluster.allocate(&placement);
+            self.quotas.charge(&spec.team, placement.gpu_milli());
+            let lease = LeaseId(self.next_lease);
+            self.next_lease += 1;
+            out.push(Decision::Granted {
+                task: *id,
+                lease,
+                placement: placement.clone(),
+                at: now,
+                reason: format!(
+                    "{}: first in the queue's order that fits",
+                    self.policy.name()
+                ),
+            });
+            started.push(*key);
+            let spec = spec.clone();
+            self.forget_shape(&spec);
+            if let Some(task) = self.tasks.get_mut(id) {
+                task.state = State::Running {
+                    lease,
+                    placement,
+                    since: now,
+                };
+            }
+        }
+        self.queue = queue;
+        for key in started {
+            self.queue.remove(&key);
+        }
+        let preempted = !requeued.is_empty();
+        for id in requeued {
+            if let Some(task) = self.tasks.remove(&id) {
+                let key = self.key_of(&task, now);
+                let mut task = task;
+                task.state = State::Pending {
+                    key,
+                    last_wait: None,
+                };
+                self.enqueue(key, task);
+            }
+        }
+        (blocked, preempted)
+    }
+
+    /// Frees room for `spec` by preempting running tasks with strictly worse keys, worst first;
+    /// returns the placement if enough room was found (victims already preempted), else leaves
+    /// everything as it was.
+    fn preempt_for(
+        &mut self,
+        spec: &TaskSpec,
+        key: QueueKey,
+        now: Time,
+        out: &mut Vec<Decision>,
+        requeued: &mut Vec<TaskId>,
+    ) -> Option<Placement> {
+        let mut victims: Vec<(QueueKey, TaskId)> = self
+            .tasks
+            .values()
+            .filter(|t| matches!(t.state, State::Running { .. }))
+            .map(|t| (self.key_of(t, now), t.spec.id))
+            .filter(|(k, id)| {
+                let preemptor = Contender { spec, key };
+                let victim = Contender {
+                    spec: &self.tasks[id].spec,
+                    key: *k,
+                };
+                self.policy.may_preempt(preemptor, victim, &self.quotas)
+            })
+            .collect();
+        let held: u64 = victims
+            .iter()
+            .map(|(_, id)| u64::from(self.tasks[id].spec.gpus))
+            .sum();
+        let free = (self.cluster.capacity_milli() - self.cluster.allocated_milli())
+            / u64::from(WHOLE_GPU_MILLI);
+        if held + free < u64::from(spec.gpus) {
+            return None;
+        }
+        victims.sort_unstable_by(|a, b| b.cmp(a));
+        let mut released: Vec<TaskId> = Vec::new();
+        let mut found = None;
+        for (_, victim) in &victims {
+            let task = &self.tasks[victim];
+            if let State::Running { placement, .. } = &task.state {
+                self.cluster.release(placement);
+                self.quotas.refund(&task.spec.team, placement.gpu_milli());
+                released.push(*victim);
+            }
+            if self.policy.admits(spec, &self.quotas)
+                && let Some(p) = self.policy.place(&self.cluster, spec)
+            {
+                found = Some(p);
+                break;
+            }
+        }
+        let Some(placement) = found else {
+            for victim in released {
+                let task = &self.tasks[&victim];
+                if let State::Running { placement, .. } = &task.state {
+                    self.cluster.allocate(placement);
+                    self.quotas.charge(&task.spec.team, placement.gpu_milli());
+                }
+            }
+            return None;
+        };
+        // Keep running every victim whose nodes the placement does not use.
+        let used: BTreeSet<NodeIdx> = placement.shares.iter().map(|s| s.node).collect();
+        for victim in released {
+            let Some(task) = self.tasks.get_mut(&victim) else {
+                continue;
+            };
+            let State::Running {
+                placement: held,
+                lease,
+                since,
+            } = &task.state
+            else {
+                continue;
+            };
+            if held.shares.iter().all(|s| !used.contains(&s.node)) {
+                self.cluster.allocate(held);
+                self.quotas.charge(&task.spec.team, held.gpu_milli());
+                continue;
+            }
+            let (lease, since) = (*lease, *since);
+            task.attained += now.saturating_sub(since);
+            out.push(Decision::Preempted {
+                task: victim,
+                lease,
+                at: now,
+                for_task: spec.id,
+                reason: format!(
+                    "{}: {} ranks ahead and needs its GPUs",
+                    self.policy.name(),
+                    spec.id
+                ),
+            });
+            task.state = State::Pending {
+                key: QueueKey(0, 0, 0),
+                last_wait: None,
+            };
+            requeued.push(victim);
+        }
+        Some(placement)
+    }
+
+    /// The earliest start of `spec` if running tasks end when their estimates say, and the
+    /// nodes it would use then.
+    fn reserve(&self, spec: &TaskSpec, now: Time) -> Reservation {
+        let mut ends: Vec<(Time, &Placement)> = self
+            .tasks
+            .values()
+            .filter_map(|t| match &t.state {
+                State::Running {
+                    placement, since, ..
+                } => {
+                    let total = self.estimator.estimate(&t.spec);
+                    let end = (since + total.saturating_sub(t.attained)).max(now + 1);
+                    Some((end, placement))
+                }
+                State::Pending { .. } => None,
+            })
+            .collect();
+        ends.sort_by_key(|(end, _)| *end);
+        let mut cluster = self.cluster.clone();
+        for (end, placement) in ends {
+            cluster.release(placement);
+            if let Some(p) = self.policy.place(&cluster, spec) {
+                return Reservation {
+                    start: end,
+                    nodes: p.shares.iter().map(|s| s.node).collect(),
+                };
+            }
+        }
+        Reservation {
+            start: Time::MAX,
+            nodes: BTreeSet::new(),
+        }
+    }
+
     fn rekey(&mut self, now: Time) {
         let ids: Vec<TaskId> = self.queue.values().copied().collect();
         self.queue.clear();
         for id in ids {
-            if let Some(task) = self.tasks.get_mut(&id)
-                && let State::Pending {
-                    key,
-                    seq,
-                    submitted,
-                    ..
-                } = &mut task.state
+            let key = match self.tasks.get(&id) {
+                Some(task) => self.key_of(task, now),
+                None => continue,
+            };
+            if let Some(Task {
+                state: State::Pending { key: k, .. },
+                ..
+            }) = self.tasks.get_mut(&id)
             {
-                *key = self.policy.key(
-                    PendingView {
-                        spec: &task.spec,
-                        submitted: *submitted,
-                        seq: *seq,
-                    },
-                    now,
-                );
-                self.queue.insert(*key, id);
+                *k = key;
             }
+            self.queue.insert(key, id);
         }
+    }
+}
+
+/// An EASY reservation: when the blocked head will start and on which nodes.
+#[derive(Debug)]
+struct Reservation {
+    start: Time,
+    nodes: BTreeSet<NodeIdx>,
+}
+
+impl Reservation {
+    /// Whether a task placed at `placement` and expected to end at `end` leaves the
+    /// reservation intact: it ends before the head starts, or stays off the head's nodes.
+    fn allows(&self, placement: &Placement, end: Time) -> bool {
+        end <= self.start
+            || placement
+                .shares
+                .iter()
+                .all(|s| !self.nodes.contains(&s.node))
     }
 }
 

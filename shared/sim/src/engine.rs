@@ -79,6 +79,53 @@ pub enum SimError {
     Stuck(usize),
 }
 
+/// A job's progress across its runs.
+#[derive(Debug, Clone)]
+struct Run {
+    /// Work left, ms (restart overhead not included).
+    remaining: Millis,
+    /// Bumped at each preemption, to skip the stale end of the run that was cut short.
+    generation: u32,
+    first_start: Option<Millis>,
+    /// The current run: when it started and the milli-GPU it holds.
+    started: Option<(Millis, u64)>,
+    /// Restart overhead of the current run, ms.
+    overhead: Millis,
+    /// Milli-GPU × ms / 1000 of finished runs.
+    gpu_ms: u128,
+}
+
+impl Run {
+    fn new(duration: Millis) -> Self {
+        Self {
+            remaining: duration,
+            generation: 0,
+            first_start: None,
+            started: None,
+            overhead: 0,
+            gpu_ms: 0,
+        }
+    }
+
+    /// The current run is cut at `now`: progress up to the last checkpoint is kept, the rest
+    /// (and the restart overhead) is lost.
+    fn preempted(&mut self, now: Millis, config: &SimConfig, acc: &mut Accumulators) {
+        let Some((start, milli)) = self.started.take() else {
+            return;
+        };
+        let ran = now - start;
+        let useful = ran.saturating_sub(self.overhead).min(self.remaining);
+        let kept = useful
+            .checked_div(config.checkpoint_every)
+            .map_or(useful, |checkpoints| checkpoints * config.checkpoint_every);
+        self.remaining -= kept;
+        self.generation += 1;
+        self.gpu_ms += u128::from(milli) * u128::from(ran) / 1000;
+        acc.preemptions += 1;
+        acc.lost += u128::from(milli) * u128::from(ran - kept);
+    }
+}
+
 /// Replays `trace` on `nodes` under `policy`.
 pub fn run(
     trace: &Trace,
@@ -97,11 +144,27 @@ pub fn run(
             .apply(Input::NodeAdded(node.clone()))
             .map_err(|source| SimError::Rejected { job: 0, source })?;
     }
+    // Nominal quotas scaled to the cluster: only their proportions come from the scenario.
+    let capacity = u128::from(scheduler.cluster().capacity_milli());
+    let total: u128 = nominal.values().map(|v| u128::from(*v)).sum();
+    for (team, share) in nominal {
+        let nominal_milli = (capacity * u128::from(*share)).checked_div(total).unwrap_or(0) as u64;
+        scheduler
+            .apply(Input::TeamQuota {
+                team: team.clone(),
+                quota: allot_sched::quota::Quota {
+                    nominal_milli,
+                    borrowing_limit_milli: None,
+                },
+            })
+            .map_err(|source| SimError::Rejected { job: 0, source })?;
+    }
 
     let jobs = &trace.jobs;
     let mut next_arrival = 0usize;
-    let mut ends: BinaryHeap<Reverse<(Millis, u64)>> = BinaryHeap::new();
-    let mut running: HashMap<u64, (Millis, u128)> = HashMap::new();
+    // (end, run generation, task): a preempted run's end is stale and skipped.
+    let mut ends: BinaryHeap<Reverse<(Millis, u32, u64)>> = BinaryHeap::new();
+    let mut runs: HashMap<u64, Run> = HashMap::new();
     let mut outcomes: Vec<Option<JobOutcome>> = vec![None; jobs.len()];
     let by_task: HashMap<u64, usize> = jobs
         .iter()
@@ -116,7 +179,7 @@ pub fn run(
 
     loop {
         let arrival = jobs.get(next_arrival).map(|j| j.submit);
-        let end = ends.peek().map(|Reverse((t, _))| *t);
+        let end = ends.peek().map(|Reverse((t, _, _))| *t);
         let now = match (arrival, end) {
             (None, None) => break,
             (Some(a), None) => a,
@@ -137,32 +200,30 @@ pub fn run(
             }
         }
         // 1. release what finished
-        while let Some(Reverse((t, task))) = ends.peek().copied()
+        while let Some(Reverse((t, generation, task))) = ends.peek().copied()
             && t == now
         {
             ends.pop();
+            let current = runs
+                .get(&task)
+                .is_some_and(|r| r.generation == generation && r.started.is_some());
+            if !current {
+                continue;
+            }
             decisions.clear();
             scheduler
-                .apply_into(
-                    Input::TaskFinished {
-                        task: TaskId(task),
-                        at: now,
-                    },
-                    &mut decisions,
-                )
-                .map_err(|source| SimError::Rejected {
-                    job: task as u32,
-                    source,
-                })?;
-            if let Some((start, gpu_ms)) = running.remove(&task) {
+                .apply_into(Input::TaskFinished { task: TaskId(task), at: now }, &mut decisions)
+                .map_err(|source| SimError::Rejected { job: task as u32, source })?;
+            if let Some(run) = runs.remove(&task) {
                 let job = &jobs[by_task[&task]];
+                let (start, milli) = run.started.unwrap_or((now, 0));
                 outcomes[by_task[&task]] = Some(JobOutcome {
                     id: job.id,
                     team: job.team.clone(),
                     submit: job.submit,
-                    first_start: start,
+                    first_start: run.first_start.unwrap_or(start),
                     finish: now,
-                    gpu_ms,
+                    gpu_ms: run.gpu_ms + u128::from(milli) * u128::from(now - start) / 1000,
                 });
             }
         }
@@ -198,14 +259,26 @@ pub fn run(
             .apply_into(Input::Schedule { at: now }, &mut decisions)
             .map_err(|source| SimError::Rejected { job: 0, source })?;
         for decision in &decisions {
-            if let Decision::Granted {
-                task, placement, ..
-            } = decision
-            {
-                let job = &jobs[by_task[&task.0]];
-                let gpu_ms = u128::from(placement.gpu_milli()) * u128::from(job.duration) / 1000;
-                running.insert(task.0, (now, gpu_ms));
-                ends.push(Reverse((now + job.duration, task.0)));
+            match decision {
+                Decision::Granted { task, placement, .. } => {
+                    let job = &jobs[by_task[&task.0]];
+                    let run = runs.entry(task.0).or_insert_with(|| Run::new(job.duration));
+                    let overhead = if run.first_start.is_some() {
+                        config.restart_overhead
+                    } else {
+                        0
+                    };
+                    run.first_start.get_or_insert(now);
+                    run.started = Some((now, placement.gpu_milli()));
+                    run.overhead = overhead;
+                    ends.push(Reverse((now + overhead + run.remaining, run.generation, task.0)));
+                }
+                Decision::Preempted { task, .. } => {
+                    if let Some(run) = runs.get_mut(&task.0) {
+                        run.preempted(now, config, &mut acc);
+                    }
+                }
+                Decision::Waiting { .. } | Decision::Released { .. } => {}
             }
         }
         let waiting = scheduler.pending() > 0;

@@ -11,10 +11,12 @@
 //! - [`kpi`]: JCT, queueing delay, makespan, allocation ratio, Wastage Ratio and WR_fit, Jain's
 //!   fairness — one definition for every policy.
 //! - [`scenario`]: named scenarios (`philly-640`) that fix trace, cluster and quotas.
+//! - [`packing`]: the FGD paper's GPU packing experiment on openb (`openb-packing`).
 
 pub mod engine;
 pub mod kpi;
 pub mod load;
+pub mod packing;
 pub mod scenario;
 pub mod trace;
 

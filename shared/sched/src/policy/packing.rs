@@ -1,0 +1,510 @@
+//! Packing policies for clusters whose GPUs are shared: [`BestFit`] and [`Fgd`].
+//!
+//! Both start pending tasks first come, first served, and a task that does not fit waits without
+//! holding up the tasks behind it ([`WhenBlocked::Continue`]). They differ only in where a task
+//! goes, and both consider the same placements: a task that fits on one node goes to one node —
+//! a GPU fraction to one GPU whose free share holds it, whole GPUs to GPUs that are entirely free,
+//! a CPU-only task to CPU and memory alone — and it needs the node's CPU and memory and a GPU
+//! model it accepts. A task larger than every node takes whole idle nodes, as
+//! [`placement::best_fit`] places it.
+//!
+//! - [`BestFit`] packs: the node left with the least free GPU capacity (milli-GPU, fractional
+//!   remainders included), and on it the tightest GPU for a fraction — the FGD paper's BestFit
+//!   baseline, on GPUs alone.
+//! - [`Fgd`] (Fragmentation Gradient Descent, Weng et al., "Beware of Fragmentation", ATC'23)
+//!   places where the node's expected GPU fragmentation, measured against the task shapes seen
+//!   so far, grows least.
+
+use std::collections::HashMap;
+
+use crate::cluster::{Cluster, NodeShare, NodeState, Placement};
+use crate::model::{NodeIdx, TaskSpec, Time, WHOLE_GPU_MILLI};
+use crate::placement;
+use crate::policy::{PendingView, Policy, QueueKey, WhenBlocked};
+
+/// Pure packing: the feasible node left with the least free GPU capacity after placement, and on
+/// it the tightest GPU for a fraction; ties go to the lowest node, then GPU, index.
+///
+/// The FGD paper's BestFit scores CPU and GPU left over with equal weights
+/// (`pkg/simulator/plugin/best_fit_score.go` in hkust-adsl/kubernetes-scheduler-simulator); this
+/// one scores GPUs alone, as BASELINES.md defines it: CPU and memory only have to fit.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BestFit;
+
+impl Policy for BestFit {
+    fn name(&self) -> &'static str {
+        "bestfit"
+    }
+    fn key(&self, task: PendingView<'_>, _now: Time) -> QueueKey {
+        QueueKey(task.submitted as i64, 0, task.seq)
+    }
+    fn when_blocked(&self) -> WhenBlocked {
+        WhenBlocked::Continue
+    }
+    fn place(&self, cluster: &Cluster, task: &TaskSpec) -> Option<Placement> {
+        let request = Request::of(cluster, task);
+        if request == Request::Spanning {
+            return placement::best_fit(cluster, task);
+        }
+        let mut best: Option<(Fit, Choice)> = None;
+        for_each_feasible(cluster, task, request, |idx, node| {
+            let free = node_free(node);
+            let (fit, choice) = match request {
+                Request::Fraction(milli) => {
+                    let (gpu, gpu_free) = tightest_gpu(node, milli);
+                    (
+                        Fit {
+                            node_free_after: free - u64::from(milli),
+                            gpu_free_after: gpu_free - milli,
+                        },
+                        Choice::Gpu(idx, gpu),
+                    )
+                }
+                _ => (
+                    Fit {
+                        node_free_after: free - task.gpu_demand_milli(),
+                        gpu_free_after: 0,
+                    },
+                    Choice::Node(idx),
+                ),
+            };
+            if best.as_ref().is_none_or(|b| (fit, choice) < *b) {
+                best = Some((fit, choice));
+            }
+        });
+        best.map(|(_, choice)| choice.placement(cluster, task))
+    }
+    fn parameters(&self) -> String {
+        "order=submit time; a task that does not fit waits without blocking; \
+         placement=least free GPU capacity left on the node, tightest GPU for a fraction"
+            .into()
+    }
+}
+
+/// Fragmentation Gradient Descent: of all placements of a task, the one that increases the
+/// expected GPU fragmentation of its node least, measured against the distribution of task
+/// shapes submitted so far; ties go to the best fit ([`BestFit`]'s order), then the lowest node
+/// and GPU index.
+///
+/// Learned from the reference implementation, hkust-adsl/kubernetes-scheduler-simulator:
+/// `pkg/simulator/plugin/fgd_score.go` (score = fragmentation before − after, per node and, for
+/// a fraction, per GPU) and `pkg/utils/frag.go` (`NodeGpuShareFragAmount`, `GetNodePodFrag`):
+///
+/// - A shape m (GPU count, milli-GPU per GPU, accepted models, CPU, memory) **fits** a node when
+///   the node has an accepted model, m's CPU and memory are free, and at least m's GPU count of
+///   GPUs each have m's milli-GPU free.
+/// - The node's fragmentation **for m** is all its free GPU capacity when m does not fit;
+///   otherwise the free capacity of the GPUs whose free share is below m's per-GPU request (a
+///   whole-GPU shape cannot use any partly used GPU).
+/// - The node's **expected** fragmentation is Σₘ popularity(m) × frag(node, m).
+///
+/// Writing frag(node, m) = free(node) − usable(node, m), where usable is what m could use,
+/// the growth of fragmentation of a placement is −demand × Σₘ popularity(m) + (loss of
+/// Σₘ popularity(m) × usable(node, m)); the first term is the same for every placement of the
+/// task, so this policy minimises the loss of popularity-weighted usable capacity, in exact
+/// integer arithmetic (task counts × milli-GPU).
+///
+/// Where this differs from the reference, on purpose: the distribution is learned online from
+/// [`Policy::observe_submitted`] rather than fixed from the whole trace up front, and it keeps
+/// every shape rather than the most popular ones covering 95% of pods; memory counts in fitting
+/// (the reference tracks CPU only); CPU-only shapes are left out of the distribution — wherever a
+/// task goes they see all free GPU capacity as fragmented, so they shift every placement's score
+/// by the same amount; and ties are broken by best fit and index instead of the reference's
+/// integer-rounded scores and random choice among equal nodes.
+#[derive(Debug, Clone, Default)]
+pub struct Fgd {
+    /// Task counts per shape.
+    counts: HashMap<Shape, u64>,
+    /// The shapes accepting any model, by per-GPU request.
+    rows_any: Vec<Row>,
+    /// For each model some shape names: the shapes accepting that model, by per-GPU request.
+    rows_by_model: HashMap<String, Vec<Row>>,
+}
+
+/// What fragmentation depends on in a task.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Shape {
+    gpus: u32,
+    gpu_milli: u32,
+    gpu_models: Vec<String>,
+    cpu_milli: u64,
+    memory_mib: u64,
+}
+
+/// A shape with its count, laid out for the fragmentation loop.
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    gpu_milli: u32,
+    gpus: u32,
+    cpu_milli: u64,
+    memory_mib: u64,
+    count: u64,
+}
+
+impl Fgd {
+    /// An FGD policy that has seen no tasks yet (it places by best fit until it has).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The shapes that accept GPUs of `model`, by per-GPU request.
+    fn rows(&self, model: &str) -> &[Row] {
+        if self.rows_by_model.is_empty() {
+            return &self.rows_any;
+        }
+        self.rows_by_model.get(model).unwrap_or(&self.rows_any)
+    }
+
+    fn rebuild_rows(&mut self) {
+        let row = |shape: &Shape, count: u64| Row {
+            gpu_milli: shape.gpu_milli,
+            gpus: shape.gpus,
+            cpu_milli: shape.cpu_milli,
+            memory_mib: shape.memory_mib,
+            count,
+        };
+        let by_request = |rows: &mut Vec<Row>| rows.sort_unstable_by_key(|r| r.gpu_milli);
+        self.rows_any = self
+            .counts
+            .iter()
+            .filter(|(s, _)| s.gpu_models.is_empty())
+            .map(|(s, c)| row(s, *c))
+            .collect();
+        by_request(&mut self.rows_any);
+        self.rows_by_model.clear();
+        let named: Vec<&String> = self.counts.keys().flat_map(|s| &s.gpu_models).collect();
+        for model in named {
+            if self.rows_by_model.contains_key(model) {
+                continue;
+            }
+            let mut rows: Vec<Row> = self
+                .counts
+                .iter()
+                .filter(|(s, _)| s.gpu_models.is_empty() || s.gpu_models.contains(model))
+                .map(|(s, c)| row(s, *c))
+                .collect();
+            by_request(&mut rows);
+            self.rows_by_model.insert(model.clone(), rows);
+        }
+    }
+
+    /// Popularity-weighted usable GPU capacity of a node whose GPUs have `free` milli-GPU free
+    /// (largest first) and that has `cpu` and `memory` free: Σₘ count(m) × usable(node, m).
+    fn usable(rows: &[Row], free: &[u32], cpu: u64, memory: u64) -> u64 {
+        // usable(node, m) = the free capacity of the GPUs holding m's per-GPU request, when at
+        // least m's GPU count of them do; with `free` sorted, those are a prefix of it, which
+        // shrinks as the request grows.
+        let mut prefix = [0u64; 17];
+        let prefix: &mut [u64] = if free.len() < prefix.len() {
+            &mut prefix[..=free.len()]
+        } else {
+            return Self::usable_slow(rows, free, cpu, memory);
+        };
+        for (i, f) in free.iter().enumerate() {
+            prefix[i + 1] = prefix[i] + u64::from(*f);
+        }
+        let mut holding = free.len();
+        let mut usable = 0;
+        for row in rows {
+            while holding > 0 && free[holding - 1] < row.gpu_milli {
+                holding -= 1;
+            }
+            if holding == 0 {
+                break;
+            }
+            if row.gpus as usize <= holding && row.cpu_milli <= cpu && row.memory_mib <= memory {
+                usable += row.count * prefix[holding];
+            }
+        }
+        usable
+    }
+
+    /// [`Self::usable`] for nodes with more GPUs than its stack buffer holds.
+    fn usable_slow(rows: &[Row], free: &[u32], cpu: u64, memory: u64) -> u64 {
+        rows.iter()
+            .filter(|r| r.cpu_milli <= cpu && r.memory_mib <= memory)
+            .map(|r| {
+                let holding = free.iter().filter(|f| **f >= r.gpu_milli);
+                if holding.clone().count() >= r.gpus as usize {
+                    r.count * holding.map(|f| u64::from(*f)).sum::<u64>()
+                } else {
+                    0
+                }
+            })
+            .sum()
+    }
+}
+
+impl Policy for Fgd {
+    fn name(&self) -> &'static str {
+        "fgd"
+    }
+    fn key(&self, task: PendingView<'_>, _now: Time) -> QueueKey {
+        QueueKey(task.submitted as i64, 0, task.seq)
+    }
+    fn when_blocked(&self) -> WhenBlocked {
+        WhenBlocked::Continue
+    }
+    fn observe_submitted(&mut self, task: &TaskSpec) {
+        if task.gpus == 0 {
+            return;
+        }
+        let mut gpu_models = task.gpu_models.clone();
+        gpu_models.sort_unstable();
+        gpu_models.dedup();
+        *self
+            .counts
+            .entry(Shape {
+                gpus: task.gpus,
+                gpu_milli: task.gpu_milli,
+                gpu_models,
+                cpu_milli: task.cpu_milli,
+                memory_mib: task.memory_mib,
+            })
+            .or_default() += 1;
+        self.rebuild_rows();
+    }
+    fn place(&self, cluster: &Cluster, task: &TaskSpec) -> Option<Placement> {
+        let request = Request::of(cluster, task);
+        if request == Request::Spanning {
+            return placement::best_fit(cluster, task);
+        }
+        let mut best: Option<(u64, Fit, Choice)> = None;
+        let mut consider = |loss: u64, fit: Fit, choice: Choice| {
+            if best.as_ref().is_none_or(|b| (loss, fit, choice) < *b) {
+                best = Some((loss, fit, choice));
+            }
+        };
+        let mut before = Vec::new();
+        let mut after = Vec::new();
+        for_each_feasible(cluster, task, request, |idx, node| {
+            let rows = self.rows(&node.spec.gpu_model);
+            let (cpu, memory) = host_free(node);
+            let (cpu_after, memory_after) = (
+                cpu.saturating_sub(task.cpu_milli),
+                memory.saturating_sub(task.memory_mib),
+            );
+            before.clear();
+            before.extend_from_slice(&node.gpu_free);
+            before.sort_unstable_by(|a, b| b.cmp(a));
+            let usable = Self::usable(rows, &before, cpu, memory);
+            let free: u64 = before.iter().map(|f| u64::from(*f)).sum();
+            match request {
+                Request::Fraction(milli) => {
+                    // GPUs with the same free share lead to the same node state: try each free
+                    // share once, on its lowest-indexed GPU.
+                    for (gpu, gpu_free) in node.gpu_free.iter().copied().enumerate() {
+                        let first = node.gpu_free[..gpu].iter().all(|f| *f != gpu_free);
+                        if gpu_free < milli || !first {
+                            continue;
+                        }
+                        after.clear();
+                        after.extend_from_slice(&before);
+                        let at = after.iter().position(|f| *f == gpu_free).unwrap_or(0);
+                        after[at] -= milli;
+                        after.sort_unstable_by(|a, b| b.cmp(a));
+                        let loss = usable
+                            - Self::usable(rows, &after, cpu_after, memory_after).min(usable);
+                        let fit = Fit {
+                            node_free_after: free - u64::from(milli),
+                            gpu_free_after: gpu_free - milli,
+                        };
+                        consider(loss, fit, Choice::Gpu(idx, gpu as u32));
+                    }
+                }
+                _ => {
+                    // Whole GPUs are taken from the entirely free ones (the largest shares), a
+                    // CPU-only task takes none.
+                    let whole = if let Request::Whole(gpus) = request {
+                        gpus as usize
+                    } else {
+                        0
+                    };
+                    after.clear();
+                    after.extend_from_slice(&before[whole..]);
+                    after.resize(before.len(), 0);
+                    let loss =
+                        usable - Self::usable(rows, &after, cpu_after, memory_after).min(usable);
+                    let fit = Fit {
+                        node_free_after: free - task.gpu_demand_milli(),
+                        gpu_free_after: 0,
+                    };
+                    consider(loss, fit, Choice::Node(idx));
+                }
+            }
+        });
+        best.map(|(_, _, choice)| choice.placement(cluster, task))
+    }
+    fn parameters(&self) -> String {
+        format!(
+            "order=submit time; a task that does not fit waits without blocking; \
+             placement=least growth of expected GPU fragmentation against {} task shapes seen \
+             so far, then best fit",
+            self.counts.len()
+        )
+    }
+}
+
+/// What a task asks of one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Request {
+    /// CPU and memory only.
+    Host,
+    /// A share of one GPU, milli-GPU.
+    Fraction(u32),
+    /// Whole GPUs on one node.
+    Whole(u32),
+    /// More whole GPUs than any node of an accepted model has.
+    Spanning,
+}
+
+impl Request {
+    fn of(cluster: &Cluster, task: &TaskSpec) -> Self {
+        if task.gpus == 0 {
+            Self::Host
+        } else if task.gpus == 1 && task.gpu_milli < WHOLE_GPU_MILLI {
+            Self::Fraction(task.gpu_milli)
+        } else {
+            let largest = cluster
+                .models()
+                .into_iter()
+                .filter(|m| task.accepts(m))
+                .map(|m| cluster.max_gpus(m))
+                .max()
+                .unwrap_or(0);
+            if task.gpus <= largest {
+                Self::Whole(task.gpus)
+            } else {
+                Self::Spanning
+            }
+        }
+    }
+}
+
+/// How tight a placement is: less free GPU capacity left on the node, then on the GPU, is
+/// tighter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Fit {
+    node_free_after: u64,
+    gpu_free_after: u32,
+}
+
+/// A placement on one node: the node (whole GPUs or none), or the node and the GPU (a
+/// fraction). Ordered by node index, then GPU index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Choice {
+    Node(NodeIdx),
+    Gpu(NodeIdx, u32),
+}
+
+impl Choice {
+    fn placement(self, cluster: &Cluster, task: &TaskSpec) -> Placement {
+        let (node, gpus) = match self {
+            Self::Gpu(node, gpu) => (node, vec![(gpu, task.gpu_milli)]),
+            Self::Node(node) => {
+                let gpus = cluster
+                    .node(node)
+                    .gpu_free
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, free)| **free == WHOLE_GPU_MILLI)
+                    .take(task.gpus as usize)
+                    .map(|(i, _)| (i as u32, WHOLE_GPU_MILLI))
+                    .collect();
+                (node, gpus)
+            }
+        };
+        Placement {
+            shares: vec![NodeShare {
+                node,
+                gpus,
+                cpu_milli: task.cpu_milli,
+                memory_mib: task.memory_mib,
+            }],
+        }
+    }
+}
+
+/// Calls `visit` for every schedulable node that can hold `request` on its own: CPU and memory
+/// free, an accepted model, and GPU room (entirely free GPUs for whole GPUs, one GPU with the
+/// share free for a fraction).
+fn for_each_feasible(
+    cluster: &Cluster,
+    task: &TaskSpec,
+    request: Request,
+    mut visit: impl FnMut(NodeIdx, &NodeState),
+) {
+    let host_fits = |node: &NodeState| {
+        let (cpu, memory) = host_free(node);
+        cpu >= task.cpu_milli && memory >= task.memory_mib
+    };
+    match request {
+        Request::Spanning => {}
+        Request::Whole(gpus) => {
+            // The cluster indexes nodes by entirely free GPUs: on a full cluster only a few
+            // nodes are worth a look.
+            for model in cluster.models() {
+                if !task.accepts(model) {
+                    continue;
+                }
+                for free in gpus..=cluster.max_gpus(model) {
+                    for idx in cluster.nodes_with_free(model, free) {
+                        let node = cluster.node(idx);
+                        if host_fits(node) {
+                            visit(idx, node);
+                        }
+                    }
+                }
+            }
+        }
+        Request::Host | Request::Fraction(_) => {
+            let milli = match request {
+                Request::Fraction(milli) => milli,
+                _ => 0,
+            };
+            for (i, node) in cluster.nodes().iter().enumerate() {
+                let gpu_room = milli == 0
+                    || (task.accepts(&node.spec.gpu_model)
+                        && node.gpu_free.iter().any(|f| *f >= milli));
+                if node.schedulable && host_fits(node) && gpu_room {
+                    visit(NodeIdx(i as u32), node);
+                }
+            }
+        }
+    }
+}
+
+/// Free CPU and memory; a node that does not track one has all of it.
+fn host_free(node: &NodeState) -> (u64, u64) {
+    let cpu = if node.spec.cpu_milli == 0 {
+        u64::MAX
+    } else {
+        node.free_cpu
+    };
+    let memory = if node.spec.memory_mib == 0 {
+        u64::MAX
+    } else {
+        node.free_memory
+    };
+    (cpu, memory)
+}
+
+/// Free milli-GPU on the node.
+fn node_free(node: &NodeState) -> u64 {
+    node.gpu_free.iter().map(|f| u64::from(*f)).sum()
+}
+
+/// The GPU with the smallest free share that still holds `milli` (lowest index on ties), and
+/// its free share.
+fn tightest_gpu(node: &NodeState, milli: u32) -> (u32, u32) {
+    node.gpu_free
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| **f >= milli)
+        .min_by_key(|(i, f)| (**f, *i))
+        .map(|(i, f)| (i as u32, *f))
+        .unwrap_or((0, WHOLE_GPU_MILLI))
+}
+
+#[cfg(test)]
+mod tests;

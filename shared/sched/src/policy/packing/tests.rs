@@ -1,0 +1,471 @@
+use super::*;
+use crate::model::NodeSpec;
+use crate::scheduler::{Input, Scheduler};
+use crate::{Decision, TaskId};
+
+// ---------------------------------------------------------------------------------------------
+// Builders
+
+fn node(name: &str) -> NodeBuilder {
+    NodeBuilder {
+        spec: NodeSpec {
+            name: name.into(),
+            gpus: 2,
+            gpu_model: "G2".into(),
+            cpu_milli: 64_000,
+            memory_mib: 262_144,
+        },
+        free: None,
+        cpu_used: 0,
+        memory_used: 0,
+    }
+}
+
+#[derive(Clone)]
+struct NodeBuilder {
+    spec: NodeSpec,
+    /// Free milli-GPU of each GPU (all free when `None`).
+    free: Option<Vec<u32>>,
+    cpu_used: u64,
+    memory_used: u64,
+}
+
+impl NodeBuilder {
+    /// GPUs with these free shares (the node gets as many GPUs).
+    fn free(mut self, free: &[u32]) -> Self {
+        self.spec.gpus = free.len() as u32;
+        self.free = Some(free.to_vec());
+        self
+    }
+    fn model(mut self, model: &str) -> Self {
+        self.spec.gpu_model = model.into();
+        self
+    }
+    /// A node without GPUs.
+    fn cpu_only(mut self) -> Self {
+        self.spec.gpus = 0;
+        self.spec.gpu_model = String::new();
+        self.free = Some(Vec::new());
+        self
+    }
+    fn cpu_free(mut self, cpu: u64) -> Self {
+        self.cpu_used = self.spec.cpu_milli - cpu;
+        self
+    }
+    fn memory_free(mut self, memory: u64) -> Self {
+        self.memory_used = self.spec.memory_mib - memory;
+        self
+    }
+}
+
+fn task(id: u64) -> TaskBuilder {
+    TaskBuilder(TaskSpec::new(id, "default", 1))
+}
+
+#[derive(Clone)]
+struct TaskBuilder(TaskSpec);
+
+impl TaskBuilder {
+    fn gpus(mut self, gpus: u32) -> Self {
+        self.0.gpus = gpus;
+        self.0.gpu_milli = if gpus == 0 { 0 } else { WHOLE_GPU_MILLI };
+        self
+    }
+    fn milli(mut self, milli: u32) -> Self {
+        self.0.gpus = 1;
+        self.0.gpu_milli = milli;
+        self
+    }
+    fn cpu(mut self, cpu: u64) -> Self {
+        self.0.cpu_milli = cpu;
+        self
+    }
+    fn memory(mut self, memory: u64) -> Self {
+        self.0.memory_mib = memory;
+        self
+    }
+    fn models(mut self, models: &[&str]) -> Self {
+        self.0.gpu_models = models.iter().map(|m| (*m).to_owned()).collect();
+        self
+    }
+}
+
+/// A cluster of these nodes, in this order, with their shares already taken.
+fn cluster(nodes: Vec<NodeBuilder>) -> Cluster {
+    let mut cluster = Cluster::new();
+    for n in nodes {
+        let idx = cluster.add_node(n.spec);
+        let gpus = n
+            .free
+            .unwrap_or_default()
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| **f < WHOLE_GPU_MILLI)
+            .map(|(g, f)| (g as u32, WHOLE_GPU_MILLI - f))
+            .collect();
+        cluster.allocate(&Placement {
+            shares: vec![NodeShare {
+                node: idx,
+                gpus,
+                cpu_milli: n.cpu_used,
+                memory_mib: n.memory_used,
+            }],
+        });
+    }
+    cluster
+}
+
+/// Where `policy` puts `task`: the node's name and the `(gpu, milli)` shares.
+fn placed(
+    policy: &dyn Policy,
+    cluster: &Cluster,
+    task: &TaskSpec,
+) -> Option<(String, Vec<(u32, u32)>)> {
+    let placement = policy.place(cluster, task)?;
+    assert_eq!(placement.shares.len(), 1, "one node");
+    let share = &placement.shares[0];
+    Some((
+        cluster.node(share.node).spec.name.clone(),
+        share.gpus.clone(),
+    ))
+}
+
+/// An FGD policy that has seen `history` submitted.
+fn fgd_after(history: Vec<TaskBuilder>) -> Fgd {
+    let mut fgd = Fgd::new();
+    for t in history {
+        fgd.observe_submitted(&t.0);
+    }
+    fgd
+}
+
+/// `n` tasks of one shape.
+fn many(n: usize, shape: impl Fn() -> TaskBuilder) -> Vec<TaskBuilder> {
+    (0..n).map(|_| shape()).collect()
+}
+
+struct Case {
+    name: &'static str,
+    nodes: Vec<NodeBuilder>,
+    task: TaskBuilder,
+    want: Option<(&'static str, Vec<(u32, u32)>)>,
+}
+
+fn check(policy: &dyn Policy, cases: Vec<Case>) {
+    for case in cases {
+        let cluster = cluster(case.nodes);
+        let got = placed(policy, &cluster, &case.task.0);
+        let want = case.want.map(|(n, g)| (n.to_owned(), g));
+        assert_eq!(got, want, "{}: {}", policy.name(), case.name);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// bestfit
+
+#[test]
+fn bestfit_placement_table() {
+    let cases = vec![
+        Case {
+            name: "a fraction goes to the tightest GPU that holds it",
+            nodes: vec![node("n1").free(&[1000, 300, 600, 250])],
+            task: task(1).milli(250),
+            want: Some(("n1", vec![(3, 250)])),
+        },
+        Case {
+            name: "a fraction goes to the node left with the least free GPU capacity",
+            nodes: vec![node("n1").free(&[1000, 1000]), node("n2").free(&[500, 0])],
+            task: task(1).milli(400),
+            want: Some(("n2", vec![(0, 400)])),
+        },
+        Case {
+            name: "fractional remainders count towards a node's free capacity",
+            nodes: vec![
+                node("n1").free(&[1000, 1000, 1000]),
+                node("n2").free(&[1000, 1000, 200]),
+            ],
+            task: task(1).gpus(2),
+            want: Some(("n2", vec![(0, 1000), (1, 1000)])),
+        },
+        Case {
+            name: "whole GPUs only go to entirely free GPUs",
+            nodes: vec![
+                node("n1").free(&[900, 900, 900]),
+                node("n2").free(&[1000, 1000]),
+            ],
+            task: task(1).gpus(1),
+            want: Some(("n2", vec![(0, 1000)])),
+        },
+        Case {
+            name: "the tightest node is skipped when its CPU is taken",
+            nodes: vec![
+                node("n1").free(&[300]).cpu_free(2_000),
+                node("n2").free(&[1000]),
+            ],
+            task: task(1).milli(300).cpu(4_000),
+            want: Some(("n2", vec![(0, 300)])),
+        },
+        Case {
+            name: "the tightest node is skipped when its memory is taken",
+            nodes: vec![
+                node("n1").free(&[300]).memory_free(1_024),
+                node("n2").free(&[1000]),
+            ],
+            task: task(1).milli(300).memory(4_096),
+            want: Some(("n2", vec![(0, 300)])),
+        },
+        Case {
+            name: "a task only goes to a GPU model it accepts",
+            nodes: vec![
+                node("n1").free(&[300]).model("T4"),
+                node("n2").model("V100"),
+            ],
+            task: task(1).milli(300).models(&["V100"]),
+            want: Some(("n2", vec![(0, 300)])),
+        },
+        Case {
+            name: "a CPU-only task goes where it leaves no GPU stranded: a CPU-only node",
+            nodes: vec![node("n1"), node("c1").cpu_only()],
+            task: task(1).gpus(0).cpu(8_000),
+            want: Some(("c1", vec![])),
+        },
+        Case {
+            name: "equal fits go to the lowest index",
+            nodes: vec![node("n1"), node("n2")],
+            task: task(1).gpus(1),
+            want: Some(("n1", vec![(0, 1000)])),
+        },
+        Case {
+            name: "nothing is placed when no GPU holds the fraction",
+            nodes: vec![node("n1").free(&[400, 0]), node("n2").free(&[300, 300])],
+            task: task(1).milli(500),
+            want: None,
+        },
+    ];
+    check(&BestFit, cases);
+}
+
+// ---------------------------------------------------------------------------------------------
+// fgd
+
+#[test]
+fn fgd_placement_table() {
+    struct FgdCase {
+        case: Case,
+        history: Vec<TaskBuilder>,
+        /// Where best fit puts the same task, to show where FGD differs.
+        want_bestfit: Option<(&'static str, Vec<(u32, u32)>)>,
+    }
+    let cases = vec![
+        FgdCase {
+            case: Case {
+                name: "a fraction takes the GPU whose leftover the popular half-GPU shape cannot \
+                       use anyway, not the tightest one",
+                nodes: vec![node("n1").free(&[600]), node("n2").free(&[1000])],
+                task: task(1).milli(300),
+                want: Some(("n2", vec![(0, 300)])),
+            },
+            history: many(10, || task(0).milli(500)),
+            want_bestfit: Some(("n1", vec![(0, 300)])),
+        },
+        FgdCase {
+            case: Case {
+                name: "a fraction goes to an already shared GPU, keeping whole GPUs whole for the \
+                       popular one-GPU shape",
+                nodes: vec![
+                    node("n1").free(&[1000, 1000, 1000, 300]),
+                    node("n2").free(&[1000, 1000]),
+                ],
+                task: task(1).milli(250),
+                want: Some(("n1", vec![(3, 250)])),
+            },
+            history: many(10, || task(0).gpus(1)),
+            want_bestfit: Some(("n2", vec![(0, 250)])),
+        },
+        FgdCase {
+            case: Case {
+                name: "a CPU-only task leaves the CPU that the popular shape needs beside a free \
+                       GPU",
+                nodes: vec![
+                    node("n1").free(&[1000]).cpu_free(8_000),
+                    node("n2").free(&[1000, 1000]),
+                ],
+                task: task(1).gpus(0).cpu(8_000),
+                want: Some(("n2", vec![])),
+            },
+            history: many(10, || task(0).gpus(1).cpu(8_000)),
+            want_bestfit: Some(("n1", vec![])),
+        },
+        FgdCase {
+            case: Case {
+                name: "a one-GPU task keeps a pair of whole GPUs together for the popular \
+                       two-GPU shape",
+                nodes: vec![
+                    node("n1").free(&[1000, 1000]),
+                    node("n2").free(&[1000, 1000, 1000]),
+                ],
+                task: task(1).gpus(1),
+                want: Some(("n2", vec![(0, 1000)])),
+            },
+            history: many(10, || task(0).gpus(2)),
+            want_bestfit: Some(("n1", vec![(0, 1000)])),
+        },
+        FgdCase {
+            case: Case {
+                name: "popularity decides: the GPU that still holds the popular half-GPU shape \
+                       afterwards is the one to share",
+                nodes: vec![node("n1").free(&[800]), node("n2").free(&[600])],
+                task: task(1).milli(150),
+                want: Some(("n1", vec![(0, 150)])),
+            },
+            history: [
+                many(9, || task(0).milli(500)),
+                many(1, || task(0).milli(700)),
+            ]
+            .concat(),
+            want_bestfit: Some(("n2", vec![(0, 150)])),
+        },
+        FgdCase {
+            case: Case {
+                name: "popularity decides: when seven-tenths tasks dominate, the GPU that could \
+                       hold one is kept whole instead",
+                nodes: vec![node("n1").free(&[800]), node("n2").free(&[600])],
+                task: task(1).milli(150),
+                want: Some(("n2", vec![(0, 150)])),
+            },
+            history: [
+                many(1, || task(0).milli(500)),
+                many(9, || task(0).milli(700)),
+            ]
+            .concat(),
+            want_bestfit: Some(("n2", vec![(0, 150)])),
+        },
+        FgdCase {
+            case: Case {
+                name: "with no history it places like best fit",
+                nodes: vec![node("n1").free(&[600]), node("n2").free(&[1000])],
+                task: task(1).milli(300),
+                want: Some(("n1", vec![(0, 300)])),
+            },
+            history: vec![],
+            want_bestfit: Some(("n1", vec![(0, 300)])),
+        },
+        FgdCase {
+            case: Case {
+                name: "equal growth of fragmentation goes to the best fit",
+                nodes: vec![node("n1"), node("n2").free(&[1000, 0]), node("n3")],
+                task: task(1).gpus(1),
+                want: Some(("n2", vec![(0, 1000)])),
+            },
+            history: many(10, || task(0).gpus(1)),
+            want_bestfit: Some(("n2", vec![(0, 1000)])),
+        },
+        FgdCase {
+            case: Case {
+                name: "a model it does not accept is never a candidate",
+                nodes: vec![
+                    node("n1").free(&[600]).model("T4"),
+                    node("n2").model("V100"),
+                ],
+                task: task(1).milli(300).models(&["T4"]),
+                want: Some(("n1", vec![(0, 300)])),
+            },
+            history: many(10, || task(0).milli(500)),
+            want_bestfit: Some(("n1", vec![(0, 300)])),
+        },
+    ];
+    for FgdCase {
+        case,
+        history,
+        want_bestfit,
+    } in cases
+    {
+        let bestfit = placed(&BestFit, &cluster(case.nodes.clone()), &case.task.0);
+        assert_eq!(
+            bestfit,
+            want_bestfit.map(|(n, g)| (n.to_owned(), g)),
+            "bestfit: {}",
+            case.name
+        );
+        check(&fgd_after(history), vec![case]);
+    }
+}
+
+#[test]
+fn fgd_learns_shapes_from_submissions_and_ignores_cpu_only_ones() {
+    let fgd = fgd_after(vec![
+        task(1).milli(500),
+        task(2).milli(500),
+        task(3).gpus(1).cpu(4_000),
+        task(4).gpus(0).cpu(4_000),
+        task(5).milli(500).models(&["T4", "T4"]),
+    ]);
+    assert_eq!(fgd.counts.len(), 3, "{:?}", fgd.counts);
+    assert_eq!(fgd.rows("G2").len(), 2, "shapes that accept any model");
+    assert_eq!(fgd.rows("T4").len(), 3, "and the one naming T4");
+    assert!(fgd.parameters().contains("3 task shapes"));
+}
+
+#[test]
+fn usable_capacity_counts_only_gpus_a_shape_fits_and_only_where_it_fits() {
+    let fgd = fgd_after(vec![task(1).milli(500), task(2).gpus(2).cpu(10_000)]);
+    let rows = fgd.rows("G2");
+    // Half-GPU shape: the 600 and the 1000 hold it; two-GPU shape: only one whole GPU.
+    assert_eq!(Fgd::usable(rows, &[1000, 600, 300], 64_000, 1 << 20), 1600);
+    // Two whole GPUs: both shapes use both.
+    assert_eq!(
+        Fgd::usable(rows, &[1000, 1000], 64_000, 1 << 20),
+        2000 + 2000
+    );
+    // Not enough CPU for the two-GPU shape.
+    assert_eq!(Fgd::usable(rows, &[1000, 1000], 8_000, 1 << 20), 2000);
+    // Nodes with more GPUs than the fast path holds agree with it.
+    let free: Vec<u32> = (0..20)
+        .map(|i| if i % 2 == 0 { 1000 } else { 400 })
+        .collect();
+    assert_eq!(
+        Fgd::usable(rows, &free, 64_000, 1 << 20),
+        Fgd::usable_slow(rows, &free, 64_000, 1 << 20)
+    );
+    assert_eq!(Fgd::usable(rows, &free, 64_000, 1 << 20), 10_000 + 10_000);
+}
+
+#[test]
+fn a_task_larger_than_any_node_takes_whole_idle_nodes() {
+    let cluster = cluster(vec![node("n1"), node("n2").free(&[1000, 500]), node("n3")]);
+    for policy in [&BestFit as &dyn Policy, &Fgd::new()] {
+        let placement = policy.place(&cluster, &task(1).gpus(4).0).expect("placed");
+        let names: Vec<&str> = placement
+            .shares
+            .iter()
+            .map(|s| cluster.node(s.node).spec.name.as_str())
+            .collect();
+        assert_eq!(names, ["n1", "n3"], "{}", policy.name());
+    }
+}
+
+#[test]
+fn a_task_that_does_not_fit_waits_without_blocking_the_ones_behind_it() {
+    for policy in ["bestfit", "fgd"] {
+        let mut s = Scheduler::new(crate::policy::by_name(policy).expect("known"));
+        s.apply(Input::NodeAdded(NodeSpec::new("n1", 4, "G2")))
+            .unwrap();
+        let mut pass = |tasks: Vec<TaskBuilder>, at: Time| -> Vec<TaskId> {
+            for t in tasks {
+                s.apply(Input::TaskSubmitted { task: t.0, at }).unwrap();
+            }
+            s.apply(Input::Schedule { at })
+                .unwrap()
+                .into_iter()
+                .filter_map(|d| match d {
+                    Decision::Granted { task, .. } => Some(task),
+                    _ => None,
+                })
+                .collect()
+        };
+        assert_eq!(pass(vec![task(1).gpus(3)], 0), [TaskId(1)], "{policy}");
+        let granted = pass(vec![task(2).gpus(2), task(3).milli(500)], 1);
+        assert_eq!(granted, [TaskId(3)], "{policy}: task 3 starts past task 2");
+        assert_eq!(s.pending(), 1, "{policy}: task 2 waits");
+    }
+}
