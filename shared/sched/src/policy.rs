@@ -74,7 +74,12 @@ pub trait Policy: Send + std::fmt::Debug {
     }
     /// Whether `preemptor` may preempt the running `victim`. Must never hold both ways for two
     /// tasks; by default, the victim's key must be strictly worse.
-    fn may_preempt(&self, preemptor: Contender<'_>, victim: Contender<'_>, _quotas: &Quotas) -> bool {
+    fn may_preempt(
+        &self,
+        preemptor: Contender<'_>,
+        victim: Contender<'_>,
+        _quotas: &Quotas,
+    ) -> bool {
         victim.key > preemptor.key
     }
     /// Whether quotas let `task` start now (policies without quotas admit everything).

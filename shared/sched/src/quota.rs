@@ -27,7 +27,10 @@ pub struct Quotas {
 impl Quotas {
     /// Sets a team's quota.
     pub fn set(&mut self, team: &str, quota: Quota) {
-        let old = self.quotas.insert(team.to_owned(), quota).unwrap_or_default();
+        let old = self
+            .quotas
+            .insert(team.to_owned(), quota)
+            .unwrap_or_default();
         self.cohort_nominal = self.cohort_nominal - old.nominal_milli + quota.nominal_milli;
     }
 
@@ -99,8 +102,20 @@ mod tests {
 
     fn quotas() -> Quotas {
         let mut q = Quotas::default();
-        q.set("a", Quota { nominal_milli: 4_000, borrowing_limit_milli: None });
-        q.set("b", Quota { nominal_milli: 4_000, borrowing_limit_milli: Some(2_000) });
+        q.set(
+            "a",
+            Quota {
+                nominal_milli: 4_000,
+                borrowing_limit_milli: None,
+            },
+        );
+        q.set(
+            "b",
+            Quota {
+                nominal_milli: 4_000,
+                borrowing_limit_milli: Some(2_000),
+            },
+        );
         q
     }
 
@@ -113,8 +128,18 @@ mod tests {
             want: bool,
         }
         let cases = [
-            Case { name: "within nominal", usage: &[], task: TaskSpec::new(1, "a", 4), want: true },
-            Case { name: "borrows what b leaves unused", usage: &[("a", 4_000)], task: TaskSpec::new(2, "a", 4), want: true },
+            Case {
+                name: "within nominal",
+                usage: &[],
+                task: TaskSpec::new(1, "a", 4),
+                want: true,
+            },
+            Case {
+                name: "borrows what b leaves unused",
+                usage: &[("a", 4_000)],
+                task: TaskSpec::new(2, "a", 4),
+                want: true,
+            },
             Case {
                 name: "cannot borrow what b uses",
                 usage: &[("a", 4_000), ("b", 2_000)],
@@ -127,7 +152,12 @@ mod tests {
                 task: TaskSpec::new(4, "b", 3),
                 want: false,
             },
-            Case { name: "b borrows within its limit", usage: &[("b", 4_000)], task: TaskSpec::new(5, "b", 2), want: true },
+            Case {
+                name: "b borrows within its limit",
+                usage: &[("b", 4_000)],
+                task: TaskSpec::new(5, "b", 2),
+                want: true,
+            },
         ];
         for case in cases {
             let mut q = quotas();

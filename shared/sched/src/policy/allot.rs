@@ -13,8 +13,8 @@
 //!   restarts.
 
 use super::{Contender, PendingView, Policy, QueueKey, WhenBlocked};
-use crate::quota::Quotas;
 use crate::model::Time;
+use crate::quota::Quotas;
 
 /// Allot's policy; see the module docs.
 #[derive(Debug, Clone)]
@@ -61,8 +61,14 @@ impl Policy for Allot {
     fn preemptive(&self) -> bool {
         true
     }
-    fn may_preempt(&self, preemptor: Contender<'_>, victim: Contender<'_>, _quotas: &Quotas) -> bool {
-        victim.key > preemptor.key && victim.key.0 >= preemptor.key.0.saturating_mul(self.preemption_gain)
+    fn may_preempt(
+        &self,
+        preemptor: Contender<'_>,
+        victim: Contender<'_>,
+        _quotas: &Quotas,
+    ) -> bool {
+        victim.key > preemptor.key
+            && victim.key.0 >= preemptor.key.0.saturating_mul(self.preemption_gain)
     }
     fn parameters(&self) -> String {
         format!(

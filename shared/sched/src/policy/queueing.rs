@@ -137,7 +137,11 @@ impl Policy for Kueue {
         "kueue"
     }
     fn key(&self, task: PendingView<'_>, _now: Time) -> QueueKey {
-        QueueKey(-i64::from(task.spec.priority), task.submitted as i64, task.seq)
+        QueueKey(
+            -i64::from(task.spec.priority),
+            task.submitted as i64,
+            task.seq,
+        )
     }
     fn when_blocked(&self) -> WhenBlocked {
         WhenBlocked::Continue
@@ -148,7 +152,12 @@ impl Policy for Kueue {
     fn admits(&self, task: &TaskSpec, quotas: &Quotas) -> bool {
         quotas.is_empty() || quotas.admits(task)
     }
-    fn may_preempt(&self, preemptor: Contender<'_>, victim: Contender<'_>, quotas: &Quotas) -> bool {
+    fn may_preempt(
+        &self,
+        preemptor: Contender<'_>,
+        victim: Contender<'_>,
+        quotas: &Quotas,
+    ) -> bool {
         if preemptor.spec.team == victim.spec.team {
             // withinClusterQueue: LowerPriority
             victim.spec.priority < preemptor.spec.priority

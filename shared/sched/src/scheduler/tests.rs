@@ -251,3 +251,234 @@ fn bad_inputs_are_typed_errors() {
         "{wrong_model:?}"
     );
 }
+
+/// Applies `inputs` in order and returns every decision, rendered short for comparison:
+/// `grant 2@n1`, `preempt 1 for 2`, `release 1`.
+fn script(policy: &str, nodes: Vec<NodeBuilder>, inputs: Vec<Input>) -> Vec<String> {
+    let mut s = scheduler(crate::policy::by_name(policy).unwrap(), nodes);
+    let mut log = Vec::new();
+    for input in inputs {
+        for d in s.apply(input).unwrap() {
+            match d {
+                Decision::Granted {
+                    task, placement, ..
+                } => {
+                    let nodes: Vec<String> = placement
+                        .shares
+                        .iter()
+                        .map(|sh| s.cluster().node(sh.node).spec.name.clone())
+                        .collect();
+                    log.push(format!("grant {}@{}", task.0, nodes.join("+")));
+                }
+                Decision::Preempted { task, for_task, .. } => {
+                    log.push(format!("preempt {} for {}", task.0, for_task.0))
+                }
+                Decision::Released { task, .. } => log.push(format!("release {}", task.0)),
+                Decision::Waiting { .. } => {}
+            }
+        }
+    }
+    log
+}
+
+fn submit(t: TaskBuilder, at: u64) -> Input {
+    Input::TaskSubmitted { task: t.0, at }
+}
+
+fn pass(at: u64) -> Input {
+    Input::Schedule { at }
+}
+
+fn finish(id: u64, at: u64) -> Input {
+    Input::TaskFinished {
+        task: TaskId(id),
+        at,
+    }
+}
+
+fn quota(team: &str, gpus: u64) -> Input {
+    Input::TeamQuota {
+        team: team.into(),
+        quota: crate::quota::Quota {
+            nominal_milli: gpus * 1000,
+            borrowing_limit_milli: None,
+        },
+    }
+}
+
+fn team(mut t: TaskBuilder, name: &str) -> TaskBuilder {
+    t.0.team = name.into();
+    t
+}
+
+#[test]
+fn preemption_and_backfill_table() {
+    struct Case {
+        name: &'static str,
+        policy: &'static str,
+        inputs: Vec<Input>,
+        want: Vec<&'static str>,
+    }
+    let hour = 3_600_000;
+    let cases = vec![
+        Case {
+            name: "srtf-oracle preempts the task with more remaining time",
+            policy: "srtf-oracle",
+            inputs: vec![
+                submit(task(1).gpus(8).lasts(10 * hour), 0),
+                pass(0),
+                submit(task(2).gpus(8).lasts(hour), 60_000),
+                pass(60_000),
+            ],
+            want: vec!["grant 1@n1", "preempt 1 for 2", "grant 2@n1"],
+        },
+        Case {
+            name: "srtf-oracle leaves a task with less remaining alone",
+            policy: "srtf-oracle",
+            inputs: vec![
+                submit(task(1).gpus(8).lasts(hour), 0),
+                pass(0),
+                submit(task(2).gpus(8).lasts(10 * hour), 1),
+                pass(1),
+            ],
+            want: vec!["grant 1@n1"],
+        },
+        Case {
+            name: "tiresias demotes a task past 3,600 GPU·s and a newcomer preempts it",
+            policy: "tiresias",
+            inputs: vec![
+                submit(task(1).gpus(8), 0),
+                pass(0),
+                submit(task(2).gpus(8), 500_000),
+                pass(500_000),
+            ],
+            want: vec!["grant 1@n1", "preempt 1 for 2", "grant 2@n1"],
+        },
+        Case {
+            name: "tiresias does not preempt within the first queue",
+            policy: "tiresias",
+            inputs: vec![
+                submit(task(1).gpus(8), 0),
+                pass(0),
+                submit(task(2).gpus(8), 100_000),
+                pass(100_000),
+            ],
+            want: vec!["grant 1@n1"],
+        },
+        Case {
+            name: "kueue: a team under its nominal quota reclaims GPUs a borrower holds",
+            policy: "kueue",
+            inputs: vec![
+                quota("a", 4),
+                quota("b", 4),
+                submit(team(task(1).gpus(8), "b"), 0),
+                pass(0),
+                submit(team(task(2).gpus(4), "a"), 1),
+                pass(1),
+            ],
+            want: vec!["grant 1@n1", "preempt 1 for 2", "grant 2@n1"],
+        },
+        Case {
+            name: "kueue: a borrower cannot preempt a team within its quota",
+            policy: "kueue",
+            inputs: vec![
+                quota("a", 4),
+                quota("b", 4),
+                submit(team(task(1).gpus(4), "a"), 0),
+                pass(0),
+                submit(team(task(2).gpus(8), "b"), 1),
+                pass(1),
+            ],
+            want: vec!["grant 1@n1"],
+        },
+        Case {
+            name: "fifo-backfill starts a short task that ends before the head's reservation",
+            policy: "fifo-backfill",
+            inputs: vec![
+                // Teach the history estimator: team-a tasks last about a minute.
+                submit(task(90).gpus(1), 0),
+                submit(task(91).gpus(1), 0),
+                submit(task(92).gpus(1), 0),
+                pass(0),
+                finish(90, 60_000),
+                finish(91, 60_000),
+                finish(92, 60_000),
+                submit(task(1).gpus(4), 60_000),
+                submit(task(2).gpus(8), 60_000),
+                submit(task(3).gpus(1), 60_000),
+                pass(60_000),
+            ],
+            want: vec![
+                "grant 90@n1",
+                "grant 91@n1",
+                "grant 92@n1",
+                "release 90",
+                "release 91",
+                "release 92",
+                "grant 1@n1",
+                "grant 3@n1",
+            ],
+        },
+        Case {
+            name: "fifo-backfill holds back a task that would still run when the head is due",
+            policy: "fifo-backfill",
+            inputs: vec![
+                // Teach the history estimator: team-a tasks last about a minute.
+                submit(task(90).gpus(1), 0),
+                submit(task(91).gpus(1), 0),
+                submit(task(92).gpus(1), 0),
+                pass(0),
+                finish(90, 60_000),
+                finish(91, 60_000),
+                finish(92, 60_000),
+                submit(task(1).gpus(4), 60_000),
+                pass(60_000),
+                submit(task(2).gpus(8), 70_000),
+                submit(task(3).gpus(1), 70_000),
+                pass(70_000),
+            ],
+            want: vec![
+                "grant 90@n1",
+                "grant 91@n1",
+                "grant 92@n1",
+                "release 90",
+                "release 91",
+                "release 92",
+                "grant 1@n1",
+            ],
+        },
+    ];
+    for case in cases {
+        let got = script(case.policy, vec![node("n1")], case.inputs);
+        assert_eq!(got, case.want, "{}", case.name);
+    }
+}
+
+#[test]
+fn allot_preempts_only_when_the_gain_is_worth_the_lost_work() {
+    // Estimates come from history: team-a 8-GPU tasks have lasted 1 h.
+    let hour = 3_600_000;
+    let mut inputs = Vec::new();
+    for i in 0..3 {
+        inputs.push(submit(task(90 + i).gpus(8), i * hour));
+        inputs.push(pass(i * hour));
+        inputs.push(finish(90 + i, (i + 1) * hour));
+    }
+    let t = 3 * hour;
+    // Task 1 has run 50 min of an expected hour (10 min left): a newcomer expecting an hour
+    // must not preempt it. Past its estimate (2 h run), it counts as long and is preempted.
+    inputs.extend([
+        submit(task(1).gpus(8), t),
+        pass(t),
+        submit(task(2).gpus(8), t + 50 * 60_000),
+        pass(t + 50 * 60_000),
+        pass(t + 2 * hour + 60_000),
+    ]);
+    let got = script("allot", vec![node("n1")], inputs);
+    let tail: Vec<&str> = got.iter().map(String::as_str).skip(6).collect();
+    assert_eq!(
+        tail,
+        ["grant 1@n1", "preempt 1 for 2", "grant 2@n1"],
+        "{got:?}"
+    );
+}
