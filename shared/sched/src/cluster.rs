@@ -67,6 +67,8 @@ pub struct Cluster {
     by_name: HashMap<String, NodeIdx>,
     /// Per GPU model, schedulable nodes bucketed by their number of entirely free GPUs.
     buckets: HashMap<String, Vec<BTreeSet<NodeIdx>>>,
+    /// GPU models present, sorted (asked for on every placement).
+    models: Vec<String>,
     capacity_milli: u64,
     allocated_milli: u64,
 }
@@ -90,6 +92,10 @@ impl Cluster {
             schedulable: true,
             spec,
         };
+        if !self.models.contains(&state.spec.gpu_model) {
+            self.models.push(state.spec.gpu_model.clone());
+            self.models.sort_unstable();
+        }
         self.nodes.push(state);
         self.index(idx);
         idx
@@ -147,10 +153,8 @@ impl Cluster {
     }
 
     /// GPU models present, sorted.
-    pub fn models(&self) -> Vec<&str> {
-        let mut models: Vec<&str> = self.buckets.keys().map(String::as_str).collect();
-        models.sort_unstable();
-        models
+    pub fn models(&self) -> impl Iterator<Item = &str> + '_ {
+        self.models.iter().map(String::as_str)
     }
 
     /// The largest GPU count of any node of `model`.

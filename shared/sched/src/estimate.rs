@@ -34,7 +34,7 @@ impl DurationEstimator for Oracle {
 /// that finished before the question is asked count: no peeking at the future.
 #[derive(Debug, Clone, Default)]
 pub struct History {
-    by_team_gpus: HashMap<(String, u32), Mean>,
+    by_team_gpus: HashMap<String, HashMap<u32, Mean>>,
     by_team: HashMap<String, Mean>,
     all: Mean,
 }
@@ -63,7 +63,8 @@ impl History {
 impl DurationEstimator for History {
     fn estimate(&self, task: &TaskSpec) -> Time {
         self.by_team_gpus
-            .get(&(task.team.clone(), task.gpus))
+            .get(&task.team)
+            .and_then(|by_gpus| by_gpus.get(&task.gpus))
             .and_then(|m| m.get(3))
             .or_else(|| self.by_team.get(&task.team).and_then(|m| m.get(3)))
             .or_else(|| self.all.get(1))
@@ -71,7 +72,9 @@ impl DurationEstimator for History {
     }
     fn observe(&mut self, task: &TaskSpec, ran: Time) {
         self.by_team_gpus
-            .entry((task.team.clone(), task.gpus))
+            .entry(task.team.clone())
+            .or_default()
+            .entry(task.gpus)
             .or_default()
             .add(ran);
         self.by_team.entry(task.team.clone()).or_default().add(ran);

@@ -16,11 +16,7 @@ pub fn best_fit(cluster: &Cluster, task: &TaskSpec) -> Option<Placement> {
     if task.gpus == 1 && task.gpu_milli < WHOLE_GPU_MILLI {
         return fraction(cluster, task);
     }
-    let models: Vec<&str> = cluster
-        .models()
-        .into_iter()
-        .filter(|m| task.accepts(m))
-        .collect();
+    let models: Vec<&str> = cluster.models().filter(|m| task.accepts(m)).collect();
     // One node, fewest free GPUs that still fit, lowest index.
     let mut best: Option<(u32, NodeIdx)> = None;
     for model in &models {

@@ -86,6 +86,10 @@ pub trait Policy: Send + std::fmt::Debug {
     fn admits(&self, _task: &TaskSpec, _quotas: &Quotas) -> bool {
         true
     }
+    /// Whether keys read [`PendingView::estimate`] (estimates are only computed for those).
+    fn needs_estimates(&self) -> bool {
+        false
+    }
     /// Whether the policy reads true durations (allowed for oracle baselines only).
     fn uses_oracle(&self) -> bool {
         false

@@ -17,7 +17,9 @@
 //! strictly worse) or by quota (only a team within its nominal quota reclaims, only from teams
 //! that borrow) — so no two tasks can preempt each other in turn.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::cluster::{Cluster, Placement};
 use crate::decision::{Decision, WaitReason};
@@ -172,8 +174,8 @@ impl Scheduler {
             estimator,
             quotas: Quotas::default(),
             queue: BTreeMap::new(),
-            tasks: HashMap::new(),
-            shapes: HashMap::new(),
+            tasks: HashMap::default(),
+            shapes: HashMap::default(),
             next_seq: 0,
             next_lease: 1,
         }
@@ -268,7 +270,11 @@ impl Scheduler {
     }
 
     fn key_of(&self, task: &Task, now: Time) -> QueueKey {
-        let estimate = self.estimator.estimate(&task.spec);
+        let estimate = if self.policy.needs_estimates() {
+            self.estimator.estimate(&task.spec)
+        } else {
+            0
+        };
         self.policy.key(task.view(now, estimate), now)
     }
 
@@ -297,12 +303,7 @@ impl Scheduler {
         if spec.gpus == 0 {
             return None;
         }
-        let models: Vec<&str> = self
-            .cluster
-            .models()
-            .into_iter()
-            .filter(|m| spec.accepts(m))
-            .collect();
+        let models: Vec<&str> = self.cluster.models().filter(|m| spec.accepts(m)).collect();
         if models.is_empty() {
             return Some(format!(
                 "no node has an accepted GPU model ({})",
@@ -593,7 +594,9 @@ impl Scheduler {
     /// The earliest start of `spec` if running tasks end when their estimates say, and the
     /// nodes it would use then.
     fn reserve(&self, spec: &TaskSpec, now: Time) -> Reservation {
-        let mut ends: Vec<(Time, &Placement)> = self
+        // (expected end, arrival order): a total order, so the reservation never depends on
+        // how the task table happens to iterate.
+        let mut ends: Vec<(Time, u64, &Placement)> = self
             .tasks
             .values()
             .filter_map(|t| match &t.state {
@@ -602,14 +605,14 @@ impl Scheduler {
                 } => {
                     let total = self.estimator.estimate(&t.spec);
                     let end = (since + total.saturating_sub(t.attained)).max(now + 1);
-                    Some((end, placement))
+                    Some((end, t.seq, placement))
                 }
                 State::Pending { .. } => None,
             })
             .collect();
-        ends.sort_by_key(|(end, _)| *end);
+        ends.sort_by_key(|(end, seq, _)| (*end, *seq));
         let mut cluster = self.cluster.clone();
-        for (end, placement) in ends {
+        for (end, _, placement) in ends {
             cluster.release(placement);
             if let Some(p) = self.policy.place(&cluster, spec) {
                 return Reservation {

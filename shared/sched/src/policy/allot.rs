@@ -55,6 +55,9 @@ impl Policy for Allot {
     fn dynamic(&self) -> bool {
         true
     }
+    fn needs_estimates(&self) -> bool {
+        true
+    }
     fn when_blocked(&self) -> WhenBlocked {
         WhenBlocked::Continue
     }
