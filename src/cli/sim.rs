@@ -185,6 +185,7 @@ fn render(results: &[SimResult]) -> String {
         "WR_FIT",
         "JAIN",
         "PREEMPT",
+        "LOST GPU-H",
         "SIM S",
     ]);
     for r in results {
@@ -203,6 +204,7 @@ fn render(results: &[SimResult]) -> String {
             format!("{:.1}%", k.wastage_ratio_fit * 100.0),
             format!("{:.3}", k.jain_fairness),
             k.preemptions.to_string(),
+            format!("{:.0}", k.gpu_hours_lost),
             format!("{:.2}", r.wall.as_secs_f64()),
         ]);
     }
@@ -233,6 +235,7 @@ fn to_json(scenario: &str, results: &[SimResult]) -> serde_json::Value {
                     "wastage_ratio_fit": k.wastage_ratio_fit,
                     "jain_fairness": k.jain_fairness,
                     "preemptions": k.preemptions,
+                    "gpu_hours_lost": k.gpu_hours_lost,
                     "sim_wall_s": r.wall.as_secs_f64(),
                 }),
             )
