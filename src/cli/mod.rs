@@ -19,6 +19,7 @@ use futures::future::{BoxFuture, Shared};
 
 pub mod bench;
 pub mod local;
+pub mod plots;
 pub mod run;
 pub mod settings;
 pub mod sim;

@@ -42,6 +42,9 @@ pub struct SimArgs {
     /// Write the results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Write SVG charts here: JCT CDF per policy, GPUs allocated and queue length over time.
+    #[arg(long)]
+    pub plots: Option<PathBuf>,
 }
 
 /// Runs `allot sim`.
@@ -66,7 +69,8 @@ pub fn sim(args: SimArgs) -> anyhow::Result<ExitCode> {
     let config = SimConfig {
         checkpoint_every: millis(args.checkpoint_every.into()),
         restart_overhead: millis(args.restart_overhead.into()),
-        sample_every: 0,
+        // One point per simulated hour is plenty for a two-month trace.
+        sample_every: if args.plots.is_some() { 3_600_000 } else { 0 },
     };
     eprintln!(
         "{}: {} jobs on {} nodes ({} GPUs); checkpoint every {}, restart overhead {}",
@@ -97,6 +101,12 @@ pub fn sim(args: SimArgs) -> anyhow::Result<ExitCode> {
     }
     let mut out = std::io::stdout().lock();
     write!(out, "{}", render(&results))?;
+    if let Some(dir) = &args.plots {
+        let written = super::plots::write(dir, &scenario.name, &results)?;
+        for path in written {
+            eprintln!("wrote {}", path.display());
+        }
+    }
     if let Some(path) = &args.json {
         std::fs::write(
             path,
