@@ -71,6 +71,7 @@ pub struct Cluster {
     models: Vec<String>,
     capacity_milli: u64,
     allocated_milli: u64,
+    free_milli: u64,
 }
 
 impl Cluster {
@@ -84,6 +85,7 @@ impl Cluster {
         let idx = NodeIdx(self.nodes.len() as u32);
         self.by_name.insert(spec.name.clone(), idx);
         self.capacity_milli += u64::from(spec.gpus) * u64::from(WHOLE_GPU_MILLI);
+        self.free_milli += u64::from(spec.gpus) * u64::from(WHOLE_GPU_MILLI);
         let state = NodeState {
             gpu_free: vec![WHOLE_GPU_MILLI; spec.gpus as usize],
             free_whole: spec.gpus,
@@ -126,6 +128,12 @@ impl Cluster {
         self.allocated_milli
     }
 
+    /// Milli-GPU free on schedulable nodes (work still running on a cordoned node counts
+    /// against nothing).
+    pub fn free_milli(&self) -> u64 {
+        self.free_milli
+    }
+
     /// Marks a node (un)schedulable: cordoned or unhealthy nodes take nothing new.
     pub fn set_schedulable(&mut self, idx: NodeIdx, schedulable: bool) {
         let was = self.nodes[idx.0 as usize].schedulable;
@@ -135,10 +143,17 @@ impl Cluster {
         self.unindex(idx);
         let gpus = u64::from(self.nodes[idx.0 as usize].spec.gpus) * u64::from(WHOLE_GPU_MILLI);
         self.nodes[idx.0 as usize].schedulable = schedulable;
+        let free: u64 = self.nodes[idx.0 as usize]
+            .gpu_free
+            .iter()
+            .map(|f| u64::from(*f))
+            .sum();
         if schedulable {
             self.capacity_milli += gpus;
+            self.free_milli += free;
         } else {
             self.capacity_milli -= gpus;
+            self.free_milli -= free;
         }
         self.index(idx);
     }
@@ -177,6 +192,9 @@ impl Cluster {
                 }
                 *free -= milli;
                 self.allocated_milli += u64::from(*milli);
+                if node.schedulable {
+                    self.free_milli -= u64::from(*milli);
+                }
             }
             node.free_cpu = node.free_cpu.saturating_sub(share.cpu_milli);
             node.free_memory = node.free_memory.saturating_sub(share.memory_mib);
@@ -197,6 +215,9 @@ impl Cluster {
                     node.free_whole += 1;
                 }
                 self.allocated_milli -= u64::from(*milli);
+                if node.schedulable {
+                    self.free_milli += u64::from(*milli);
+                }
             }
             node.free_cpu += share.cpu_milli;
             node.free_memory += share.memory_mib;

@@ -47,6 +47,15 @@ pub enum Input {
         /// When.
         at: Time,
     },
+    /// A node was cordoned or became unhealthy (`schedulable: false`), or returned to service.
+    /// Nothing new is placed on an unschedulable node; what runs there keeps running until the
+    /// caller drains it (finishes or requeues its tasks).
+    NodeSchedulable {
+        /// Node name.
+        node: String,
+        /// Whether new work may be placed there.
+        schedulable: bool,
+    },
     /// A team's quota was set (or changed).
     TeamQuota {
         /// The team.
@@ -70,6 +79,9 @@ pub enum ApplyError {
     /// A finish for a task that is not running.
     #[error("{0} is not running")]
     NotRunning(TaskId),
+    /// An input named a node the scheduler does not know.
+    #[error("unknown node {0:?}")]
+    UnknownNode(String),
     /// A request no node could ever satisfy.
     #[error("{task} can never be placed: {why}")]
     Unplaceable {
@@ -235,6 +247,13 @@ impl Scheduler {
             Input::TaskSubmitted { task, at } => self.submit(task, at)?,
             Input::TaskFinished { task, at } => self.finish(task, at, out)?,
             Input::TeamQuota { team, quota } => self.quotas.set(&team, quota),
+            Input::NodeSchedulable { node, schedulable } => {
+                let idx = self
+                    .cluster
+                    .find(&node)
+                    .ok_or(ApplyError::UnknownNode(node))?;
+                self.cluster.set_schedulable(idx, schedulable);
+            }
             Input::Schedule { at } => self.pass(at, out),
         }
         Ok(())
@@ -426,7 +445,7 @@ impl Scheduler {
             let Some(placement) = placement else {
                 // 5. blocked
                 if blocked.is_none() {
-                    let free = self.cluster.capacity_milli() - self.cluster.allocated_milli();
+                    let free = self.cluster.free_milli();
                     let reason = WaitReason::NoCapacity {
                         gpus: spec.gpus,
                         free_gpus: free / u64::from(WHOLE_GPU_MILLI),
@@ -518,8 +537,7 @@ impl Scheduler {
             .iter()
             .map(|(_, id)| u64::from(self.tasks[id].spec.gpus))
             .sum();
-        let free = (self.cluster.capacity_milli() - self.cluster.allocated_milli())
-            / u64::from(WHOLE_GPU_MILLI);
+        let free = (self.cluster.free_milli()) / u64::from(WHOLE_GPU_MILLI);
         if held + free < u64::from(spec.gpus) {
             return None;
         }

@@ -148,7 +148,9 @@ pub fn run(
     let capacity = u128::from(scheduler.cluster().capacity_milli());
     let total: u128 = nominal.values().map(|v| u128::from(*v)).sum();
     for (team, share) in nominal {
-        let nominal_milli = (capacity * u128::from(*share)).checked_div(total).unwrap_or(0) as u64;
+        let nominal_milli = (capacity * u128::from(*share))
+            .checked_div(total)
+            .unwrap_or(0) as u64;
         scheduler
             .apply(Input::TeamQuota {
                 team: team.clone(),
@@ -191,7 +193,7 @@ pub fn run(
             let dt = u128::from(now - since);
             acc.allocated += u128::from(allocated) * dt;
             acc.capacity += u128::from(scheduler.cluster().capacity_milli()) * dt;
-            let idle = allocated < scheduler.cluster().capacity_milli();
+            let idle = scheduler.cluster().free_milli() > 0;
             if idle && waiting {
                 acc.wasted += dt;
                 if fits {
@@ -212,8 +214,17 @@ pub fn run(
             }
             decisions.clear();
             scheduler
-                .apply_into(Input::TaskFinished { task: TaskId(task), at: now }, &mut decisions)
-                .map_err(|source| SimError::Rejected { job: task as u32, source })?;
+                .apply_into(
+                    Input::TaskFinished {
+                        task: TaskId(task),
+                        at: now,
+                    },
+                    &mut decisions,
+                )
+                .map_err(|source| SimError::Rejected {
+                    job: task as u32,
+                    source,
+                })?;
             if let Some(run) = runs.remove(&task) {
                 let job = &jobs[by_task[&task]];
                 let (start, milli) = run.started.unwrap_or((now, 0));
@@ -260,7 +271,9 @@ pub fn run(
             .map_err(|source| SimError::Rejected { job: 0, source })?;
         for decision in &decisions {
             match decision {
-                Decision::Granted { task, placement, .. } => {
+                Decision::Granted {
+                    task, placement, ..
+                } => {
                     let job = &jobs[by_task[&task.0]];
                     let run = runs.entry(task.0).or_insert_with(|| Run::new(job.duration));
                     let overhead = if run.first_start.is_some() {
@@ -271,7 +284,11 @@ pub fn run(
                     run.first_start.get_or_insert(now);
                     run.started = Some((now, placement.gpu_milli()));
                     run.overhead = overhead;
-                    ends.push(Reverse((now + overhead + run.remaining, run.generation, task.0)));
+                    ends.push(Reverse((
+                        now + overhead + run.remaining,
+                        run.generation,
+                        task.0,
+                    )));
                 }
                 Decision::Preempted { task, .. } => {
                     if let Some(run) = runs.get_mut(&task.0) {

@@ -15,7 +15,7 @@
 //!   places where the node's expected GPU fragmentation, measured against the task shapes seen
 //!   so far, grows least.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::cluster::{Cluster, NodeShare, NodeState, Placement};
 use crate::model::{NodeIdx, TaskSpec, Time, WHOLE_GPU_MILLI};
@@ -114,7 +114,7 @@ impl Policy for BestFit {
 #[derive(Debug, Clone, Default)]
 pub struct Fgd {
     /// Task counts per shape.
-    counts: HashMap<Shape, u64>,
+    counts: BTreeMap<Shape, u64>,
     /// The shapes accepting any model, by per-GPU request.
     rows_any: Vec<Row>,
     /// For each model some shape names: the shapes accepting that model, by per-GPU request.
@@ -122,7 +122,7 @@ pub struct Fgd {
 }
 
 /// What fragmentation depends on in a task.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct Shape {
     gpus: u32,
     gpu_milli: u32,
@@ -219,6 +219,49 @@ impl Fgd {
         usable
     }
 
+    /// The loss of usable capacity of each way to place `task` on a node whose GPUs have `free`
+    /// milli-GPU free (largest first), appended to `out` as `(free share of the GPU used, loss)`:
+    /// one entry per distinct free share that holds a fraction, a single one (share 0) for
+    /// whole GPUs, taken from the entirely free ones, or for CPU only.
+    fn losses(
+        rows: &[Row],
+        free: &[u32],
+        cpu: u64,
+        memory: u64,
+        task: &TaskSpec,
+        request: Request,
+        out: &mut Vec<(u32, u64)>,
+    ) {
+        let before = Self::usable(rows, free, cpu, memory);
+        let (cpu, memory) = (
+            cpu.saturating_sub(task.cpu_milli),
+            memory.saturating_sub(task.memory_mib),
+        );
+        let mut after = Vec::with_capacity(free.len());
+        let loss = |after: &[u32]| before - Self::usable(rows, after, cpu, memory).min(before);
+        match request {
+            Request::Fraction(milli) => {
+                for (i, share) in free.iter().copied().enumerate() {
+                    if share < milli || (i > 0 && free[i - 1] == share) {
+                        continue;
+                    }
+                    after.clear();
+                    after.extend_from_slice(free);
+                    after[i] -= milli;
+                    after.sort_unstable_by(|a, b| b.cmp(a));
+                    out.push((share, loss(&after)));
+                }
+            }
+            Request::Whole(gpus) => {
+                after.extend_from_slice(&free[gpus as usize..]);
+                after.resize(free.len(), 0);
+                out.push((0, loss(&after)));
+            }
+            Request::Host => out.push((0, loss(free))),
+            Request::Spanning => {}
+        }
+    }
+
     /// [`Self::usable`] for nodes with more GPUs than its stack buffer holds.
     fn usable_slow(rows: &[Row], free: &[u32], cpu: u64, memory: u64) -> u64 {
         rows.iter()
@@ -270,66 +313,50 @@ impl Policy for Fgd {
             return placement::best_fit(cluster, task);
         }
         let mut best: Option<(u64, Fit, Choice)> = None;
-        let mut consider = |loss: u64, fit: Fit, choice: Choice| {
-            if best.as_ref().is_none_or(|b| (loss, fit, choice) < *b) {
-                best = Some((loss, fit, choice));
-            }
-        };
-        let mut before = Vec::new();
-        let mut after = Vec::new();
+        // Nodes in the same state lose the same for the same task: evaluate each state once
+        // (a full cluster has hundreds of feasible nodes but only about a hundred states).
+        let mut evaluated: HashMap<NodeKey, (usize, usize)> = HashMap::new();
+        let mut losses: Vec<(u32, u64)> = Vec::new();
         for_each_feasible(cluster, task, request, |idx, node| {
             let rows = self.rows(&node.spec.gpu_model);
-            let (cpu, memory) = host_free(node);
-            let (cpu_after, memory_after) = (
-                cpu.saturating_sub(task.cpu_milli),
-                memory.saturating_sub(task.memory_mib),
-            );
-            before.clear();
-            before.extend_from_slice(&node.gpu_free);
-            before.sort_unstable_by(|a, b| b.cmp(a));
-            let usable = Self::usable(rows, &before, cpu, memory);
-            let free: u64 = before.iter().map(|f| u64::from(*f)).sum();
-            match request {
-                Request::Fraction(milli) => {
-                    // GPUs with the same free share lead to the same node state: try each free
-                    // share once, on its lowest-indexed GPU.
-                    for (gpu, gpu_free) in node.gpu_free.iter().copied().enumerate() {
-                        let first = node.gpu_free[..gpu].iter().all(|f| *f != gpu_free);
-                        if gpu_free < milli || !first {
-                            continue;
-                        }
-                        after.clear();
-                        after.extend_from_slice(&before);
-                        let at = after.iter().position(|f| *f == gpu_free).unwrap_or(0);
-                        after[at] -= milli;
-                        after.sort_unstable_by(|a, b| b.cmp(a));
-                        let loss = usable
-                            - Self::usable(rows, &after, cpu_after, memory_after).min(usable);
-                        let fit = Fit {
-                            node_free_after: free - u64::from(milli),
-                            gpu_free_after: gpu_free - milli,
-                        };
-                        consider(loss, fit, Choice::Gpu(idx, gpu as u32));
+            let state = NodeKey::of(rows, node);
+            let (from, to) = match state.as_ref().and_then(|k| evaluated.get(k)) {
+                Some(range) => *range,
+                None => {
+                    let from = losses.len();
+                    let mut free = node.gpu_free.clone();
+                    free.sort_unstable_by(|a, b| b.cmp(a));
+                    let (cpu, memory) = host_free(node);
+                    Self::losses(rows, &free, cpu, memory, task, request, &mut losses);
+                    if let Some(key) = state {
+                        evaluated.insert(key, (from, losses.len()));
                     }
+                    (from, losses.len())
                 }
-                _ => {
-                    // Whole GPUs are taken from the entirely free ones (the largest shares), a
-                    // CPU-only task takes none.
-                    let whole = if let Request::Whole(gpus) = request {
-                        gpus as usize
-                    } else {
-                        0
-                    };
-                    after.clear();
-                    after.extend_from_slice(&before[whole..]);
-                    after.resize(before.len(), 0);
-                    let loss =
-                        usable - Self::usable(rows, &after, cpu_after, memory_after).min(usable);
-                    let fit = Fit {
-                        node_free_after: free - task.gpu_demand_milli(),
-                        gpu_free_after: 0,
-                    };
-                    consider(loss, fit, Choice::Node(idx));
+            };
+            let free = node_free(node);
+            for &(gpu_free, loss) in &losses[from..to] {
+                let (fit, choice) = match request {
+                    Request::Fraction(milli) => {
+                        let gpu = node.gpu_free.iter().position(|f| *f == gpu_free);
+                        (
+                            Fit {
+                                node_free_after: free - u64::from(milli),
+                                gpu_free_after: gpu_free - milli,
+                            },
+                            Choice::Gpu(idx, gpu.unwrap_or(0) as u32),
+                        )
+                    }
+                    _ => (
+                        Fit {
+                            node_free_after: free - task.gpu_demand_milli(),
+                            gpu_free_after: 0,
+                        },
+                        Choice::Node(idx),
+                    ),
+                };
+                if best.as_ref().is_none_or(|b| (loss, fit, choice) < *b) {
+                    best = Some((loss, fit, choice));
                 }
             }
         });
@@ -342,6 +369,40 @@ impl Policy for Fgd {
              so far, then best fit",
             self.counts.len()
         )
+    }
+}
+
+/// A node's state as far as fragmentation goes: its shapes (by the address of their rows),
+/// free CPU and memory, and free milli-GPU per GPU, largest first.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct NodeKey {
+    rows: usize,
+    cpu: u64,
+    memory: u64,
+    gpus: usize,
+    free: [u32; MAX_KEYED_GPUS],
+}
+
+/// Nodes with more GPUs are evaluated without looking for equal states.
+const MAX_KEYED_GPUS: usize = 16;
+
+impl NodeKey {
+    fn of(rows: &[Row], node: &NodeState) -> Option<Self> {
+        let gpus = node.gpu_free.len();
+        if gpus > MAX_KEYED_GPUS {
+            return None;
+        }
+        let mut free = [0; MAX_KEYED_GPUS];
+        free[..gpus].copy_from_slice(&node.gpu_free);
+        free[..gpus].sort_unstable_by(|a, b| b.cmp(a));
+        let (cpu, memory) = host_free(node);
+        Some(Self {
+            rows: rows.as_ptr() as usize,
+            cpu,
+            memory,
+            gpus,
+            free,
+        })
     }
 }
 
@@ -367,7 +428,6 @@ impl Request {
         } else {
             let largest = cluster
                 .models()
-                .into_iter()
                 .filter(|m| task.accepts(m))
                 .map(|m| cluster.max_gpus(m))
                 .max()

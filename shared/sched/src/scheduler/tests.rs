@@ -482,3 +482,32 @@ fn allot_preempts_only_when_the_gain_is_worth_the_lost_work() {
         "{got:?}"
     );
 }
+
+#[test]
+fn nothing_new_lands_on_a_cordoned_node_until_it_returns_to_service() {
+    let cordon = |schedulable| Input::NodeSchedulable {
+        node: "n1".into(),
+        schedulable,
+    };
+    let got = script(
+        "fifo",
+        vec![node("n1"), node("n2")],
+        vec![
+            cordon(false),
+            submit(task(1).gpus(8), 0),
+            submit(task(2).gpus(8), 0),
+            pass(0),
+            cordon(true),
+            pass(1),
+        ],
+    );
+    assert_eq!(got, ["grant 1@n2", "grant 2@n1"]);
+    let mut s = scheduler(Box::new(crate::policy::Fifo), vec![node("n1")]);
+    assert_eq!(
+        s.apply(Input::NodeSchedulable {
+            node: "n9".into(),
+            schedulable: false
+        }),
+        Err(ApplyError::UnknownNode("n9".into()))
+    );
+}
