@@ -1,6 +1,7 @@
 //! Team quotas in one cohort (Kueue's ClusterQueues sharing a cohort): each team has a nominal
 //! quota and may borrow what others leave unused, up to an optional borrowing limit. Usage
-//! is kept current by the scheduler on every grant, release and preemption.
+//! is kept current by the scheduler on every grant, release and preemption, and counts what
+//! tasks request (as Kueue does) — not the whole nodes a large task may occupy.
 
 use std::collections::HashMap;
 

@@ -162,6 +162,10 @@ pub struct Scheduler {
     policy: Box<dyn Policy>,
     estimator: Box<dyn DurationEstimator>,
     quotas: Quotas,
+    /// The cluster with nothing running: what "can this task ever be placed" is asked of.
+    pristine: Cluster,
+    /// Answers of `pristine`, per request shape.
+    fits_empty: HashMap<Shape, bool>,
     queue: BTreeMap<QueueKey, TaskId>,
     tasks: HashMap<TaskId, Task>,
     /// Distinct request shapes among pending tasks, with how many tasks have each: whether
@@ -185,6 +189,8 @@ impl Scheduler {
             policy,
             estimator,
             quotas: Quotas::default(),
+            pristine: Cluster::new(),
+            fits_empty: HashMap::default(),
             queue: BTreeMap::new(),
             tasks: HashMap::default(),
             shapes: HashMap::default(),
@@ -242,7 +248,9 @@ impl Scheduler {
     pub fn apply_into(&mut self, input: Input, out: &mut Vec<Decision>) -> Result<(), ApplyError> {
         match input {
             Input::NodeAdded(spec) => {
+                self.pristine.add_node(spec.clone());
                 self.cluster.add_node(spec);
+                self.fits_empty.clear();
             }
             Input::TaskSubmitted { task, at } => self.submit(task, at)?,
             Input::TaskFinished { task, at } => self.finish(task, at, out)?,
@@ -318,30 +326,27 @@ impl Scheduler {
     }
 
     /// Why no node of the cluster, even empty, could ever hold the task.
-    fn never_fits(&self, spec: &TaskSpec) -> Option<String> {
-        if spec.gpus == 0 {
-            return None;
+    fn never_fits(&mut self, spec: &TaskSpec) -> Option<String> {
+        let shape = Shape::of(spec);
+        if let Some(fits) = self.fits_empty.get(&shape) {
+            return (!fits).then(|| Self::unplaceable_reason(spec));
         }
-        let models: Vec<&str> = self.cluster.models().filter(|m| spec.accepts(m)).collect();
-        if models.is_empty() {
-            return Some(format!(
-                "no node has an accepted GPU model ({})",
-                spec.gpu_models.join(", ")
-            ));
-        }
-        let capacity: u64 = self
-            .cluster
-            .nodes()
-            .iter()
-            .filter(|n| spec.accepts(&n.spec.gpu_model))
-            .map(|n| u64::from(n.spec.gpus))
-            .sum();
-        (u64::from(spec.gpus) > capacity).then(|| {
-            format!(
-                "asks for {} GPUs; the cluster has {capacity} of the accepted models",
-                spec.gpus
-            )
-        })
+        // The placement rules themselves decide, on the cluster with nothing running.
+        let fits = self.policy.place(&self.pristine, spec).is_some();
+        self.fits_empty.insert(shape, fits);
+        (!fits).then(|| Self::unplaceable_reason(spec))
+    }
+
+    fn unplaceable_reason(spec: &TaskSpec) -> String {
+        let models = if spec.gpu_models.is_empty() {
+            "any model".to_owned()
+        } else {
+            spec.gpu_models.join(" or ")
+        };
+        format!(
+            "no placement holds {} GPU(s) of {} milli-GPU each ({models}, {} m CPU, {} MiB) even on the idle cluster",
+            spec.gpus, spec.gpu_milli, spec.cpu_milli, spec.memory_mib
+        )
     }
 
     fn finish(&mut self, id: TaskId, at: Time, out: &mut Vec<Decision>) -> Result<(), ApplyError> {
@@ -363,7 +368,8 @@ impl Scheduler {
             } = task.state
         {
             self.cluster.release(&placement);
-            self.quotas.refund(&task.spec.team, placement.gpu_milli());
+            self.quotas
+                .refund(&task.spec.team, task.spec.gpu_demand_milli());
             self.estimator
                 .observe(&task.spec, task.attained + at.saturating_sub(since));
             out.push(Decision::Released {
@@ -465,7 +471,7 @@ impl Scheduler {
             };
             // 4. admit
             self.cluster.allocate(&placement);
-            self.quotas.charge(&spec.team, placement.gpu_milli());
+            self.quotas.charge(&spec.team, spec.gpu_demand_milli());
             let lease = LeaseId(self.next_lease);
             self.next_lease += 1;
             out.push(Decision::Granted {
@@ -548,7 +554,8 @@ impl Scheduler {
             let task = &self.tasks[victim];
             if let State::Running { placement, .. } = &task.state {
                 self.cluster.release(placement);
-                self.quotas.refund(&task.spec.team, placement.gpu_milli());
+                self.quotas
+                    .refund(&task.spec.team, task.spec.gpu_demand_milli());
                 released.push(*victim);
             }
             if self.policy.admits(spec, &self.quotas)
@@ -563,7 +570,8 @@ impl Scheduler {
                 let task = &self.tasks[&victim];
                 if let State::Running { placement, .. } = &task.state {
                     self.cluster.allocate(placement);
-                    self.quotas.charge(&task.spec.team, placement.gpu_milli());
+                    self.quotas
+                        .charge(&task.spec.team, task.spec.gpu_demand_milli());
                 }
             }
             return None;
@@ -583,9 +591,17 @@ impl Scheduler {
                 continue;
             };
             if held.shares.iter().all(|s| !used.contains(&s.node)) {
+                // Off the placement's nodes: it keeps running, unless quotas still need what it
+                // holds (then admission, checked with it refunded, would no longer hold).
                 self.cluster.allocate(held);
-                self.quotas.charge(&task.spec.team, held.gpu_milli());
-                continue;
+                self.quotas
+                    .charge(&task.spec.team, task.spec.gpu_demand_milli());
+                if self.policy.admits(spec, &self.quotas) {
+                    continue;
+                }
+                self.cluster.release(held);
+                self.quotas
+                    .refund(&task.spec.team, task.spec.gpu_demand_milli());
             }
             let (lease, since) = (*lease, *since);
             task.attained += now.saturating_sub(since);

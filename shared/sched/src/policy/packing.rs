@@ -106,8 +106,8 @@ impl Policy for BestFit {
 ///
 /// Where this differs from the reference, on purpose: the distribution is learned online from
 /// [`Policy::observe_submitted`] rather than fixed from the whole trace up front, and it keeps
-/// every shape rather than the most popular ones covering 95% of pods; memory counts in fitting
-/// (the reference tracks CPU only); CPU-only shapes are left out of the distribution — wherever a
+/// every shape rather than the most popular ones covering 95% of pods; memory counts in a
+/// shape's fit (the reference's measure tracks CPU only, though its scheduler enforces memory); CPU-only shapes are left out of the distribution — wherever a
 /// task goes they see all free GPU capacity as fragmented, so they shift every placement's score
 /// by the same amount; and ties are broken by best fit and index instead of the reference's
 /// integer-rounded scores and random choice among equal nodes.
