@@ -421,6 +421,7 @@ impl Scheduler {
         let mut blocked: Option<(TaskId, WaitReason)> = None;
         let mut reservation: Option<Reservation> = None;
         let mut hopeless_gpus = u32::MAX;
+        let mut running: Option<Vec<(QueueKey, TaskId)>> = None;
         for (key, id) in &queue {
             let spec = &self.tasks[id].spec;
             // 2. nominate
@@ -442,7 +443,7 @@ impl Scheduler {
                 && spec.gpus < hopeless_gpus
             {
                 let spec = spec.clone();
-                placement = self.preempt_for(&spec, *key, now, out, &mut requeued);
+                placement = self.preempt_for(&spec, *key, now, out, &mut requeued, &mut running);
                 if placement.is_none() {
                     hopeless_gpus = spec.gpus;
                 }
@@ -494,6 +495,13 @@ impl Scheduler {
                     since: now,
                 };
             }
+            if let Some(cache) = running.as_mut()
+                && let Some(task) = self.tasks.get(id)
+            {
+                let entry = (self.key_of(task, now), *id);
+                let at = cache.partition_point(|e| *e > entry);
+                cache.insert(at, entry);
+            }
         }
         self.queue = queue;
         for key in started {
@@ -524,12 +532,23 @@ impl Scheduler {
         now: Time,
         out: &mut Vec<Decision>,
         requeued: &mut Vec<TaskId>,
+        running: &mut Option<Vec<(QueueKey, TaskId)>>,
     ) -> Option<Placement> {
-        let mut victims: Vec<(QueueKey, TaskId)> = self
-            .tasks
-            .values()
-            .filter(|t| matches!(t.state, State::Running { .. }))
-            .map(|t| (self.key_of(t, now), t.spec.id))
+        // Running tasks by key, worst first: keys do not move within a pass, so they are
+        // computed once per sweep and kept current as tasks start and are preempted.
+        let running = running.get_or_insert_with(|| {
+            let mut all: Vec<(QueueKey, TaskId)> = self
+                .tasks
+                .values()
+                .filter(|t| matches!(t.state, State::Running { .. }))
+                .map(|t| (self.key_of(t, now), t.spec.id))
+                .collect();
+            all.sort_unstable_by(|a, b| b.cmp(a));
+            all
+        });
+        let victims: Vec<(QueueKey, TaskId)> = running
+            .iter()
+            .copied()
             .filter(|(k, id)| {
                 let preemptor = Contender { spec, key };
                 let victim = Contender {
@@ -547,7 +566,6 @@ impl Scheduler {
         if held + free < u64::from(spec.gpus) {
             return None;
         }
-        victims.sort_unstable_by(|a, b| b.cmp(a));
         let mut released: Vec<TaskId> = Vec::new();
         let mut found = None;
         for (_, victim) in &victims {
@@ -621,6 +639,7 @@ impl Scheduler {
                 last_wait: None,
             };
             requeued.push(victim);
+            running.retain(|(_, id)| *id != victim);
         }
         Some(placement)
     }
