@@ -18,7 +18,7 @@ use allot_sim::{SimConfig, SimResult};
 /// Flags of `allot sim`.
 #[derive(Debug, Args)]
 pub struct SimArgs {
-    /// A named scenario (philly-640).
+    /// A named scenario (philly-640, openb-packing).
     #[arg(long, conflicts_with = "trace")]
     pub scenario: Option<String>,
     /// A trace instead of a scenario: `generic:PATH` (CSV with submit_time,duration,num_gpus…).
@@ -42,6 +42,18 @@ pub struct SimArgs {
     /// Write the results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// openb-packing: seeds of the re-sampled top-up, 0..N (results are their mean).
+    #[arg(long, default_value_t = 10)]
+    pub seeds: u32,
+    /// openb-packing: the pod list (default: TRACES/openb/pods.csv).
+    #[arg(long)]
+    pub pods: Option<PathBuf>,
+    /// openb-packing: the node list (default: TRACES/openb/nodes_all.csv).
+    #[arg(long)]
+    pub nodes: Option<PathBuf>,
+    /// openb-packing: GPU demand that arrives, as a multiple of the cluster's GPU capacity.
+    #[arg(long, default_value_t = allot_sim::packing::DEFAULT_ARRIVAL)]
+    pub arrival: f64,
     /// Write SVG charts here: JCT CDF per policy, GPUs allocated and queue length over time.
     #[arg(long)]
     pub plots: Option<PathBuf>,
@@ -64,6 +76,9 @@ pub fn sim(args: SimArgs) -> anyhow::Result<ExitCode> {
             "unknown policies {unknown:?}; known: {}",
             allot_sched::policy::NAMES.join(", ")
         );
+    }
+    if args.scenario.as_deref() == Some(OPENB_PACKING) {
+        return packing(&args, &policies);
     }
     let scenario = load(&args)?;
     let config = SimConfig {
@@ -132,7 +147,7 @@ fn load(args: &SimArgs) -> anyhow::Result<Scenario> {
         let traces = traces_dir(args);
         return match scenario::by_name(name, &traces) {
             None => bail!(
-                "unknown scenario {name:?}; known: {}",
+                "unknown scenario {name:?}; known: {}, {OPENB_PACKING}",
                 scenario::NAMES.join(", ")
             ),
             Some(result) => {
@@ -252,4 +267,109 @@ fn to_json(scenario: &str, results: &[SimResult]) -> serde_json::Value {
         })
         .collect();
     serde_json::json!({ "scenario": scenario, "policies": policies })
+}
+
+/// The scenario that runs the FGD paper's GPU packing experiment rather than a replay.
+const OPENB_PACKING: &str = "openb-packing";
+
+/// `--scenario openb-packing`: the packing experiment ([`allot_sim::packing`]) for each policy,
+/// one row each, beside the published results.
+fn packing(args: &SimArgs, policies: &[&str]) -> anyhow::Result<ExitCode> {
+    let openb = traces_dir(args).join("openb");
+    let pods = args.pods.clone().unwrap_or_else(|| openb.join("pods.csv"));
+    let nodes = args
+        .nodes
+        .clone()
+        .unwrap_or_else(|| openb.join("nodes_all.csv"));
+    eprintln!(
+        "{OPENB_PACKING}: {} on {}; arrivals {:.0}% of GPU capacity in trace order, no \
+         departures; {} seeds",
+        pods.display(),
+        nodes.display(),
+        args.arrival * 100.0,
+        args.seeds,
+    );
+    let mut results = Vec::new();
+    for name in policies {
+        let result = allot_sim::packing::run(&pods, &nodes, name, args.seeds, args.arrival)
+            .with_context(|| format!("packing with {name}"))?;
+        eprintln!(
+            "  {name}: {} seeds in {:.1} s",
+            result.runs.len(),
+            result.wall.as_secs_f64()
+        );
+        results.push(result);
+    }
+    let mut out = std::io::stdout().lock();
+    write!(out, "{}", render_packing(&results))?;
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&packing_json(&results))?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn render_packing(results: &[allot_sim::packing::PackingResult]) -> String {
+    let mut table = Table::new();
+    table.load_preset(NOTHING).set_header([
+        "POLICY",
+        "GPU ALLOC",
+        "STDDEV",
+        "UNALLOC GPUS",
+        "PUBLISHED",
+        "DIFF",
+        "SIM S",
+    ]);
+    for r in results {
+        let published = allot_sim::packing::published(&r.policy);
+        table.add_row([
+            r.policy.clone(),
+            format!("{:.2}%", r.mean * 100.0),
+            format!("{:.2} pt", r.stddev * 100.0),
+            format!("{:.1}", r.unallocated_gpus),
+            published.map_or("-".into(), |p| format!("{:.2}%", p * 100.0)),
+            published.map_or("-".into(), |p| format!("{:+.2} pt", (r.mean - p) * 100.0)),
+            format!("{:.2}", r.wall.as_secs_f64()),
+        ]);
+    }
+    let mut out = format!("{table}\n\n");
+    if let Some(r) = results.first()
+        && let Some(run) = r.runs.first()
+    {
+        let pods = r.runs.iter().map(|s| s.pods).sum::<usize>() / r.runs.len();
+        out.push_str(&format!(
+            "{} nodes, {} GPUs; {} trace pods topped up to {} on average; published: FGD paper \
+             (Weng et al., ATC'23), mean of 10 seeds, measured with the pods in random order\n",
+            r.nodes,
+            run.capacity_milli / 1000,
+            r.trace_pods,
+            pods,
+        ));
+    }
+    for r in results {
+        out.push_str(&format!("{}: {}\n", r.policy, r.parameters));
+    }
+    out
+}
+
+fn packing_json(results: &[allot_sim::packing::PackingResult]) -> serde_json::Value {
+    let policies: serde_json::Map<String, serde_json::Value> = results
+        .iter()
+        .map(|r| {
+            (
+                r.policy.clone(),
+                serde_json::json!({
+                    "gpu_allocation_ratio": r.mean,
+                    "stddev": r.stddev,
+                    "seeds": r.runs.len(),
+                    "per_seed": r.runs.iter().map(|s| s.gpu_allocation_ratio).collect::<Vec<_>>(),
+                    "unallocated_gpus": r.unallocated_gpus,
+                    "published": allot_sim::packing::published(&r.policy),
+                    "arrival": r.arrival,
+                    "sim_wall_s": r.wall.as_secs_f64(),
+                }),
+            )
+        })
+        .collect();
+    serde_json::json!({ "scenario": OPENB_PACKING, "policies": policies })
 }
