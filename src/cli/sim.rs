@@ -54,6 +54,10 @@ pub struct SimArgs {
     /// openb-packing: GPU demand that arrives, as a multiple of the cluster's GPU capacity.
     #[arg(long, default_value_t = allot_sim::packing::DEFAULT_ARRIVAL)]
     pub arrival: f64,
+    /// openb-packing: pods arrive in `trace` order (traces/README.md) or `shuffled` per seed
+    /// (the FGD artifact's `--shuffle-pod=true`, which the published numbers used).
+    #[arg(long, default_value = "trace", value_parser = ["trace", "shuffled"])]
+    pub order: String,
     /// Write SVG charts here: JCT CDF per policy, GPUs allocated and queue length over time.
     #[arg(long)]
     pub plots: Option<PathBuf>,
@@ -282,17 +286,24 @@ fn packing(args: &SimArgs, policies: &[&str]) -> anyhow::Result<ExitCode> {
         .clone()
         .unwrap_or_else(|| openb.join("nodes_all.csv"));
     eprintln!(
-        "{OPENB_PACKING}: {} on {}; arrivals {:.0}% of GPU capacity in trace order, no \
+        "{OPENB_PACKING}: {} on {}; arrivals {:.0}% of GPU capacity in {} order, no \
          departures; {} seeds",
         pods.display(),
         nodes.display(),
         args.arrival * 100.0,
+        args.order,
         args.seeds,
     );
     let mut results = Vec::new();
     for name in policies {
-        let result = allot_sim::packing::run(&pods, &nodes, name, args.seeds, args.arrival)
-            .with_context(|| format!("packing with {name}"))?;
+        let order = if args.order == "shuffled" {
+            allot_sim::packing::Order::Shuffled
+        } else {
+            allot_sim::packing::Order::Trace
+        };
+        let result =
+            allot_sim::packing::run_in_order(&pods, &nodes, name, args.seeds, args.arrival, order)
+                .with_context(|| format!("packing with {name}"))?;
         eprintln!(
             "  {name}: {} seeds in {:.1} s",
             result.runs.len(),
