@@ -19,7 +19,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use rustc_hash::FxHashMap as HashMap;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use crate::cluster::{Cluster, Placement};
 use crate::decision::{Decision, WaitReason};
@@ -108,6 +108,8 @@ enum State {
 #[derive(Debug)]
 struct Task {
     spec: TaskSpec,
+    /// What placement depends on in `spec`, computed once.
+    shape: Shape,
     submitted: Time,
     seq: u64,
     /// Run time of earlier runs (before preemptions), ms.
@@ -166,6 +168,9 @@ pub struct Scheduler {
     pristine: Cluster,
     /// Answers of `pristine`, per request shape.
     fits_empty: HashMap<Shape, bool>,
+    /// Shapes that found no placement since capacity was last freed: capacity only shrinks in
+    /// between, so they cannot fit now either, and the search is skipped.
+    no_room: HashSet<Shape>,
     queue: BTreeMap<QueueKey, TaskId>,
     tasks: HashMap<TaskId, Task>,
     /// Distinct request shapes among pending tasks, with how many tasks have each: whether
@@ -191,6 +196,7 @@ impl Scheduler {
             quotas: Quotas::default(),
             pristine: Cluster::new(),
             fits_empty: HashMap::default(),
+            no_room: HashSet::default(),
             queue: BTreeMap::new(),
             tasks: HashMap::default(),
             shapes: HashMap::default(),
@@ -251,6 +257,7 @@ impl Scheduler {
                 self.pristine.add_node(spec.clone());
                 self.cluster.add_node(spec);
                 self.fits_empty.clear();
+                self.no_room.clear();
             }
             Input::TaskSubmitted { task, at } => self.submit(task, at)?,
             Input::TaskFinished { task, at } => self.finish(task, at, out)?,
@@ -261,6 +268,7 @@ impl Scheduler {
                     .find(&node)
                     .ok_or(ApplyError::UnknownNode(node))?;
                 self.cluster.set_schedulable(idx, schedulable);
+                self.no_room.clear();
             }
             Input::Schedule { at } => self.pass(at, out),
         }
@@ -278,6 +286,7 @@ impl Scheduler {
         self.next_seq += 1;
         self.policy.observe_submitted(&spec);
         let mut task = Task {
+            shape: Shape::of(&spec),
             spec,
             submitted: at,
             seq,
@@ -309,7 +318,7 @@ impl Scheduler {
         let id = task.spec.id;
         self.queue.insert(key, id);
         self.shapes
-            .entry(Shape::of(&task.spec))
+            .entry(task.shape.clone())
             .or_insert_with(|| (0, task.spec.clone()))
             .0 += 1;
         self.tasks.insert(id, task);
@@ -368,6 +377,7 @@ impl Scheduler {
             } = task.state
         {
             self.cluster.release(&placement);
+            self.no_room.clear();
             self.quotas
                 .refund(&task.spec.team, task.spec.gpu_demand_milli());
             self.estimator
@@ -423,13 +433,19 @@ impl Scheduler {
         let mut hopeless_gpus = u32::MAX;
         let mut running: Option<Vec<(QueueKey, TaskId)>> = None;
         for (key, id) in &queue {
-            let spec = &self.tasks[id].spec;
+            let task = &self.tasks[id];
+            let spec = &task.spec;
             // 2. nominate
-            let mut placement = if self.policy.admits(spec, &self.quotas) {
-                self.policy.place(&self.cluster, spec)
-            } else {
-                None
-            };
+            let mut placement =
+                if !self.policy.admits(spec, &self.quotas) || self.no_room.contains(&task.shape) {
+                    None
+                } else {
+                    let found = self.policy.place(&self.cluster, spec);
+                    if found.is_none() {
+                        self.no_room.insert(task.shape.clone());
+                    }
+                    found
+                };
             if let (Some(p), Some(r)) = (&placement, &reservation)
                 && !r.allows(p, now + self.estimator.estimate(spec))
             {
@@ -641,6 +657,8 @@ impl Scheduler {
             requeued.push(victim);
             running.retain(|(_, id)| *id != victim);
         }
+        // Victims may have freed more than the preemptor took.
+        self.no_room.clear();
         Some(placement)
     }
 

@@ -16,10 +16,9 @@
 //!    order, as traces/README.md describes the experiment, is the default.
 //! 3. **scheduling** — at each arrival the pod is submitted and one pass runs. Nothing departs:
 //!    a pod that does not fit when it arrives never will, and stays pending (the policies let it
-//!    wait without blocking the pods behind it). Every pass retries every pending pod, and some
-//!    2,600 pods end up pending, so the policy is wrapped in [`NoReleases`], which answers
-//!    "does not fit" at once for shapes that already failed — exact here, where capacity only
-//!    shrinks — and leaves every placement decision to the policy.
+//!    wait without blocking the pods behind it). Some 2,600 pods end up pending; the scheduler
+//!    skips the placement search for request shapes that found no room since capacity was last
+//!    freed, so retrying them costs a set lookup.
 //! 4. **metric** — once everything has arrived, the GPU allocation ratio = allocated milli-GPU
 //!    / capacity; mean and sample standard deviation over the seeds.
 //!
@@ -30,18 +29,10 @@
 //! on their node — on a GPU node they can strand its GPUs. They ask for no GPU, so they neither
 //! count in the allocation ratio nor move the top-up towards its target.
 
-use std::cell::RefCell;
-use std::collections::HashSet;
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use allot_sched::policy::{Contender, PendingView, Policy, QueueKey, WhenBlocked};
-use allot_sched::quota::Quotas;
-use allot_sched::{
-    ApplyError, Cluster, Decision, Input, NodeSpec, Placement, Scheduler, TaskId, TaskSpec, Time,
-};
+use allot_sched::{ApplyError, Decision, Input, NodeSpec, Scheduler, TaskId, TaskSpec};
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -273,22 +264,11 @@ fn run_seed(
 ) -> Result<(SeedRun, String), PackingError> {
     let policy = allot_sched::policy::by_name(policy)
         .ok_or_else(|| PackingError::UnknownPolicy(policy.to_owned()))?;
-    // Preemption frees capacity and EASY reservations try placements on capacity that will be
-    // freed: for those policies, "no fit now" is not "no fit ever".
-    let scheduling = Arc::new(AtomicUsize::new(0));
-    let policy: Box<dyn Policy> =
-        if policy.preemptive() || policy.when_blocked() == WhenBlocked::Reserve {
-            policy
-        } else {
-            Box::new(NoReleases::new(policy, Arc::clone(&scheduling)))
-        };
     let mut scheduler = Scheduler::new(policy);
     for node in nodes {
         // Adding a node cannot fail.
         let _ = scheduler.apply(Input::NodeAdded(node.clone()));
     }
-    // Every node is in and none will be cordoned: from here on its capacity only shrinks.
-    scheduling.store(address(scheduler.cluster()), Ordering::Relaxed);
     let capacity_milli = scheduler.cluster().capacity_milli();
     let arrivals = arrivals(jobs, capacity_milli, arrival, seed, order);
     let mut decisions = Vec::new();
@@ -345,132 +325,6 @@ fn run_seed(
         gpu_allocation_ratio: allocated_milli as f64 / capacity_milli as f64,
     };
     Ok((run, scheduler.policy().parameters()))
-}
-
-/// A policy on a cluster that never frees capacity: what no node can hold now, no node will
-/// ever hold. Remembers the shapes — and the tasks — for which the policy found no placement and
-/// answers `None` for them without searching; everything else goes to the policy unchanged.
-///
-/// It remembers only for the cluster the scheduler schedules on, whose address the driver
-/// records once every node is in; questions about any other cluster (the scheduler checks new
-/// shapes against an idle copy of the cluster) go to the policy.
-///
-/// Exact for policies that place a task whenever some placement fits (`bestfit`, `fgd` and the
-/// best fit every other policy uses), neither preempt nor reserve capacity ahead (both free or
-/// assume freed capacity): their answer for a shape can only go from some placement to none as
-/// capacity is taken. The scheduler retries every pending task in every pass, so
-/// without this the experiment spends nearly all its time searching the cluster, again and
-/// again, for pods that will never fit.
-#[derive(Debug)]
-struct NoReleases {
-    policy: Box<dyn Policy>,
-    /// The address of the scheduling cluster (0 until the driver sets it).
-    scheduling: Arc<AtomicUsize>,
-    /// Shapes for which the policy found no placement.
-    hopeless_shapes: RefCell<HashSet<Shape>>,
-    /// Tasks, by id (the arrival index), known to have such a shape.
-    hopeless_tasks: RefCell<Vec<bool>>,
-}
-
-/// What decides whether a task fits.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct Shape {
-    gpus: u32,
-    gpu_milli: u32,
-    gpu_models: Vec<String>,
-    cpu_milli: u64,
-    memory_mib: u64,
-}
-
-impl NoReleases {
-    fn new(policy: Box<dyn Policy>, scheduling: Arc<AtomicUsize>) -> Self {
-        Self {
-            policy,
-            scheduling,
-            hopeless_shapes: RefCell::default(),
-            hopeless_tasks: RefCell::default(),
-        }
-    }
-
-    fn mark_hopeless(&self, id: TaskId) {
-        let mut tasks = self.hopeless_tasks.borrow_mut();
-        let id = id.0 as usize;
-        if tasks.len() <= id {
-            tasks.resize(id + 1, false);
-        }
-        tasks[id] = true;
-    }
-}
-
-impl Policy for NoReleases {
-    fn name(&self) -> &'static str {
-        self.policy.name()
-    }
-    fn key(&self, task: PendingView<'_>, now: Time) -> QueueKey {
-        self.policy.key(task, now)
-    }
-    fn dynamic(&self) -> bool {
-        self.policy.dynamic()
-    }
-    fn when_blocked(&self) -> WhenBlocked {
-        self.policy.when_blocked()
-    }
-    fn preemptive(&self) -> bool {
-        self.policy.preemptive()
-    }
-    fn may_preempt(
-        &self,
-        preemptor: Contender<'_>,
-        victim: Contender<'_>,
-        quotas: &Quotas,
-    ) -> bool {
-        self.policy.may_preempt(preemptor, victim, quotas)
-    }
-    fn admits(&self, task: &TaskSpec, quotas: &Quotas) -> bool {
-        self.policy.admits(task, quotas)
-    }
-    fn needs_estimates(&self) -> bool {
-        self.policy.needs_estimates()
-    }
-    fn uses_oracle(&self) -> bool {
-        self.policy.uses_oracle()
-    }
-    fn place(&self, cluster: &Cluster, task: &TaskSpec) -> Option<Placement> {
-        if address(cluster) != self.scheduling.load(Ordering::Relaxed) {
-            return self.policy.place(cluster, task);
-        }
-        if self.hopeless_tasks.borrow().get(task.id.0 as usize) == Some(&true) {
-            return None;
-        }
-        let shape = Shape {
-            gpus: task.gpus,
-            gpu_milli: task.gpu_milli,
-            gpu_models: task.gpu_models.clone(),
-            cpu_milli: task.cpu_milli,
-            memory_mib: task.memory_mib,
-        };
-        if self.hopeless_shapes.borrow().contains(&shape) {
-            self.mark_hopeless(task.id);
-            return None;
-        }
-        let placement = self.policy.place(cluster, task);
-        if placement.is_none() {
-            self.hopeless_shapes.borrow_mut().insert(shape);
-            self.mark_hopeless(task.id);
-        }
-        placement
-    }
-    fn observe_submitted(&mut self, task: &TaskSpec) {
-        self.policy.observe_submitted(task);
-    }
-    fn parameters(&self) -> String {
-        self.policy.parameters()
-    }
-}
-
-/// Where a cluster lives: which cluster a question is about.
-fn address(cluster: &Cluster) -> usize {
-    std::ptr::from_ref(cluster) as usize
 }
 
 /// The pods that arrive in one run, in arrival order: the trace in `order`, topped up — or
@@ -530,97 +384,6 @@ fn mean_and_stddev(values: &[f64]) -> (f64, f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn scheduler(policy: Box<dyn Policy>) -> Scheduler {
-        let mut s = Scheduler::new(policy);
-        for i in 0..3 {
-            let mut node = NodeSpec::new(format!("n{i}"), 4, "G2");
-            node.cpu_milli = 16_000;
-            node.memory_mib = 65_536;
-            s.apply(Input::NodeAdded(node)).unwrap();
-        }
-        s
-    }
-
-    /// The wrapper changes how fast the scheduler learns that a pod does not fit, never what
-    /// it grants: the same pods, on the same GPUs, in the same order.
-    #[test]
-    fn no_releases_grants_exactly_what_the_policy_alone_grants() {
-        // Fractions, whole GPUs, a CPU hog and more GPUs than a node has left.
-        let shapes: [(u32, u32, u64); 6] = [
-            (1, 300, 1_000),
-            (1, 1000, 2_000),
-            (2, 1000, 2_000),
-            (1, 650, 1_000),
-            (0, 0, 6_000),
-            (3, 1000, 4_000),
-        ];
-        for name in ["bestfit", "fgd"] {
-            let by_name = || allot_sched::policy::by_name(name).unwrap();
-            let mut plain = scheduler(by_name());
-            let scheduling = Arc::new(AtomicUsize::new(0));
-            let wrapper = NoReleases::new(by_name(), Arc::clone(&scheduling));
-            let mut wrapped = scheduler(Box::new(wrapper));
-            scheduling.store(address(wrapped.cluster()), Ordering::Relaxed);
-            let (mut plain_grants, mut wrapped_grants) = (Vec::new(), Vec::new());
-            for i in 0..60u64 {
-                let (gpus, gpu_milli, cpu_milli) = shapes[i as usize % shapes.len()];
-                let mut task = TaskSpec::new(i, "default", gpus);
-                (task.gpu_milli, task.cpu_milli, task.memory_mib) = (gpu_milli, cpu_milli, 1_024);
-                for (s, grants) in [
-                    (&mut plain, &mut plain_grants),
-                    (&mut wrapped, &mut wrapped_grants),
-                ] {
-                    s.apply(Input::TaskSubmitted {
-                        task: task.clone(),
-                        at: i,
-                    })
-                    .unwrap();
-                    for d in s.apply(Input::Schedule { at: i }).unwrap() {
-                        if let Decision::Granted {
-                            task, placement, ..
-                        } = d
-                        {
-                            grants.push((task, placement));
-                        }
-                    }
-                }
-            }
-            assert_eq!(plain_grants, wrapped_grants, "{name}");
-            assert!(wrapped.pending() > 0, "{name}: some pods never fit");
-            assert_eq!(wrapped.pending(), plain.pending(), "{name}");
-        }
-    }
-
-    #[test]
-    fn failures_are_remembered_for_the_scheduling_cluster_only() {
-        let node = || NodeSpec::new("n0", 4, "G2");
-        let mut cluster = Cluster::new();
-        let idx = cluster.add_node(node());
-        let everything = Placement {
-            shares: vec![allot_sched::cluster::NodeShare {
-                node: idx,
-                gpus: (0..4).map(|g| (g, 1000)).collect(),
-                cpu_milli: 0,
-                memory_mib: 0,
-            }],
-        };
-        cluster.allocate(&everything);
-        let mut idle = Cluster::new();
-        idle.add_node(node());
-        let scheduling = Arc::new(AtomicUsize::new(address(&cluster)));
-        let wrapper = NoReleases::new(allot_sched::policy::by_name("bestfit").unwrap(), scheduling);
-        let one_gpu = |id| TaskSpec::new(id, "default", 1);
-
-        assert_eq!(wrapper.place(&cluster, &one_gpu(1)), None);
-        assert!(
-            wrapper.place(&idle, &one_gpu(2)).is_some(),
-            "any other cluster is the policy's question"
-        );
-        // Never happens in the experiment; here it shows the answer comes from memory.
-        cluster.release(&everything);
-        assert_eq!(wrapper.place(&cluster, &one_gpu(3)), None);
-    }
 
     #[test]
     fn mean_and_sample_standard_deviation() {
