@@ -19,6 +19,8 @@ pub(super) fn by_name(name: &str) -> Option<Box<dyn Policy>> {
 /// Shortest remaining time first with true durations, preemptive (Helios' SRTF): at every
 /// event running and waiting tasks are ordered by remaining time and the cluster is filled in
 /// that order; a waiting task that does not fit preempts running tasks with more remaining.
+/// Remaining = true duration − run time so far: the core does not see the simulator's
+/// checkpoints, so work lost to a preemption still counts as done when ordering.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SrtfOracle;
 
