@@ -23,6 +23,17 @@ pub struct NodeState {
 }
 
 impl NodeState {
+    /// The first `n` entirely free GPUs, lowest index first, each taken whole.
+    pub fn free_gpus(&self, n: u32) -> Vec<(u32, u32)> {
+        self.gpu_free
+            .iter()
+            .enumerate()
+            .filter(|(_, free)| **free == WHOLE_GPU_MILLI)
+            .take(n as usize)
+            .map(|(i, _)| (i as u32, WHOLE_GPU_MILLI))
+            .collect()
+    }
+
     /// Whether nothing runs on the node's GPUs.
     pub fn is_idle(&self) -> bool {
         self.free_whole == self.spec.gpus

@@ -36,15 +36,7 @@ pub fn best_fit(cluster: &Cluster, task: &TaskSpec) -> Option<Placement> {
         }
     }
     if let Some((_, idx)) = best {
-        let node = cluster.node(idx);
-        let gpus = node
-            .gpu_free
-            .iter()
-            .enumerate()
-            .filter(|(_, free)| **free == WHOLE_GPU_MILLI)
-            .take(task.gpus as usize)
-            .map(|(i, _)| (i as u32, WHOLE_GPU_MILLI))
-            .collect();
+        let gpus = cluster.node(idx).free_gpus(task.gpus);
         return Some(Placement {
             shares: vec![share(idx, gpus, task)],
         });

@@ -8,7 +8,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::time::{Duration, Instant};
 
-use allot_sched::{Decision, Input, NodeSpec, Policy, Scheduler, TaskId, TaskSpec};
+use allot_sched::{Decision, Input, NodeSpec, Policy, Scheduler, TaskId};
 
 use crate::kpi::{self, Accumulators, JobOutcome, Kpis};
 use crate::trace::{Millis, Trace};
@@ -242,17 +242,7 @@ pub fn run(
         while let Some(job) = jobs.get(next_arrival)
             && job.submit == now
         {
-            let spec = TaskSpec {
-                id: TaskId(u64::from(job.id)),
-                team: job.team.clone(),
-                priority: job.priority,
-                gpus: job.gpus,
-                gpu_milli: job.gpu_milli,
-                gpu_models: job.gpu_models.clone(),
-                cpu_milli: job.cpu_milli,
-                memory_mib: job.memory_mib,
-                oracle_duration: oracle.then_some(job.duration),
-            };
+            let spec = job.task_spec(u64::from(job.id), oracle);
             scheduler
                 .apply(Input::TaskSubmitted {
                     task: spec,

@@ -32,7 +32,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use allot_sched::{ApplyError, Decision, Input, NodeSpec, Scheduler, TaskId, TaskSpec};
+use allot_sched::{ApplyError, Decision, Input, NodeSpec, Scheduler};
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -275,17 +275,7 @@ fn run_seed(
     let mut placed = 0;
     let mut at = 0;
     for (i, job) in arrivals.iter().enumerate() {
-        let task = TaskSpec {
-            id: TaskId(i as u64),
-            team: job.team.clone(),
-            priority: job.priority,
-            gpus: job.gpus,
-            gpu_milli: job.gpu_milli,
-            gpu_models: job.gpu_models.clone(),
-            cpu_milli: job.cpu_milli,
-            memory_mib: job.memory_mib,
-            oracle_duration: None,
-        };
+        let task = job.task_spec(i as u64, false);
         // Pods arrive in the order drawn, so time never goes back: a re-sampled (or shuffled)
         // pod takes the latest arrival time so far, not its original's, since the queue orders
         // by submit time.

@@ -34,6 +34,24 @@ pub struct TraceJob {
     pub memory_mib: u64,
 }
 
+impl TraceJob {
+    /// The job as a scheduler task with id `id`; the true duration is disclosed only to oracle
+    /// policies.
+    pub fn task_spec(&self, id: u64, oracle: bool) -> allot_sched::TaskSpec {
+        allot_sched::TaskSpec {
+            id: allot_sched::TaskId(id),
+            team: self.team.clone(),
+            priority: self.priority,
+            gpus: self.gpus,
+            gpu_milli: self.gpu_milli,
+            gpu_models: self.gpu_models.clone(),
+            cpu_milli: self.cpu_milli,
+            memory_mib: self.memory_mib,
+            oracle_duration: oracle.then_some(self.duration),
+        }
+    }
+}
+
 /// A node of the trace's cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TraceNode {

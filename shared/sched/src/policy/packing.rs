@@ -462,15 +462,7 @@ impl Choice {
         let (node, gpus) = match self {
             Self::Gpu(node, gpu) => (node, vec![(gpu, task.gpu_milli)]),
             Self::Node(node) => {
-                let gpus = cluster
-                    .node(node)
-                    .gpu_free
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, free)| **free == WHOLE_GPU_MILLI)
-                    .take(task.gpus as usize)
-                    .map(|(i, _)| (i as u32, WHOLE_GPU_MILLI))
-                    .collect();
+                let gpus = cluster.node(node).free_gpus(task.gpus);
                 (node, gpus)
             }
         };
