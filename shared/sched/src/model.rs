@@ -106,3 +106,35 @@ impl TaskSpec {
         self.gpu_models.is_empty() || self.gpu_models.iter().any(|m| m == model)
     }
 }
+
+/// What placement depends on in a request — tasks with equal shapes fit in exactly the same
+/// places. Accepted models are sorted and deduplicated, so their order does not matter.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestShape {
+    /// GPUs.
+    pub gpus: u32,
+    /// Milli-GPU per GPU.
+    pub gpu_milli: u32,
+    /// Accepted models, sorted; empty = any.
+    pub gpu_models: Vec<String>,
+    /// CPU, millicores.
+    pub cpu_milli: u64,
+    /// Memory, MiB.
+    pub memory_mib: u64,
+}
+
+impl RequestShape {
+    /// The shape of `task`.
+    pub fn of(task: &TaskSpec) -> Self {
+        let mut gpu_models = task.gpu_models.clone();
+        gpu_models.sort_unstable();
+        gpu_models.dedup();
+        Self {
+            gpus: task.gpus,
+            gpu_milli: task.gpu_milli,
+            gpu_models,
+            cpu_milli: task.cpu_milli,
+            memory_mib: task.memory_mib,
+        }
+    }
+}

@@ -24,7 +24,9 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use crate::cluster::{Cluster, Placement};
 use crate::decision::{Decision, WaitReason};
 use crate::estimate::{DurationEstimator, History};
-use crate::model::{LeaseId, NodeIdx, NodeSpec, TaskId, TaskSpec, Time, WHOLE_GPU_MILLI};
+use crate::model::{
+    LeaseId, NodeIdx, NodeSpec, RequestShape as Shape, TaskId, TaskSpec, Time, WHOLE_GPU_MILLI,
+};
 use crate::policy::{Contender, PendingView, Policy, QueueKey, WhenBlocked};
 use crate::quota::{Quota, Quotas};
 
@@ -131,28 +133,6 @@ impl Task {
             attained,
             attained_gpu: attained.saturating_mul(u64::from(self.spec.gpus.max(1))),
             estimate,
-        }
-    }
-}
-
-/// What placement depends on in a request.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct Shape {
-    gpus: u32,
-    gpu_milli: u32,
-    gpu_models: Vec<String>,
-    cpu_milli: u64,
-    memory_mib: u64,
-}
-
-impl Shape {
-    fn of(spec: &TaskSpec) -> Self {
-        Self {
-            gpus: spec.gpus,
-            gpu_milli: spec.gpu_milli,
-            gpu_models: spec.gpu_models.clone(),
-            cpu_milli: spec.cpu_milli,
-            memory_mib: spec.memory_mib,
         }
     }
 }

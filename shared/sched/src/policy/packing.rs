@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::cluster::{Cluster, NodeShare, NodeState, Placement};
-use crate::model::{NodeIdx, TaskSpec, Time, WHOLE_GPU_MILLI};
+use crate::model::{NodeIdx, RequestShape as Shape, TaskSpec, Time, WHOLE_GPU_MILLI};
 use crate::placement;
 use crate::policy::{PendingView, Policy, QueueKey, WhenBlocked};
 
@@ -119,16 +119,6 @@ pub struct Fgd {
     rows_any: Vec<Row>,
     /// For each model some shape names: the shapes accepting that model, by per-GPU request.
     rows_by_model: HashMap<String, Vec<Row>>,
-}
-
-/// What fragmentation depends on in a task.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-struct Shape {
-    gpus: u32,
-    gpu_milli: u32,
-    gpu_models: Vec<String>,
-    cpu_milli: u64,
-    memory_mib: u64,
 }
 
 /// A shape with its count, laid out for the fragmentation loop.
@@ -292,19 +282,7 @@ impl Policy for Fgd {
         if task.gpus == 0 {
             return;
         }
-        let mut gpu_models = task.gpu_models.clone();
-        gpu_models.sort_unstable();
-        gpu_models.dedup();
-        *self
-            .counts
-            .entry(Shape {
-                gpus: task.gpus,
-                gpu_milli: task.gpu_milli,
-                gpu_models,
-                cpu_milli: task.cpu_milli,
-                memory_mib: task.memory_mib,
-            })
-            .or_default() += 1;
+        *self.counts.entry(Shape::of(task)).or_default() += 1;
         self.rebuild_rows();
     }
     fn place(&self, cluster: &Cluster, task: &TaskSpec) -> Option<Placement> {
