@@ -29,9 +29,10 @@ impl DurationEstimator for Oracle {
     }
 }
 
-/// Mean run time of finished tasks of the same team and GPU count (Helios' QSSF groups jobs
-/// the same way), falling back to the team, then to everyone, then to one hour. Only tasks
-/// that finished before the question is asked count: no peeking at the future.
+/// A task's own predicted duration when the predictor gave one; otherwise the mean run time of
+/// finished tasks of the same team and GPU count (Helios' QSSF groups jobs the same way),
+/// falling back to the team, then to everyone, then to one hour. Only tasks that finished
+/// before the question is asked count: no peeking at the future.
 #[derive(Debug, Clone, Default)]
 pub struct History {
     by_team_gpus: HashMap<String, HashMap<u32, Mean>>,
@@ -62,6 +63,9 @@ impl History {
 
 impl DurationEstimator for History {
     fn estimate(&self, task: &TaskSpec) -> Time {
+        if let Some(predicted) = task.predicted_duration {
+            return predicted;
+        }
         self.by_team_gpus
             .get(&task.team)
             .and_then(|by_gpus| by_gpus.get(&task.gpus))
@@ -110,5 +114,8 @@ mod tests {
             2_650,
             "unknown team: everyone's mean"
         );
+        let mut predicted = TaskSpec::new(4, "vision", 1);
+        predicted.predicted_duration = Some(42);
+        assert_eq!(h.estimate(&predicted), 42, "the predictor's word first");
     }
 }

@@ -29,6 +29,6 @@ pub mod scheduler;
 
 pub use cluster::{Cluster, Placement};
 pub use decision::{Decision, WaitReason};
-pub use model::{LeaseId, NodeIdx, NodeSpec, TaskId, TaskSpec, Time};
+pub use model::{DagFacts, Gang, LeaseId, NodeIdx, NodeSpec, TaskId, TaskSpec, Time};
 pub use policy::Policy;
 pub use scheduler::{ApplyError, Input, Scheduler};

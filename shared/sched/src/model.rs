@@ -1,5 +1,6 @@
 //! The scheduler's vocabulary: time, ids, nodes and tasks as the core sees them.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 /// Milliseconds on the caller's clock. The core never reads a clock: every input carries its
@@ -29,19 +30,29 @@ pub struct LeaseId(pub u64);
 /// One milli-GPU is a thousandth of a GPU; a whole GPU is 1000.
 pub const WHOLE_GPU_MILLI: u32 = 1000;
 
-/// A node as it joins the cluster.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A node as it joins the cluster. One scheduler schedules one pool: the nodes it is given are
+/// the pool's, and the quotas it is given are the pool's quotas.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct NodeSpec {
     /// Node name.
     pub name: String,
-    /// GPUs on the node.
+    /// Whole GPUs on the node (not counting GPUs partitioned into MIG instances).
     pub gpus: u32,
     /// Their model (one model per node).
     pub gpu_model: String,
+    /// Memory of each GPU, MiB (0: not tracked).
+    pub gpu_memory_mib: u64,
     /// Allocatable CPU, millicores (0: not tracked).
     pub cpu_milli: u64,
     /// Allocatable memory, MiB (0: not tracked).
     pub memory_mib: u64,
+    /// The NVLink (or NVSwitch) domain the node belongs to; empty: a domain of its own.
+    pub nvlink_domain: String,
+    /// The rack (or network block) it sits in; empty: unknown.
+    pub rack: String,
+    /// MIG instances the node offers besides its whole GPUs, by profile (`"1g.10gb"` → 7): the
+    /// Kubernetes "mixed" strategy, where each profile is a resource of its own.
+    pub mig: BTreeMap<String, u32>,
 }
 
 impl NodeSpec {
@@ -51,10 +62,47 @@ impl NodeSpec {
             name: name.into(),
             gpus,
             gpu_model: model.into(),
-            cpu_milli: 0,
-            memory_mib: 0,
+            ..Self::default()
         }
     }
+
+    /// The node in NVLink domain `domain` of rack `rack`.
+    pub fn in_topology(mut self, rack: impl Into<String>, domain: impl Into<String>) -> Self {
+        self.rack = rack.into();
+        self.nvlink_domain = domain.into();
+        self
+    }
+}
+
+/// A gang: tasks that start together or not at all (a distributed training job's workers).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Gang {
+    /// Its name, unique for the scheduler's lifetime (the allocator uses workload/gang).
+    pub name: String,
+    /// How many tasks it has: none is placed before all have been submitted.
+    pub size: u32,
+}
+
+/// What the DAG planner knows of a task's place in its pipeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct DagFacts {
+    /// Tasks that wait for this one, directly or not.
+    pub dependents: u32,
+    /// Length of the longest chain of tasks from this one to the end of its pipeline
+    /// (1: nothing follows it).
+    pub critical_path_rank: u32,
+}
+
+/// Compute slices per GPU in NVIDIA's MIG profiles (`"3g.40gb"` has 3 of 7).
+pub const MIG_SLICES_PER_GPU: u32 = 7;
+
+/// The milli-GPU a MIG profile amounts to, from its compute slices (`"3g.40gb"` → 428), if the
+/// name has the `<n>g.<m>gb` form.
+pub fn mig_milli(profile: &str) -> Option<u32> {
+    let slices: u32 = profile.split_once('g')?.0.parse().ok()?;
+    (1..=MIG_SLICES_PER_GPU)
+        .contains(&slices)
+        .then(|| slices * WHOLE_GPU_MILLI / MIG_SLICES_PER_GPU)
 }
 
 /// A task as submitted to the scheduler.
@@ -76,6 +124,23 @@ pub struct TaskSpec {
     pub cpu_milli: u64,
     /// Memory, MiB.
     pub memory_mib: u64,
+    /// GPU memory needed on each GPU, MiB (0: any); a fraction goes only to a GPU with this
+    /// much memory free.
+    pub gpu_memory_mib: u64,
+    /// A MIG profile: the task takes one MIG instance of it instead of GPUs (set by
+    /// [`TaskSpec::mig`], which also sets `gpus` and `gpu_milli` to its share of a GPU).
+    pub mig_profile: Option<String>,
+    /// The gang it belongs to, if any.
+    pub gang: Option<Gang>,
+    /// Its place in its pipeline: among equals, tasks that unblock more go first.
+    pub dag: DagFacts,
+    /// A predicted run time from the predictor (not the truth: any policy may read it).
+    pub predicted_duration: Option<Time>,
+    /// How often it checkpoints, ms of run time (`None`: never — a preemption loses all of
+    /// its current run).
+    pub checkpoint_every: Option<Time>,
+    /// Its usage limit: once a run has lasted this long, any waiting task may preempt it.
+    pub max_runtime: Option<Time>,
     /// The true duration, known only in simulation; only oracle policies may read it.
     pub oracle_duration: Option<Time>,
 }
@@ -92,8 +157,34 @@ impl TaskSpec {
             gpu_models: Vec::new(),
             cpu_milli: 0,
             memory_mib: 0,
+            gpu_memory_mib: 0,
+            mig_profile: None,
+            gang: None,
+            dag: DagFacts::default(),
+            predicted_duration: None,
+            checkpoint_every: None,
+            max_runtime: None,
             oracle_duration: None,
         }
+    }
+
+    /// A task that takes one MIG instance of `profile` (see [`mig_milli`]; an unknown profile
+    /// name counts as a whole GPU).
+    pub fn mig(id: u64, team: impl Into<String>, profile: impl Into<String>) -> Self {
+        let profile = profile.into();
+        let mut task = Self::new(id, team, 1);
+        task.gpu_milli = mig_milli(&profile).unwrap_or(WHOLE_GPU_MILLI);
+        task.mig_profile = Some(profile);
+        task
+    }
+
+    /// The task as a member of `gang`.
+    pub fn in_gang(mut self, name: impl Into<String>, size: u32) -> Self {
+        self.gang = Some(Gang {
+            name: name.into(),
+            size,
+        });
+        self
     }
 
     /// GPU demand in milli-GPU.
@@ -121,6 +212,10 @@ pub struct RequestShape {
     pub cpu_milli: u64,
     /// Memory, MiB.
     pub memory_mib: u64,
+    /// GPU memory per GPU, MiB.
+    pub gpu_memory_mib: u64,
+    /// MIG profile.
+    pub mig_profile: Option<String>,
 }
 
 impl RequestShape {
@@ -135,6 +230,26 @@ impl RequestShape {
             gpu_models,
             cpu_milli: task.cpu_milli,
             memory_mib: task.memory_mib,
+            gpu_memory_mib: task.gpu_memory_mib,
+            mig_profile: task.mig_profile.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mig_profiles_count_their_compute_slices() {
+        for (profile, want) in [
+            ("1g.10gb", Some(142)),
+            ("3g.40gb", Some(428)),
+            ("7g.80gb", Some(1000)),
+            ("8g.90gb", None),
+            ("big", None),
+        ] {
+            assert_eq!(mig_milli(profile), want, "{profile}");
         }
     }
 }

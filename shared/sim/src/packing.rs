@@ -193,6 +193,7 @@ pub fn run_in_order(
             gpu_model: n.model.clone(),
             cpu_milli: n.cpu_milli,
             memory_mib: n.memory_mib,
+            ..NodeSpec::default()
         })
         .collect();
     if nodes.iter().all(|n| n.gpus == 0) {

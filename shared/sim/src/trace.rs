@@ -39,8 +39,6 @@ impl TraceJob {
     /// policies.
     pub fn task_spec(&self, id: u64, oracle: bool) -> allot_sched::TaskSpec {
         allot_sched::TaskSpec {
-            id: allot_sched::TaskId(id),
-            team: self.team.clone(),
             priority: self.priority,
             gpus: self.gpus,
             gpu_milli: self.gpu_milli,
@@ -48,6 +46,7 @@ impl TraceJob {
             cpu_milli: self.cpu_milli,
             memory_mib: self.memory_mib,
             oracle_duration: oracle.then_some(self.duration),
+            ..allot_sched::TaskSpec::new(id, self.team.clone(), self.gpus)
         }
     }
 }

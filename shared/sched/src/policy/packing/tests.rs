@@ -14,6 +14,7 @@ fn node(name: &str) -> NodeBuilder {
             gpu_model: "G2".into(),
             cpu_milli: 64_000,
             memory_mib: 262_144,
+            ..NodeSpec::default()
         },
         free: None,
         cpu_used: 0,
