@@ -1,7 +1,7 @@
 //! The live cluster view: every node's free capacity, kept current by applying grants and
 //! releases (never rebuilt per decision), with an index that makes best-fit placement cheap.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::model::{NodeIdx, NodeSpec, WHOLE_GPU_MILLI};
 
@@ -12,6 +12,10 @@ pub struct NodeState {
     pub spec: NodeSpec,
     /// Free milli-GPU of each GPU, by GPU index.
     pub gpu_free: Vec<u32>,
+    /// Free memory of each GPU, MiB (all zero when the node does not track GPU memory).
+    pub gpu_memory_free: Vec<u64>,
+    /// Free MIG instances, by profile.
+    pub mig_free: BTreeMap<String, u32>,
     /// GPUs entirely free.
     pub free_whole: u32,
     /// Free CPU, millicores.
@@ -38,15 +42,35 @@ impl NodeState {
     pub fn is_idle(&self) -> bool {
         self.free_whole == self.spec.gpus
     }
+
+    /// Whether GPU `gpu` has `milli` milli-GPU and `memory_mib` of memory free (memory is only
+    /// checked where the node tracks it).
+    pub fn gpu_fits(&self, gpu: usize, milli: u32, memory_mib: u64) -> bool {
+        self.gpu_free[gpu] >= milli
+            && (self.spec.gpu_memory_mib == 0 || self.gpu_memory_free[gpu] >= memory_mib)
+    }
+
+    /// The NVLink domain the node is in: its own name when it declares none.
+    pub fn nvlink_domain(&self) -> &str {
+        if self.spec.nvlink_domain.is_empty() {
+            &self.spec.name
+        } else {
+            &self.spec.nvlink_domain
+        }
+    }
 }
 
 /// A task's share of one node: which GPUs, and how much of each.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct NodeShare {
     /// The node.
     pub node: NodeIdx,
     /// `(gpu index, milli-GPU)` pairs.
     pub gpus: Vec<(u32, u32)>,
+    /// GPU memory taken on each of those GPUs, MiB (a whole GPU's share takes all of it).
+    pub gpu_memory_mib: u64,
+    /// A MIG instance of this profile, for MIG tasks (which take no whole GPU).
+    pub mig: Option<String>,
     /// CPU, millicores.
     pub cpu_milli: u64,
     /// Memory, MiB.
@@ -99,6 +123,8 @@ impl Cluster {
         self.free_milli += u64::from(spec.gpus) * u64::from(WHOLE_GPU_MILLI);
         let state = NodeState {
             gpu_free: vec![WHOLE_GPU_MILLI; spec.gpus as usize],
+            gpu_memory_free: vec![spec.gpu_memory_mib; spec.gpus as usize],
+            mig_free: spec.mig.clone(),
             free_whole: spec.gpus,
             free_cpu: spec.cpu_milli,
             free_memory: spec.memory_mib,
@@ -202,10 +228,18 @@ impl Cluster {
                     node.free_whole -= 1;
                 }
                 *free -= milli;
+                let memory = &mut node.gpu_memory_free[*gpu as usize];
+                *memory = memory.saturating_sub(share.gpu_memory_mib);
                 self.allocated_milli += u64::from(*milli);
                 if node.schedulable {
                     self.free_milli -= u64::from(*milli);
                 }
+            }
+            if let Some(profile) = &share.mig
+                && let Some(free) = node.mig_free.get_mut(profile)
+            {
+                debug_assert!(*free > 0, "MIG instance granted twice");
+                *free -= 1;
             }
             node.free_cpu = node.free_cpu.saturating_sub(share.cpu_milli);
             node.free_memory = node.free_memory.saturating_sub(share.memory_mib);
@@ -225,10 +259,17 @@ impl Cluster {
                 if *free == WHOLE_GPU_MILLI {
                     node.free_whole += 1;
                 }
+                let memory = &mut node.gpu_memory_free[*gpu as usize];
+                *memory = (*memory + share.gpu_memory_mib).min(node.spec.gpu_memory_mib);
                 self.allocated_milli -= u64::from(*milli);
                 if node.schedulable {
                     self.free_milli += u64::from(*milli);
                 }
+            }
+            if let Some(profile) = &share.mig
+                && let Some(free) = node.mig_free.get_mut(profile)
+            {
+                *free += 1;
             }
             node.free_cpu += share.cpu_milli;
             node.free_memory += share.memory_mib;

@@ -20,7 +20,7 @@ impl fmt::Display for TaskId {
 
 /// A node's position in the cluster, in the order nodes were added (the placement tie-break:
 /// lowest index first).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct NodeIdx(pub u32);
 
 /// A lease: one grant of resources to one task; released exactly once.

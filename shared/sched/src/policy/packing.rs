@@ -450,6 +450,7 @@ impl Choice {
                 gpus,
                 cpu_milli: task.cpu_milli,
                 memory_mib: task.memory_mib,
+                ..NodeShare::default()
             }],
         }
     }

@@ -110,6 +110,7 @@ fn cluster(nodes: Vec<NodeBuilder>) -> Cluster {
                 gpus,
                 cpu_milli: n.cpu_used,
                 memory_mib: n.memory_used,
+                ..NodeShare::default()
             }],
         });
     }
