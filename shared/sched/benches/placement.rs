@@ -104,10 +104,7 @@ fn prepared(policy: &str) -> Scheduler {
     }
     let capacity = NODES as u64 * u64::from(GPUS_PER_NODE) * 1_000;
     for (team, share) in TEAMS {
-        let quota = Quota {
-            nominal_milli: capacity * share / 100,
-            borrowing_limit_milli: None,
-        };
+        let quota = Quota::gpus(capacity * share / 100);
         apply(
             &mut s,
             Input::TeamQuota {

@@ -25,10 +25,14 @@ pub enum Decision {
         task: TaskId,
         /// Why.
         reason: WaitReason,
+        /// When it is expected to start, if running tasks end when their estimates say
+        /// (`None`: not before something else changes, e.g. a quota or a node).
+        eta: Option<Time>,
         /// When.
         at: Time,
     },
-    /// A running task must stop so a more important one can start; it goes back to the queue.
+    /// A running task must stop — so a more important one can start, or because its node was
+    /// drained — and goes back to the queue.
     Preempted {
         /// The task stopped.
         task: TaskId,
@@ -36,8 +40,10 @@ pub enum Decision {
         lease: LeaseId,
         /// When.
         at: Time,
-        /// The task it made room for.
-        for_task: TaskId,
+        /// The task it made room for (`None`: requeued by the caller, e.g. a drained node).
+        for_task: Option<TaskId>,
+        /// Work lost since its last checkpoint, ms of run time.
+        lost: Time,
         /// Why.
         reason: String,
     },
@@ -67,6 +73,20 @@ pub enum WaitReason {
         /// The task at the head.
         head: TaskId,
     },
+    /// Its team's quota does not admit it now.
+    Quota {
+        /// Which limit, and by how much.
+        why: String,
+    },
+    /// It belongs to a gang not all of whose members have been submitted yet.
+    GangIncomplete {
+        /// The gang.
+        gang: String,
+        /// Members submitted.
+        submitted: u32,
+        /// Members in all.
+        size: u32,
+    },
 }
 
 impl std::fmt::Display for WaitReason {
@@ -77,6 +97,12 @@ impl std::fmt::Display for WaitReason {
                 "needs {gpus} GPUs placed together; {free_gpus} GPUs are free but no placement fits"
             ),
             Self::BehindHead { head } => write!(f, "queued behind {head}, which cannot start yet"),
+            Self::Quota { why } => write!(f, "quota: {why}"),
+            Self::GangIncomplete {
+                gang,
+                submitted,
+                size,
+            } => write!(f, "gang {gang} has {submitted} of its {size} members"),
         }
     }
 }

@@ -8,11 +8,13 @@
 //! - [`model`]: time, ids, node and task specs.
 //! - [`cluster`]: the live cluster view — free capacity per node and GPU, indexed for cheap
 //!   best fit, changed only by grants and releases.
-//! - [`placement`]: where a task fits (best fit on a node, whole nodes for large tasks, the
-//!   tightest GPU for a fraction).
+//! - [`placement`]: where a task fits (best fit on a node, topology-aware whole nodes for large
+//!   tasks, the tightest GPU for a fraction, MIG instances).
+//! - [`gang`]: all-or-nothing placement of a gang's tasks, tightest topology level first.
 //! - [`policy`]: the [`Policy`] trait and the policies; only ordering and blocking differ
 //!   between them.
-//! - [`quota`]: team quotas in one cohort — nominal quota, borrowing, usage.
+//! - [`quota`]: team quotas in one cohort — nominal quota, borrowing and lending limits, usage,
+//!   dominant-resource fair share of borrowed capacity.
 //! - [`scheduler`]: [`Scheduler::apply`] and the numbered scheduling pass.
 //! - [`decision`]: decisions and wait reasons, each explainable.
 //! - [`estimate`]: duration estimates — the oracle (oracle baselines only) and a history-based
@@ -21,6 +23,7 @@
 pub mod cluster;
 pub mod decision;
 pub mod estimate;
+pub mod gang;
 pub mod model;
 pub mod placement;
 pub mod policy;

@@ -26,7 +26,11 @@ pub fn best_fit(cluster: &Cluster, task: &TaskSpec) -> Option<Placement> {
 }
 
 /// [`best_fit`] on the nodes `within` accepts.
-pub fn best_fit_within(cluster: &Cluster, task: &TaskSpec, within: Within<'_>) -> Option<Placement> {
+pub fn best_fit_within(
+    cluster: &Cluster,
+    task: &TaskSpec,
+    within: Within<'_>,
+) -> Option<Placement> {
     if task.mig_profile.is_some() {
         return mig(cluster, task, within);
     }
@@ -38,7 +42,9 @@ pub fn best_fit_within(cluster: &Cluster, task: &TaskSpec, within: Within<'_>) -
     }
     let models: Vec<&str> = cluster.models().filter(|m| task.accepts(m)).collect();
     let usable = |idx: NodeIdx| {
-        within(idx) && fits_host(cluster.node(idx), task) && fits_gpu_memory(cluster.node(idx), task)
+        within(idx)
+            && fits_host(cluster.node(idx), task)
+            && fits_gpu_memory(cluster.node(idx), task)
     };
     // One node, fewest free GPUs that still fit, lowest index.
     let mut best: Option<(u32, NodeIdx)> = None;
@@ -47,7 +53,10 @@ pub fn best_fit_within(cluster: &Cluster, task: &TaskSpec, within: Within<'_>) -
             if best.is_some_and(|(f, _)| f < free) {
                 break;
             }
-            if let Some(idx) = cluster.nodes_with_free(model, free).find(|idx| usable(*idx)) {
+            if let Some(idx) = cluster
+                .nodes_with_free(model, free)
+                .find(|idx| usable(*idx))
+            {
                 if best.is_none_or(|b| (free, idx) < b) {
                     best = Some((free, idx));
                 }

@@ -5,7 +5,7 @@
 use crate::cluster::{Cluster, Placement};
 use crate::model::{TaskSpec, Time};
 use crate::placement;
-use crate::quota::Quotas;
+use crate::quota::{Amounts, Quotas};
 
 pub mod packing;
 
@@ -37,10 +37,22 @@ pub struct PendingView<'a> {
 /// A task in a preemption decision: its spec and its key at this instant.
 #[derive(Debug, Clone, Copy)]
 pub struct Contender<'a> {
-    /// The task.
+    /// The task (for a gang, its first member: members share team and priority).
     pub spec: &'a TaskSpec,
     /// Its key now.
     pub key: QueueKey,
+    /// What it holds or asks of its team's quota (a gang: all its members).
+    pub demand: Amounts,
+}
+
+/// The order in which the victims a policy allows are preempted until there is room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VictimOrder {
+    /// The worst key first (the baselines' rule).
+    WorstFirst,
+    /// The least work lost first — GPUs × run time since the last checkpoint — ties to the
+    /// worst key.
+    LeastLostWork,
 }
 
 /// What a pass does when the next task in order cannot be placed now.
@@ -82,8 +94,27 @@ pub trait Policy: Send + std::fmt::Debug {
     ) -> bool {
         victim.key > preemptor.key
     }
-    /// Whether quotas let `task` start now (policies without quotas admit everything).
-    fn admits(&self, _task: &TaskSpec, _quotas: &Quotas) -> bool {
+    /// Why `preemptor` preempts `victim`, for the decision log (called when
+    /// [`Policy::may_preempt`] holds, before anything changes).
+    fn preemption_reason(
+        &self,
+        preemptor: Contender<'_>,
+        _victim: Contender<'_>,
+        _quotas: &Quotas,
+    ) -> String {
+        format!(
+            "{}: {} ranks ahead and needs its GPUs",
+            self.name(),
+            preemptor.spec.id
+        )
+    }
+    /// In which order allowed victims are taken.
+    fn victim_order(&self) -> VictimOrder {
+        VictimOrder::WorstFirst
+    }
+    /// Whether quotas let `demand` more start now for `team` (policies without quotas admit
+    /// everything).
+    fn admits(&self, _team: &str, _demand: Amounts, _quotas: &Quotas) -> bool {
         true
     }
     /// Whether keys read [`PendingView::estimate`] (estimates are only computed for those).

@@ -1,11 +1,65 @@
-//! Team quotas in one cohort (Kueue's ClusterQueues sharing a cohort): each team has a nominal
-//! quota and may borrow what others leave unused, up to an optional borrowing limit. Usage
-//! is kept current by the scheduler on every grant, release and preemption, and counts what
-//! tasks request (as Kueue does) — not the whole nodes a large task may occupy.
+//! Team quotas in one cohort (Kueue's ClusterQueues sharing a cohort). One scheduler schedules
+//! one pool, so these are the teams' quotas in that pool.
+//!
+//! Each team has a nominal quota of GPUs (milli-GPU) and, optionally, of CPU and memory. What a
+//! team leaves unused may be borrowed by the others:
+//! - **lending limit**: how much of its nominal quota a team lends; the rest is guaranteed to
+//!   it (unlimited: all of it is lendable);
+//! - **borrowing limit**: how far above its nominal quota a team may go (unlimited by default);
+//! - the cohort's **lendable pool** is the sum of what teams lend; usage above a team's
+//!   guaranteed part draws on it, and nobody borrows once it is used up.
+//!
+//! **Fair share of borrowed capacity** is dominant-resource style (Ghodsi et al., NSDI'11, as
+//! Kueue's fair sharing applies it to cohorts): a team's share is the largest, over the
+//! resources it has quota for, of what it borrows divided by the lendable pool of that
+//! resource. [`Quotas::fairer`] says whether moving capacity from one team to another makes
+//! the shares more even; the `allot` policy preempts on it.
+//!
+//! Usage is kept current by the scheduler on every grant, release and preemption, and counts
+//! what tasks request (as Kueue does) — not the whole nodes a large task may occupy.
 
 use std::collections::HashMap;
 
 use crate::model::TaskSpec;
+
+/// The resources quotas cover, as indices into [`Amounts`].
+pub const GPU: usize = 0;
+/// CPU, millicores.
+pub const CPU: usize = 1;
+/// Memory, MiB.
+pub const MEMORY: usize = 2;
+const RESOURCES: [&str; 3] = ["GPU", "CPU", "memory"];
+
+/// An amount of each resource: milli-GPU, CPU millicores, memory MiB.
+pub type Amounts = [u64; 3];
+
+/// What a task asks of the quota.
+pub fn demand(task: &TaskSpec) -> Amounts {
+    [task.gpu_demand_milli(), task.cpu_milli, task.memory_mib]
+}
+
+/// A team's quota of one resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Limit {
+    /// Nominal quota.
+    pub nominal: u64,
+    /// How much more than nominal it may borrow (`None`: no limit).
+    pub borrowing_limit: Option<u64>,
+    /// How much of its nominal quota others may borrow (`None`: all of it).
+    pub lending_limit: Option<u64>,
+}
+
+impl Limit {
+    /// What is guaranteed to the team alone.
+    fn guaranteed(&self) -> u64 {
+        self.nominal - self.lendable()
+    }
+    /// What it lends to the cohort.
+    fn lendable(&self) -> u64 {
+        self.lending_limit
+            .map_or(self.nominal, |l| l.min(self.nominal))
+    }
+}
 
 /// A team's quota.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -14,13 +68,45 @@ pub struct Quota {
     pub nominal_milli: u64,
     /// How much more than nominal it may borrow from the cohort, milli-GPU (`None`: no limit).
     pub borrowing_limit_milli: Option<u64>,
+    /// How much of its nominal GPU quota others may borrow, milli-GPU (`None`: all of it).
+    pub lending_limit_milli: Option<u64>,
+    /// CPU quota, millicores (`None`: CPU is not under quota for this team).
+    pub cpu: Option<Limit>,
+    /// Memory quota, MiB (`None`: memory is not under quota for this team).
+    pub memory: Option<Limit>,
+}
+
+impl Quota {
+    /// A nominal quota of `milli` milli-GPU, everything else unlimited.
+    pub fn gpus(milli: u64) -> Self {
+        Self {
+            nominal_milli: milli,
+            ..Self::default()
+        }
+    }
+
+    fn limits(&self) -> [Option<Limit>; 3] {
+        [
+            Some(Limit {
+                nominal: self.nominal_milli,
+                borrowing_limit: self.borrowing_limit_milli,
+                lending_limit: self.lending_limit_milli,
+            }),
+            self.cpu,
+            self.memory,
+        ]
+    }
 }
 
 /// Quotas and usage of every team.
 #[derive(Debug, Clone, Default)]
 pub struct Quotas {
-    quotas: HashMap<String, Quota>,
-    usage: HashMap<String, u64>,
+    quotas: HashMap<String, [Option<Limit>; 3]>,
+    usage: HashMap<String, Amounts>,
+    /// Sum of what teams lend, per resource.
+    pool: Amounts,
+    /// Usage above teams' guaranteed parts, per resource.
+    pool_used: Amounts,
     cohort_nominal: u64,
     cohort_usage: u64,
 }
@@ -28,11 +114,24 @@ pub struct Quotas {
 impl Quotas {
     /// Sets a team's quota.
     pub fn set(&mut self, team: &str, quota: Quota) {
-        let old = self
-            .quotas
-            .insert(team.to_owned(), quota)
-            .unwrap_or_default();
-        self.cohort_nominal = self.cohort_nominal - old.nominal_milli + quota.nominal_milli;
+        let usage = self.usage_of(team);
+        let old = self.limits(team);
+        for r in 0..3 {
+            if let Some(limit) = old[r] {
+                self.pool[r] -= limit.lendable();
+                self.pool_used[r] -= usage[r].saturating_sub(limit.guaranteed());
+            }
+        }
+        self.cohort_nominal -= old[GPU].map_or(0, |l| l.nominal);
+        let new = quota.limits();
+        for r in 0..3 {
+            if let Some(limit) = new[r] {
+                self.pool[r] += limit.lendable();
+                self.pool_used[r] += usage[r].saturating_sub(limit.guaranteed());
+            }
+        }
+        self.cohort_nominal += quota.nominal_milli;
+        self.quotas.insert(team.to_owned(), new);
     }
 
     /// Whether any team has a quota.
@@ -40,17 +139,39 @@ impl Quotas {
         self.quotas.is_empty()
     }
 
-    /// A team's quota (zero if it has none).
+    /// A team's GPU quota (zero if it has none).
     pub fn quota(&self, team: &str) -> Quota {
-        self.quotas.get(team).copied().unwrap_or_default()
+        let Some(limits) = self.quotas.get(team) else {
+            return Quota::default();
+        };
+        let gpu = limits[GPU].unwrap_or_default();
+        Quota {
+            nominal_milli: gpu.nominal,
+            borrowing_limit_milli: gpu.borrowing_limit,
+            lending_limit_milli: gpu.lending_limit,
+            cpu: limits[CPU],
+            memory: limits[MEMORY],
+        }
     }
 
     /// Milli-GPU a team holds now.
     pub fn usage(&self, team: &str) -> u64 {
-        self.usage.get(team).copied().unwrap_or(0)
+        self.usage_of(team)[GPU]
     }
 
-    /// Sum of nominal quotas.
+    fn usage_of(&self, team: &str) -> Amounts {
+        self.usage.get(team).copied().unwrap_or_default()
+    }
+
+    fn limits(&self, team: &str) -> [Option<Limit>; 3] {
+        // A team without a quota has a nominal GPU quota of zero and nothing else.
+        self.quotas
+            .get(team)
+            .copied()
+            .unwrap_or([Some(Limit::default()), None, None])
+    }
+
+    /// Sum of nominal GPU quotas.
     pub fn cohort_nominal(&self) -> u64 {
         self.cohort_nominal
     }
@@ -60,112 +181,139 @@ impl Quotas {
         self.cohort_usage
     }
 
-    /// Whether `task` fits its team's unused nominal quota.
-    pub fn within_nominal(&self, task: &TaskSpec) -> bool {
-        self.usage(&task.team) + task.gpu_demand_milli() <= self.quota(&task.team).nominal_milli
+    /// Whether `demand` more fits the team's unused nominal quota, for every resource under
+    /// quota.
+    pub fn within_nominal(&self, team: &str, demand: Amounts) -> bool {
+        let usage = self.usage_of(team);
+        self.limits(team)
+            .iter()
+            .enumerate()
+            .all(|(r, l)| l.is_none_or(|l| usage[r] + demand[r] <= l.nominal))
     }
 
-    /// Whether a team holds more than its nominal quota.
+    /// Whether a team holds more than its nominal quota of some resource.
     pub fn borrowing(&self, team: &str) -> bool {
-        self.usage(team) > self.quota(team).nominal_milli
+        let usage = self.usage_of(team);
+        self.limits(team)
+            .iter()
+            .enumerate()
+            .any(|(r, l)| l.is_some_and(|l| usage[r] > l.nominal))
     }
 
-    /// Whether `task` may be admitted: within its team's nominal quota, or borrowing from the
-    /// cohort's unused quota within the team's borrowing limit.
-    pub fn admits(&self, task: &TaskSpec) -> bool {
-        let demand = task.gpu_demand_milli();
-        if self.within_nominal(task) {
-            return true;
+    /// Whether `demand` more may be admitted for `team`: for every resource under quota, within
+    /// the team's nominal quota, or borrowing from the cohort's lendable pool within the
+    /// team's borrowing limit.
+    pub fn admits(&self, team: &str, demand: Amounts) -> bool {
+        self.refusal(team, demand).is_none()
+    }
+
+    /// Why `demand` more may not be admitted for `team`, if it may not.
+    pub fn refusal(&self, team: &str, demand: Amounts) -> Option<String> {
+        let usage = self.usage_of(team);
+        for (r, limit) in self.limits(team).iter().enumerate() {
+            let Some(limit) = limit else { continue };
+            let after = usage[r] + demand[r];
+            if after <= limit.nominal {
+                continue;
+            }
+            let name = RESOURCES[r];
+            if let Some(borrow) = limit.borrowing_limit
+                && after > limit.nominal + borrow
+            {
+                return Some(format!(
+                    "team {team} would hold {after} of {name} (nominal {}, borrowing limit {borrow})",
+                    limit.nominal
+                ));
+            }
+            let g = limit.guaranteed();
+            let more = after.saturating_sub(g) - usage[r].saturating_sub(g);
+            if self.pool_used[r] + more > self.pool[r] {
+                return Some(format!(
+                    "team {team} is at its nominal {name} quota ({}) and the cohort has only {} \
+                     of {name} left to lend",
+                    limit.nominal,
+                    self.pool[r].saturating_sub(self.pool_used[r])
+                ));
+            }
         }
-        let quota = self.quota(&task.team);
-        let within_limit = quota
-            .borrowing_limit_milli
-            .is_none_or(|limit| self.usage(&task.team) + demand <= quota.nominal_milli + limit);
-        within_limit && self.cohort_usage + demand <= self.cohort_nominal
+        None
     }
 
-    pub(crate) fn charge(&mut self, team: &str, milli: u64) {
-        *self.usage.entry(team.to_owned()).or_default() += milli;
-        self.cohort_usage += milli;
-    }
-
-    pub(crate) fn refund(&mut self, team: &str, milli: u64) {
-        if let Some(u) = self.usage.get_mut(team) {
-            *u = u.saturating_sub(milli);
+    /// What a team borrows above its nominal quota, per resource.
+    pub fn borrowed(&self, team: &str) -> Amounts {
+        let usage = self.usage_of(team);
+        let mut out = [0; 3];
+        for (r, limit) in self.limits(team).iter().enumerate() {
+            if let Some(limit) = limit {
+                out[r] = usage[r].saturating_sub(limit.nominal);
+            }
         }
-        self.cohort_usage = self.cohort_usage.saturating_sub(milli);
+        out
+    }
+
+    /// The team's dominant share of borrowed capacity if its usage changed by `plus` and
+    /// `minus`, as a fraction `(borrowed, pool)` of the resource where it is largest.
+    fn share(&self, team: &str, plus: Amounts, minus: Amounts) -> (u64, u64) {
+        let usage = self.usage_of(team);
+        let mut best = (0, 1);
+        for (r, limit) in self.limits(team).iter().enumerate() {
+            let (Some(limit), true) = (limit, self.pool[r] > 0) else {
+                continue;
+            };
+            let after = (usage[r] + plus[r]).saturating_sub(minus[r]);
+            let share = (after.saturating_sub(limit.nominal), self.pool[r]);
+            if u128::from(share.0) * u128::from(best.1) > u128::from(best.0) * u128::from(share.1) {
+                best = share;
+            }
+        }
+        best
+    }
+
+    /// Whether taking `victim_demand` from team `victim` to give `demand` to team `taker`
+    /// evens out their shares of borrowed capacity: the taker's share afterwards is at most
+    /// the victim's afterwards (Kueue's `LessThanOrEqualToFinalShare`). It never holds both
+    /// ways, so fair-share preemptions cannot cycle.
+    pub fn fairer(
+        &self,
+        taker: &str,
+        demand: Amounts,
+        victim: &str,
+        victim_demand: Amounts,
+    ) -> bool {
+        if taker == victim {
+            return false;
+        }
+        let t = self.share(taker, demand, [0; 3]);
+        let v = self.share(victim, [0; 3], victim_demand);
+        // The victim must borrow after losing the task, or there is nothing unfair to even out.
+        v.0 > 0 && u128::from(t.0) * u128::from(v.1) <= u128::from(v.0) * u128::from(t.1)
+    }
+
+    pub(crate) fn charge(&mut self, team: &str, amounts: Amounts) {
+        self.adjust(team, |u, r| u[r] += amounts[r]);
+        self.cohort_usage += amounts[GPU];
+    }
+
+    pub(crate) fn refund(&mut self, team: &str, amounts: Amounts) {
+        self.adjust(team, |u, r| u[r] = u[r].saturating_sub(amounts[r]));
+        self.cohort_usage = self.cohort_usage.saturating_sub(amounts[GPU]);
+    }
+
+    fn adjust(&mut self, team: &str, change: impl Fn(&mut Amounts, usize)) {
+        let limits = self.limits(team);
+        let usage = self.usage.entry(team.to_owned()).or_default();
+        for r in 0..3 {
+            let guaranteed = limits[r].map(|l| l.guaranteed());
+            if let Some(g) = guaranteed {
+                self.pool_used[r] -= usage[r].saturating_sub(g);
+            }
+            change(usage, r);
+            if let Some(g) = guaranteed {
+                self.pool_used[r] += usage[r].saturating_sub(g);
+            }
+        }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn quotas() -> Quotas {
-        let mut q = Quotas::default();
-        q.set(
-            "a",
-            Quota {
-                nominal_milli: 4_000,
-                borrowing_limit_milli: None,
-            },
-        );
-        q.set(
-            "b",
-            Quota {
-                nominal_milli: 4_000,
-                borrowing_limit_milli: Some(2_000),
-            },
-        );
-        q
-    }
-
-    #[test]
-    fn admission_follows_nominal_then_cohort_borrowing_within_limits() {
-        struct Case {
-            name: &'static str,
-            usage: &'static [(&'static str, u64)],
-            task: TaskSpec,
-            want: bool,
-        }
-        let cases = [
-            Case {
-                name: "within nominal",
-                usage: &[],
-                task: TaskSpec::new(1, "a", 4),
-                want: true,
-            },
-            Case {
-                name: "borrows what b leaves unused",
-                usage: &[("a", 4_000)],
-                task: TaskSpec::new(2, "a", 4),
-                want: true,
-            },
-            Case {
-                name: "cannot borrow what b uses",
-                usage: &[("a", 4_000), ("b", 2_000)],
-                task: TaskSpec::new(3, "a", 4),
-                want: false,
-            },
-            Case {
-                name: "b's borrowing limit holds",
-                usage: &[("b", 4_000)],
-                task: TaskSpec::new(4, "b", 3),
-                want: false,
-            },
-            Case {
-                name: "b borrows within its limit",
-                usage: &[("b", 4_000)],
-                task: TaskSpec::new(5, "b", 2),
-                want: true,
-            },
-        ];
-        for case in cases {
-            let mut q = quotas();
-            for (team, milli) in case.usage {
-                q.charge(team, *milli);
-            }
-            assert_eq!(q.admits(&case.task), case.want, "{}", case.name);
-        }
-    }
-}
+mod tests;

@@ -5,12 +5,17 @@
 //! 1. **order** — pending tasks in the policy's order (re-keyed first if the policy's keys move
 //!    with time);
 //! 2. **nominate** — for the next task, find a placement on the free capacity;
-//! 3. **preempt** — if none and the policy is preemptive, free room by preempting running
-//!    tasks whose keys are strictly worse, worst first, keeping only victims on the nodes the
-//!    placement uses (gangs leave whole);
+//! 3. **preempt** — if none and the policy is preemptive, free room by preempting the running
+//!    tasks the policy allows (and any task past its usage limit), in the policy's victim order
+//!    (worst key first, or least work lost), keeping only victims on the nodes the placement
+//!    uses (gangs leave whole);
 //! 4. **admit** — grant it: take the resources, open a lease, explain the decision;
 //! 5. **blocked** — if it still does not fit, record why, then stop, go on, or reserve its
 //!    earliest start and backfill around it, as the policy says.
+//!
+//! A *unit* of the queue is one task, or a whole gang: a gang enters the queue once all its
+//! members have been submitted, is placed all-or-nothing, tightest topology level first
+//! ([`crate::gang`]), and is preempted or requeued whole.
 //!
 //! A victim goes back to the queue with its original arrival. Policies decide who may preempt
 //! whom ([`Policy::may_preempt`]) under one rule: never both ways — by key (a victim's key is
@@ -24,11 +29,13 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use crate::cluster::{Cluster, Placement};
 use crate::decision::{Decision, WaitReason};
 use crate::estimate::{DurationEstimator, History};
+use crate::gang;
 use crate::model::{
     LeaseId, NodeIdx, NodeSpec, RequestShape as Shape, TaskId, TaskSpec, Time, WHOLE_GPU_MILLI,
 };
-use crate::policy::{Contender, PendingView, Policy, QueueKey, WhenBlocked};
-use crate::quota::{Quota, Quotas};
+use crate::placement::{self, Level};
+use crate::policy::{Contender, PendingView, Policy, QueueKey, VictimOrder, WhenBlocked};
+use crate::quota::{self, Amounts, Quota, Quotas};
 
 /// Something that happened, in the one total order the scheduler sees.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,10 +49,27 @@ pub enum Input {
         /// When.
         at: Time,
     },
-    /// A running task completed.
+    /// A running task completed (or failed, or was cancelled): its resources are released.
     TaskFinished {
         /// The task.
         task: TaskId,
+        /// When.
+        at: Time,
+    },
+    /// A running task wrote a checkpoint: a preemption from now on loses only what follows.
+    TaskCheckpointed {
+        /// The task.
+        task: TaskId,
+        /// When.
+        at: Time,
+    },
+    /// A running task stopped without finishing — its node was drained or failed — and must
+    /// run again: its resources are released and it goes back to the queue (a gang whole).
+    TaskRequeued {
+        /// The task.
+        task: TaskId,
+        /// Why, for the decision log.
+        reason: String,
         /// When.
         at: Time,
     },
@@ -78,7 +102,7 @@ pub enum ApplyError {
     /// A task id was submitted twice.
     #[error("{0} was already submitted")]
     DuplicateTask(TaskId),
-    /// A finish for a task that is not running.
+    /// A finish, checkpoint or requeue for a task that is not running.
     #[error("{0} is not running")]
     NotRunning(TaskId),
     /// An input named a node the scheduler does not know.
@@ -92,10 +116,19 @@ pub enum ApplyError {
         /// Why.
         why: String,
     },
+    /// A task whose spec contradicts itself or its gang.
+    #[error("{task} is invalid: {why}")]
+    Invalid {
+        /// The task.
+        task: TaskId,
+        /// Why.
+        why: String,
+    },
 }
 
 #[derive(Debug)]
 enum State {
+    /// Waiting. Only a unit's first member is in the queue; `key` is meaningful for it alone.
     Pending {
         key: QueueKey,
         last_wait: Option<WaitReason>,
@@ -104,6 +137,8 @@ enum State {
         lease: LeaseId,
         placement: Placement,
         since: Time,
+        /// Its last reported checkpoint (`since` until one is reported).
+        checkpointed: Time,
     },
 }
 
@@ -121,11 +156,7 @@ struct Task {
 
 impl Task {
     fn view(&self, now: Time, estimate: Time) -> PendingView<'_> {
-        let attained = self.attained
-            + match self.state {
-                State::Running { since, .. } => now.saturating_sub(since),
-                State::Pending { .. } => 0,
-            };
+        let attained = self.attained + self.run_time(now);
         PendingView {
             spec: &self.spec,
             submitted: self.submitted,
@@ -135,6 +166,55 @@ impl Task {
             estimate,
         }
     }
+
+    /// How long the current run has lasted (0 when pending).
+    fn run_time(&self, now: Time) -> Time {
+        match self.state {
+            State::Running { since, .. } => now.saturating_sub(since),
+            State::Pending { .. } => 0,
+        }
+    }
+
+    /// Whether the current run has lasted past the task's usage limit.
+    fn over_limit(&self, now: Time) -> bool {
+        self.spec
+            .max_runtime
+            .is_some_and(|limit| self.run_time(now) >= limit)
+    }
+
+    /// Run time a preemption now would lose: everything since the last checkpoint, whether
+    /// reported or implied by the task's checkpoint interval.
+    fn lost_work(&self, now: Time) -> Time {
+        let State::Running {
+            since,
+            checkpointed,
+            ..
+        } = self.state
+        else {
+            return 0;
+        };
+        let ran = now.saturating_sub(since);
+        let periodic = self
+            .spec
+            .checkpoint_every
+            .filter(|every| *every > 0)
+            .map_or(since, |every| since + ran / every * every);
+        now.saturating_sub(periodic.max(checkpointed))
+    }
+
+    fn is_running(&self) -> bool {
+        matches!(self.state, State::Running { .. })
+    }
+}
+
+/// Why a pending task waits, and when it is expected to start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    /// Why.
+    pub reason: WaitReason,
+    /// Expected start if running tasks end when their estimates say (`None`: not before
+    /// something else changes).
+    pub eta: Option<Time>,
 }
 
 /// The scheduling core. See the module docs for the pass.
@@ -153,11 +233,26 @@ pub struct Scheduler {
     no_room: HashSet<Shape>,
     queue: BTreeMap<QueueKey, TaskId>,
     tasks: HashMap<TaskId, Task>,
-    /// Distinct request shapes among pending tasks, with how many tasks have each: whether
-    /// any pending task could start is a question about shapes, not tasks.
+    /// Members of every gang with a member not yet finished, in submission order.
+    gangs: HashMap<String, Vec<TaskId>>,
+    /// Distinct request shapes among pending tasks outside gangs, with how many tasks have
+    /// each: whether any pending task could start is a question about shapes, not tasks.
     shapes: HashMap<Shape, (usize, TaskSpec)>,
     next_seq: u64,
     next_lease: u64,
+}
+
+/// A unit's placements, one per member, and for a gang the topology level they fit within.
+type Placed = (Vec<Placement>, Option<Level>);
+
+/// The resources of a unit, in placement order, and what it asks of the quota.
+struct Unit {
+    members: Vec<TaskId>,
+    specs: Vec<TaskSpec>,
+    demand: Amounts,
+    gpus: u32,
+    /// One task outside any gang: its shape caches apply.
+    single: bool,
 }
 
 impl Scheduler {
@@ -179,6 +274,7 @@ impl Scheduler {
             no_room: HashSet::default(),
             queue: BTreeMap::new(),
             tasks: HashMap::default(),
+            gangs: HashMap::default(),
             shapes: HashMap::default(),
             next_seq: 0,
             next_lease: 1,
@@ -205,22 +301,77 @@ impl Scheduler {
         &self.quotas
     }
 
-    /// Tasks waiting.
+    /// Units waiting in the queue (a gang counts once).
     pub fn pending(&self) -> usize {
         self.queue.len()
     }
 
-    /// Pending tasks in queue order.
+    /// Pending tasks in queue order (a gang's members together).
     pub fn pending_specs(&self) -> impl Iterator<Item = &TaskSpec> {
-        self.queue.values().map(|id| &self.tasks[id].spec)
+        self.queue
+            .values()
+            .flat_map(|id| self.unit_ids(*id))
+            .map(|id| &self.tasks[&id].spec)
     }
 
-    /// Whether some pending task could be placed on the free capacity as it is now — the
-    /// question behind WR_fit (capacity idle while a task that fits waits).
+    /// Whether some pending task outside a gang could be placed on the free capacity as it
+    /// is now — the question behind WR_fit (capacity idle while a task that fits waits).
     pub fn some_pending_fits(&self) -> bool {
         self.shapes
             .values()
-            .any(|(_, spec)| self.policy.place(&self.cluster, spec).is_some())
+            .any(|(_, spec)| self.place_on(&self.cluster, spec).is_some())
+    }
+
+    /// Why a pending task waits and when it is expected to start; `None` if it is not
+    /// pending.
+    pub fn waiting(&self, task: TaskId, now: Time) -> Option<Waiting> {
+        let t = self.tasks.get(&task)?;
+        let State::Pending { key, .. } = t.state else {
+            return None;
+        };
+        if let Some(g) = &t.spec.gang {
+            let submitted = self.gangs.get(&g.name).map_or(0, Vec::len) as u32;
+            if submitted < g.size {
+                return Some(Waiting {
+                    reason: WaitReason::GangIncomplete {
+                        gang: g.name.clone(),
+                        submitted,
+                        size: g.size,
+                    },
+                    eta: None,
+                });
+            }
+        }
+        let leader = self.leader(task);
+        let unit = self.unit(leader);
+        let team = &self.tasks[&leader].spec.team;
+        if !self.policy.admits(team, unit.demand, &self.quotas) {
+            let why = self
+                .quotas
+                .refusal(team, unit.demand)
+                .unwrap_or_else(|| format!("{} does not admit it", self.policy.name()));
+            return Some(Waiting {
+                reason: WaitReason::Quota { why },
+                eta: None,
+            });
+        }
+        let key = match self.tasks[&leader].state {
+            State::Pending { key: k, .. } => k,
+            State::Running { .. } => key,
+        };
+        if self.policy.when_blocked() == WhenBlocked::Stop
+            && let Some((_, head)) = self.queue.range(..key).next()
+        {
+            return Some(Waiting {
+                reason: WaitReason::BehindHead { head: *head },
+                eta: None,
+            });
+        }
+        let start = self.reserve(&unit, now).start;
+        Some(Waiting {
+            reason: self.no_capacity(&unit),
+            eta: (start != Time::MAX).then_some(start),
+        })
     }
 
     /// Applies one input and returns what was decided.
@@ -241,7 +392,18 @@ impl Scheduler {
             }
             Input::TaskSubmitted { task, at } => self.submit(task, at)?,
             Input::TaskFinished { task, at } => self.finish(task, at, out)?,
-            Input::TeamQuota { team, quota } => self.quotas.set(&team, quota),
+            Input::TaskCheckpointed { task, at } => match self.tasks.get_mut(&task) {
+                Some(Task {
+                    state: State::Running { checkpointed, .. },
+                    ..
+                }) => *checkpointed = (*checkpointed).max(at),
+                _ => return Err(ApplyError::NotRunning(task)),
+            },
+            Input::TaskRequeued { task, reason, at } => self.requeue(task, &reason, at, out)?,
+            Input::TeamQuota { team, quota } => {
+                self.quotas.set(&team, quota);
+                self.no_room.clear();
+            }
             Input::NodeSchedulable { node, schedulable } => {
                 let idx = self
                     .cluster
@@ -259,29 +421,89 @@ impl Scheduler {
         if self.tasks.contains_key(&spec.id) {
             return Err(ApplyError::DuplicateTask(spec.id));
         }
+        self.validate(&spec)?;
         if let Some(why) = self.never_fits(&spec) {
             return Err(ApplyError::Unplaceable { task: spec.id, why });
         }
         let seq = self.next_seq;
         self.next_seq += 1;
         self.policy.observe_submitted(&spec);
-        let mut task = Task {
-            shape: Shape::of(&spec),
-            spec,
-            submitted: at,
-            seq,
-            attained: 0,
-            state: State::Pending {
-                key: QueueKey(0, 0, 0),
-                last_wait: None,
+        let id = spec.id;
+        let gang = spec.gang.clone();
+        self.tasks.insert(
+            id,
+            Task {
+                shape: Shape::of(&spec),
+                spec,
+                submitted: at,
+                seq,
+                attained: 0,
+                state: State::Pending {
+                    key: QueueKey(0, 0, 0),
+                    last_wait: None,
+                },
             },
+        );
+        let Some(gang) = gang else {
+            self.enqueue(id, at);
+            return Ok(());
         };
-        let key = self.key_of(&task, at);
-        task.state = State::Pending {
-            key,
-            last_wait: None,
+        let members = self.gangs.entry(gang.name.clone()).or_default();
+        members.push(id);
+        if members.len() < gang.size as usize {
+            return Ok(());
+        }
+        // Complete: can the gang as a whole ever be placed?
+        let leader = members[0];
+        let unit = self.unit(leader);
+        let specs: Vec<&TaskSpec> = unit.specs.iter().collect();
+        if gang::place(&mut self.pristine, &specs).is_none() {
+            for member in self.gangs.remove(&gang.name).unwrap_or_default() {
+                self.tasks.remove(&member);
+            }
+            return Err(ApplyError::Unplaceable {
+                task: id,
+                why: format!(
+                    "gang {} ({} tasks, {} GPUs in all) does not fit even on the idle \
+                     cluster; all its members were withdrawn",
+                    gang.name, gang.size, unit.gpus
+                ),
+            });
+        }
+        self.enqueue(leader, at);
+        Ok(())
+    }
+
+    /// Checks a spec against itself and its gang.
+    fn validate(&self, spec: &TaskSpec) -> Result<(), ApplyError> {
+        let invalid = |why: String| ApplyError::Invalid { task: spec.id, why };
+        if spec.max_runtime == Some(0) {
+            return Err(invalid("max_runtime must be longer than 0".into()));
+        }
+        let Some(gang) = &spec.gang else {
+            return Ok(());
         };
-        self.enqueue(key, task);
+        if gang.size == 0 {
+            return Err(invalid(format!("gang {} has size 0", gang.name)));
+        }
+        let Some(members) = self.gangs.get(&gang.name) else {
+            return Ok(());
+        };
+        let first = &self.tasks[&members[0]].spec;
+        let theirs = first.gang.as_ref().map_or(0, |g| g.size);
+        if members.len() >= theirs as usize || self.tasks[&members[0]].is_running() {
+            return Err(invalid(format!(
+                "gang {} already has all its {theirs} members",
+                gang.name
+            )));
+        }
+        if theirs != gang.size || first.team != spec.team || first.priority != spec.priority {
+            return Err(invalid(format!(
+                "gang {}: every member must have the same size, team and priority as {} \
+                 (size {theirs}, team {}, priority {})",
+                gang.name, first.id, first.team, first.priority
+            )));
+        }
         Ok(())
     }
 
@@ -294,24 +516,109 @@ impl Scheduler {
         self.policy.key(task.view(now, estimate), now)
     }
 
-    fn enqueue(&mut self, key: QueueKey, task: Task) {
-        let id = task.spec.id;
-        self.queue.insert(key, id);
-        self.shapes
-            .entry(task.shape.clone())
-            .or_insert_with(|| (0, task.spec.clone()))
-            .0 += 1;
-        self.tasks.insert(id, task);
+    /// Puts the unit led by `leader` (pending) in the queue, keyed at `now`.
+    fn enqueue(&mut self, leader: TaskId, now: Time) {
+        let key = self.key_of(&self.tasks[&leader], now);
+        let Some(task) = self.tasks.get_mut(&leader) else {
+            return;
+        };
+        task.state = State::Pending {
+            key,
+            last_wait: None,
+        };
+        self.queue.insert(key, leader);
+        if task.spec.gang.is_none() {
+            self.shapes
+                .entry(task.shape.clone())
+                .or_insert_with(|| (0, task.spec.clone()))
+                .0 += 1;
+        }
     }
 
-    fn forget_shape(&mut self, spec: &TaskSpec) {
-        let shape = Shape::of(spec);
-        if let Some(entry) = self.shapes.get_mut(&shape) {
+    fn forget_shape(&mut self, shape: &Shape) {
+        if let Some(entry) = self.shapes.get_mut(shape) {
             entry.0 -= 1;
             if entry.0 == 0 {
-                self.shapes.remove(&shape);
+                self.shapes.remove(shape);
             }
         }
+    }
+
+    /// The unit's first member: the gang's first pending member, or the task itself.
+    fn leader(&self, id: TaskId) -> TaskId {
+        self.tasks[&id]
+            .spec
+            .gang
+            .as_ref()
+            .and_then(|g| self.gangs.get(&g.name))
+            .and_then(|m| m.first().copied())
+            .unwrap_or(id)
+    }
+
+    /// The ids of the unit led by `leader`: its gang's members in the same state, or itself.
+    fn unit_ids(&self, leader: TaskId) -> Vec<TaskId> {
+        let task = &self.tasks[&leader];
+        match task
+            .spec
+            .gang
+            .as_ref()
+            .and_then(|g| self.gangs.get(&g.name))
+        {
+            Some(members) => members
+                .iter()
+                .copied()
+                .filter(|m| self.tasks[m].is_running() == task.is_running())
+                .collect(),
+            None => vec![leader],
+        }
+    }
+
+    fn unit(&self, leader: TaskId) -> Unit {
+        let members = self.unit_ids(leader);
+        let specs: Vec<TaskSpec> = members.iter().map(|m| self.tasks[m].spec.clone()).collect();
+        let mut demand = [0; 3];
+        for spec in &specs {
+            let d = quota::demand(spec);
+            for r in 0..3 {
+                demand[r] += d[r];
+            }
+        }
+        Unit {
+            gpus: specs.iter().map(|s| s.gpus).sum(),
+            single: specs.len() == 1 && specs[0].gang.is_none(),
+            members,
+            specs,
+            demand,
+        }
+    }
+
+    /// Where one task goes on `cluster`: MIG instances by the shared rule, the rest as the
+    /// policy places them.
+    fn place_on(&self, cluster: &Cluster, spec: &TaskSpec) -> Option<Placement> {
+        if spec.mig_profile.is_some() {
+            placement::best_fit(cluster, spec)
+        } else {
+            self.policy.place(cluster, spec)
+        }
+    }
+
+    /// Where the unit goes on `cluster` as it is, one placement per member, and for a gang
+    /// the topology level it fits within.
+    fn place_unit_on(&self, cluster: &mut Cluster, unit: &Unit) -> Option<Placed> {
+        if unit.single {
+            return self
+                .place_on(cluster, &unit.specs[0])
+                .map(|p| (vec![p], None));
+        }
+        let specs: Vec<&TaskSpec> = unit.specs.iter().collect();
+        gang::place(cluster, &specs).map(|(p, level)| (p, Some(level)))
+    }
+
+    fn place_unit(&mut self, unit: &Unit) -> Option<Placed> {
+        let mut cluster = std::mem::take(&mut self.cluster);
+        let found = self.place_unit_on(&mut cluster, unit);
+        self.cluster = cluster;
+        found
     }
 
     /// Why no node of the cluster, even empty, could ever hold the task.
@@ -321,7 +628,7 @@ impl Scheduler {
             return (!fits).then(|| Self::unplaceable_reason(spec));
         }
         // The placement rules themselves decide, on the cluster with nothing running.
-        let fits = self.policy.place(&self.pristine, spec).is_some();
+        let fits = self.place_on(&self.pristine, spec).is_some();
         self.fits_empty.insert(shape, fits);
         (!fits).then(|| Self::unplaceable_reason(spec))
     }
@@ -332,34 +639,45 @@ impl Scheduler {
         } else {
             spec.gpu_models.join(" or ")
         };
+        if let Some(profile) = &spec.mig_profile {
+            return format!(
+                "no node offers a MIG instance {profile} ({models}, {} m CPU, {} MiB)",
+                spec.cpu_milli, spec.memory_mib
+            );
+        }
         format!(
-            "no placement holds {} GPU(s) of {} milli-GPU each ({models}, {} m CPU, {} MiB) even on the idle cluster",
-            spec.gpus, spec.gpu_milli, spec.cpu_milli, spec.memory_mib
+            "no placement holds {} GPU(s) of {} milli-GPU and {} MiB of GPU memory each \
+             ({models}, {} m CPU, {} MiB) even on the idle cluster",
+            spec.gpus, spec.gpu_milli, spec.gpu_memory_mib, spec.cpu_milli, spec.memory_mib
         )
     }
 
     fn finish(&mut self, id: TaskId, at: Time, out: &mut Vec<Decision>) -> Result<(), ApplyError> {
-        let running = matches!(
-            self.tasks.get(&id),
-            Some(Task {
-                state: State::Running { .. },
-                ..
-            })
-        );
-        if !running {
+        if !self.tasks.get(&id).is_some_and(Task::is_running) {
             return Err(ApplyError::NotRunning(id));
         }
-        if let Some(task) = self.tasks.remove(&id)
-            && let State::Running {
-                lease,
-                placement,
-                since,
-            } = task.state
+        let Some(task) = self.tasks.remove(&id) else {
+            return Ok(());
+        };
+        if let Some(g) = &task.spec.gang
+            && let Some(members) = self.gangs.get_mut(&g.name)
+        {
+            members.retain(|m| *m != id);
+            if members.is_empty() {
+                self.gangs.remove(&g.name);
+            }
+        }
+        if let State::Running {
+            lease,
+            placement,
+            since,
+            ..
+        } = task.state
         {
             self.cluster.release(&placement);
             self.no_room.clear();
             self.quotas
-                .refund(&task.spec.team, task.spec.gpu_demand_milli());
+                .refund(&task.spec.team, quota::demand(&task.spec));
             self.estimator
                 .observe(&task.spec, task.attained + at.saturating_sub(since));
             out.push(Decision::Released {
@@ -369,6 +687,72 @@ impl Scheduler {
             });
         }
         Ok(())
+    }
+
+    /// Stops a running task (its whole gang) and puts it back in the queue.
+    fn requeue(
+        &mut self,
+        id: TaskId,
+        reason: &str,
+        at: Time,
+        out: &mut Vec<Decision>,
+    ) -> Result<(), ApplyError> {
+        if !self.tasks.get(&id).is_some_and(Task::is_running) {
+            return Err(ApplyError::NotRunning(id));
+        }
+        let members = self.unit_ids(self.leader(id));
+        for member in &members {
+            self.stop(*member, at, None, reason.to_owned(), out);
+        }
+        self.enqueue(self.leader(id), at);
+        Ok(())
+    }
+
+    /// Takes a running task off its resources (already released by the caller when
+    /// `released`), records the decision, and leaves it pending outside the queue.
+    fn stop(
+        &mut self,
+        id: TaskId,
+        now: Time,
+        for_task: Option<TaskId>,
+        reason: String,
+        out: &mut Vec<Decision>,
+    ) {
+        let lost = self.tasks[&id].lost_work(now);
+        let Some(task) = self.tasks.get_mut(&id) else {
+            return;
+        };
+        let State::Running {
+            lease,
+            placement,
+            since,
+            ..
+        } = std::mem::replace(
+            &mut task.state,
+            State::Pending {
+                key: QueueKey(0, 0, 0),
+                last_wait: None,
+            },
+        )
+        else {
+            return;
+        };
+        if for_task.is_none() {
+            // A requeue by the caller: the resources are still held.
+            self.cluster.release(&placement);
+            self.quotas
+                .refund(&task.spec.team, quota::demand(&task.spec));
+            self.no_room.clear();
+        }
+        task.attained += now.saturating_sub(since);
+        out.push(Decision::Preempted {
+            task: id,
+            lease,
+            at: now,
+            for_task,
+            lost,
+            reason,
+        });
     }
 
     fn pass(&mut self, now: Time, out: &mut Vec<Decision>) {
@@ -381,23 +765,46 @@ impl Scheduler {
         if blocked.1 {
             self.sweep(now, out, false);
         }
-        if let Some((id, reason)) = blocked.0
-            && let Some(Task {
-                state: State::Pending { last_wait, .. },
-                ..
-            }) = self.tasks.get_mut(&id)
-            && last_wait.as_ref() != Some(&reason)
-        {
-            *last_wait = Some(reason.clone());
-            out.push(Decision::Waiting {
-                task: id,
-                reason,
-                at: now,
-            });
+        if let Some((id, reason)) = blocked.0 {
+            let changed = match &self.tasks.get(&id).map(|t| &t.state) {
+                Some(State::Pending { last_wait, .. }) => last_wait
+                    .as_ref()
+                    .is_none_or(|w| std::mem::discriminant(w) != std::mem::discriminant(&reason)),
+                _ => false,
+            };
+            if changed {
+                let eta = match reason {
+                    WaitReason::NoCapacity { .. } => {
+                        let start = self.reserve(&self.unit(id), now).start;
+                        (start != Time::MAX).then_some(start)
+                    }
+                    _ => None,
+                };
+                if let Some(Task {
+                    state: State::Pending { last_wait, .. },
+                    ..
+                }) = self.tasks.get_mut(&id)
+                {
+                    *last_wait = Some(reason.clone());
+                }
+                out.push(Decision::Waiting {
+                    task: id,
+                    reason,
+                    eta,
+                    at: now,
+                });
+            }
         }
     }
 
-    /// One walk over the queue (steps 2-5); returns the first blocked task and whether any
+    fn no_capacity(&self, unit: &Unit) -> WaitReason {
+        WaitReason::NoCapacity {
+            gpus: unit.gpus,
+            free_gpus: self.cluster.free_milli() / u64::from(WHOLE_GPU_MILLI),
+        }
+    }
+
+    /// One walk over the queue (steps 2-5); returns the first blocked unit and whether any
     /// task was preempted.
     fn sweep(
         &mut self,
@@ -412,91 +819,106 @@ impl Scheduler {
         let mut reservation: Option<Reservation> = None;
         let mut hopeless_gpus = u32::MAX;
         let mut running: Option<Vec<(QueueKey, TaskId)>> = None;
-        for (key, id) in &queue {
-            let task = &self.tasks[id];
-            let spec = &task.spec;
+        for (key, leader) in &queue {
+            let unit = self.unit(*leader);
+            let team = unit.specs[0].team.clone();
             // 2. nominate
-            let mut placement =
-                if !self.policy.admits(spec, &self.quotas) || self.no_room.contains(&task.shape) {
-                    None
-                } else {
-                    let found = self.policy.place(&self.cluster, spec);
-                    if found.is_none() {
-                        self.no_room.insert(task.shape.clone());
-                    }
-                    found
-                };
-            if let (Some(p), Some(r)) = (&placement, &reservation)
-                && !r.allows(p, now + self.estimator.estimate(spec))
+            let admitted = self.policy.admits(&team, unit.demand, &self.quotas);
+            let shape = &self.tasks[leader].shape;
+            let mut placed = if !admitted || (unit.single && self.no_room.contains(shape)) {
+                None
+            } else {
+                let found = self.place_unit(&unit);
+                if found.is_none() && unit.single {
+                    self.no_room.insert(self.tasks[leader].shape.clone());
+                }
+                found
+            };
+            if let (Some((ps, _)), Some(r)) = (&placed, &reservation)
+                && !ps
+                    .iter()
+                    .zip(&unit.specs)
+                    .all(|(p, spec)| r.allows(p, now + self.estimator.estimate(spec)))
             {
-                placement = None;
+                placed = None;
             }
             // 3. preempt
-            if placement.is_none()
+            let mut victims = 0;
+            if placed.is_none()
                 && may_preempt
                 && self.policy.preemptive()
                 && reservation.is_none()
-                && spec.gpus < hopeless_gpus
+                && unit.gpus < hopeless_gpus
             {
-                let spec = spec.clone();
-                placement = self.preempt_for(&spec, *key, now, out, &mut requeued, &mut running);
-                if placement.is_none() {
-                    hopeless_gpus = spec.gpus;
+                let found = self.preempt_for(&unit, *key, now, out, &mut requeued, &mut running);
+                match found {
+                    Some((p, n)) => {
+                        placed = Some(p);
+                        victims = n;
+                    }
+                    None => hopeless_gpus = unit.gpus,
                 }
             }
-            let spec = &self.tasks[id].spec;
-            let Some(placement) = placement else {
+            let Some((placements, level)) = placed else {
                 // 5. blocked
                 if blocked.is_none() {
-                    let free = self.cluster.free_milli();
-                    let reason = WaitReason::NoCapacity {
-                        gpus: spec.gpus,
-                        free_gpus: free / u64::from(WHOLE_GPU_MILLI),
+                    let reason = if admitted {
+                        self.no_capacity(&unit)
+                    } else {
+                        WaitReason::Quota {
+                            why: self.quotas.refusal(&team, unit.demand).unwrap_or_else(|| {
+                                format!("{} does not admit it", self.policy.name())
+                            }),
+                        }
                     };
-                    blocked = Some((*id, reason));
+                    blocked = Some((*leader, reason));
                 }
                 match self.policy.when_blocked() {
                     WhenBlocked::Stop => break,
                     WhenBlocked::Continue => continue,
                     WhenBlocked::Reserve => {
                         if reservation.is_none() {
-                            reservation = Some(self.reserve(spec, now));
+                            reservation = Some(self.reserve(&unit, now));
                         }
                         continue;
                     }
                 }
             };
             // 4. admit
-            self.cluster.allocate(&placement);
-            self.quotas.charge(&spec.team, spec.gpu_demand_milli());
-            let lease = LeaseId(self.next_lease);
-            self.next_lease += 1;
-            out.push(Decision::Granted {
-                task: *id,
-                lease,
-                placement: placement.clone(),
-                at: now,
-                reason: format!(
-                    "{}: first in the queue's order that fits",
-                    self.policy.name()
-                ),
-            });
-            started.push(*key);
-            let spec = spec.clone();
-            self.forget_shape(&spec);
-            if let Some(task) = self.tasks.get_mut(id) {
-                task.state = State::Running {
+            let why = self.grant_reason(&unit, victims, level);
+            for (member, placement) in unit.members.iter().zip(placements) {
+                let spec = &self.tasks[member].spec;
+                self.cluster.allocate(&placement);
+                self.quotas.charge(&spec.team, quota::demand(spec));
+                let lease = LeaseId(self.next_lease);
+                self.next_lease += 1;
+                out.push(Decision::Granted {
+                    task: *member,
                     lease,
-                    placement,
-                    since: now,
-                };
+                    placement: placement.clone(),
+                    at: now,
+                    reason: why.clone(),
+                });
+                if let Some(task) = self.tasks.get_mut(member) {
+                    task.state = State::Running {
+                        lease,
+                        placement,
+                        since: now,
+                        checkpointed: now,
+                    };
+                }
+                if let Some(cache) = running.as_mut()
+                    && let Some(task) = self.tasks.get(member)
+                {
+                    let entry = (self.key_of(task, now), *member);
+                    let at = cache.partition_point(|e| *e > entry);
+                    cache.insert(at, entry);
+                }
             }
-            if let Some(cache) = running.as_mut()
-                && let Some(task) = self.tasks.get(id)
-            {
-                let entry = (self.key_of(task, now), *id);
-                let at = cache.partition_point(|e| *e > entry);
-                cache.insert(at, entry);
+            started.push(*key);
+            if unit.single {
+                let shape = self.tasks[leader].shape.clone();
+                self.forget_shape(&shape);
             }
         }
         self.queue = queue;
@@ -504,147 +926,197 @@ impl Scheduler {
             self.queue.remove(&key);
         }
         let preempted = !requeued.is_empty();
-        for id in requeued {
-            if let Some(task) = self.tasks.remove(&id) {
-                let key = self.key_of(&task, now);
-                let mut task = task;
-                task.state = State::Pending {
-                    key,
-                    last_wait: None,
-                };
-                self.enqueue(key, task);
-            }
+        for leader in requeued {
+            self.enqueue(leader, now);
         }
         (blocked, preempted)
     }
 
-    /// Frees room for `spec` by preempting running tasks with strictly worse keys, worst first;
-    /// returns the placement if enough room was found (victims already preempted), else leaves
+    fn grant_reason(&self, unit: &Unit, victims: usize, level: Option<Level>) -> String {
+        let mut why = format!(
+            "{}: first in the queue's order that fits",
+            self.policy.name()
+        );
+        if victims > 0 {
+            why += &format!(", after preempting {victims} task(s)");
+        }
+        if let (Some(level), Some(g)) = (level, &unit.specs[0].gang) {
+            why += &format!(
+                "; gang {} of {} placed within {}",
+                g.name,
+                unit.members.len(),
+                level.name()
+            );
+        }
+        why
+    }
+
+    /// Frees room for `unit` by preempting running tasks the policy allows (and tasks past
+    /// their usage limits), in the policy's victim order; returns the placements and how many
+    /// tasks were preempted if enough room was found (victims already preempted), else leaves
     /// everything as it was.
     fn preempt_for(
         &mut self,
-        spec: &TaskSpec,
+        unit: &Unit,
         key: QueueKey,
         now: Time,
         out: &mut Vec<Decision>,
         requeued: &mut Vec<TaskId>,
         running: &mut Option<Vec<(QueueKey, TaskId)>>,
-    ) -> Option<Placement> {
+    ) -> Option<(Placed, usize)> {
         // Running tasks by key, worst first: keys do not move within a pass, so they are
         // computed once per sweep and kept current as tasks start and are preempted.
         let running = running.get_or_insert_with(|| {
             let mut all: Vec<(QueueKey, TaskId)> = self
                 .tasks
                 .values()
-                .filter(|t| matches!(t.state, State::Running { .. }))
+                .filter(|t| t.is_running())
                 .map(|t| (self.key_of(t, now), t.spec.id))
                 .collect();
             all.sort_unstable_by(|a, b| b.cmp(a));
             all
         });
-        let victims: Vec<(QueueKey, TaskId)> = running
-            .iter()
-            .copied()
-            .filter(|(k, id)| {
-                let preemptor = Contender { spec, key };
-                let victim = Contender {
-                    spec: &self.tasks[id].spec,
-                    key: *k,
-                };
-                self.policy.may_preempt(preemptor, victim, &self.quotas)
-            })
-            .collect();
+        let team = unit.specs[0].team.clone();
+        let preemptor = Contender {
+            spec: &unit.specs[0],
+            key,
+            demand: unit.demand,
+        };
+        // (over its limit, work lost, victim, why), in the order they would be taken.
+        let mut victims: Vec<(bool, u64, TaskId, String)> = Vec::new();
+        for (k, id) in running.iter() {
+            let task = &self.tasks[id];
+            let over = task.over_limit(now);
+            let victim = Contender {
+                spec: &task.spec,
+                key: *k,
+                demand: quota::demand(&task.spec),
+            };
+            let why = if over {
+                format!(
+                    "ran {} s, past its usage limit of {} s",
+                    task.run_time(now) / 1000,
+                    task.spec.max_runtime.unwrap_or(0) / 1000
+                )
+            } else if self.policy.may_preempt(preemptor, victim, &self.quotas) {
+                self.policy
+                    .preemption_reason(preemptor, victim, &self.quotas)
+            } else {
+                continue;
+            };
+            let lost = task
+                .lost_work(now)
+                .saturating_mul(u64::from(task.spec.gpus.max(1)));
+            victims.push((over, lost, *id, why));
+        }
+        match self.policy.victim_order() {
+            VictimOrder::WorstFirst => victims.sort_by_key(|v| !v.0),
+            VictimOrder::LeastLostWork => victims.sort_by_key(|v| (!v.0, v.1)),
+        }
         let held: u64 = victims
             .iter()
-            .map(|(_, id)| u64::from(self.tasks[id].spec.gpus))
+            .map(|(_, _, id, _)| u64::from(self.tasks[id].spec.gpus))
             .sum();
-        let free = (self.cluster.free_milli()) / u64::from(WHOLE_GPU_MILLI);
-        if held + free < u64::from(spec.gpus) {
+        let free = self.cluster.free_milli() / u64::from(WHOLE_GPU_MILLI);
+        if held + free < u64::from(unit.gpus) {
             return None;
         }
-        let mut released: Vec<TaskId> = Vec::new();
+        // Victims released so far, a gang as one group.
+        let mut released: Vec<Vec<(TaskId, String)>> = Vec::new();
+        let mut gone: HashSet<TaskId> = HashSet::default();
         let mut found = None;
-        for (_, victim) in &victims {
-            let task = &self.tasks[victim];
-            if let State::Running { placement, .. } = &task.state {
-                self.cluster.release(placement);
-                self.quotas
-                    .refund(&task.spec.team, task.spec.gpu_demand_milli());
-                released.push(*victim);
+        for (_, _, victim, why) in &victims {
+            if gone.contains(victim) {
+                continue;
             }
-            if self.policy.admits(spec, &self.quotas)
-                && let Some(p) = self.policy.place(&self.cluster, spec)
+            let group = self.unit_ids(self.leader(*victim));
+            for member in &group {
+                let task = &self.tasks[member];
+                if let State::Running { placement, .. } = &task.state {
+                    self.cluster.release(placement);
+                    self.quotas
+                        .refund(&task.spec.team, quota::demand(&task.spec));
+                }
+                gone.insert(*member);
+            }
+            released.push(group.into_iter().map(|m| (m, why.clone())).collect());
+            if self.policy.admits(&team, unit.demand, &self.quotas)
+                && let Some(p) = self.place_unit(unit)
             {
                 found = Some(p);
                 break;
             }
         }
-        let Some(placement) = found else {
-            for victim in released {
-                let task = &self.tasks[&victim];
+        let Some(found) = found else {
+            for (member, _) in released.iter().flatten() {
+                let task = &self.tasks[member];
                 if let State::Running { placement, .. } = &task.state {
                     self.cluster.allocate(placement);
                     self.quotas
-                        .charge(&task.spec.team, task.spec.gpu_demand_milli());
+                        .charge(&task.spec.team, quota::demand(&task.spec));
                 }
             }
             return None;
         };
-        // Keep running every victim whose nodes the placement does not use.
-        let used: BTreeSet<NodeIdx> = placement.shares.iter().map(|s| s.node).collect();
-        for victim in released {
-            let Some(task) = self.tasks.get_mut(&victim) else {
-                continue;
-            };
-            let State::Running {
-                placement: held,
-                lease,
-                since,
-            } = &task.state
-            else {
-                continue;
-            };
-            if held.shares.iter().all(|s| !used.contains(&s.node)) {
-                // Off the placement's nodes: it keeps running, unless quotas still need what it
-                // holds (then admission, checked with it refunded, would no longer hold).
-                self.cluster.allocate(held);
-                self.quotas
-                    .charge(&task.spec.team, task.spec.gpu_demand_milli());
-                if self.policy.admits(spec, &self.quotas) {
+        // Keep running every victim group whose nodes the placement does not use.
+        let used: BTreeSet<NodeIdx> = found
+            .0
+            .iter()
+            .flat_map(|p| p.shares.iter().map(|s| s.node))
+            .collect();
+        let mut preempted = 0;
+        for group in released {
+            let off = group.iter().all(|(m, _)| match &self.tasks[m].state {
+                State::Running { placement, .. } => {
+                    placement.shares.iter().all(|s| !used.contains(&s.node))
+                }
+                State::Pending { .. } => true,
+            });
+            if off {
+                // Off the placement's nodes: it keeps running, unless quotas still need what
+                // it holds (then admission, checked with it refunded, would no longer hold).
+                self.hold(&group, true);
+                if self.policy.admits(&team, unit.demand, &self.quotas) {
                     continue;
                 }
-                self.cluster.release(held);
-                self.quotas
-                    .refund(&task.spec.team, task.spec.gpu_demand_milli());
+                self.hold(&group, false);
             }
-            let (lease, since) = (*lease, *since);
-            task.attained += now.saturating_sub(since);
-            out.push(Decision::Preempted {
-                task: victim,
-                lease,
-                at: now,
-                for_task: spec.id,
-                reason: format!(
-                    "{}: {} ranks ahead and needs its GPUs",
-                    self.policy.name(),
-                    spec.id
-                ),
-            });
-            task.state = State::Pending {
-                key: QueueKey(0, 0, 0),
-                last_wait: None,
-            };
-            requeued.push(victim);
-            running.retain(|(_, id)| *id != victim);
+            let leader = group[0].0;
+            for (member, why) in group {
+                let lost = self.tasks[&member].lost_work(now) / 1000;
+                let reason = format!("{why}; loses {lost} s of work since its last checkpoint");
+                self.stop(member, now, Some(unit.members[0]), reason, out);
+                running.retain(|(_, id)| *id != member);
+                preempted += 1;
+            }
+            requeued.push(self.leader(leader));
         }
         // Victims may have freed more than the preemptor took.
         self.no_room.clear();
-        Some(placement)
+        Some((found, preempted))
     }
 
-    /// The earliest start of `spec` if running tasks end when their estimates say, and the
+    /// Takes (`true`) or gives back (`false`) the resources and quota of running tasks.
+    fn hold(&mut self, group: &[(TaskId, String)], take: bool) {
+        for (member, _) in group {
+            let task = &self.tasks[member];
+            if let State::Running { placement, .. } = &task.state {
+                if take {
+                    self.cluster.allocate(placement);
+                    self.quotas
+                        .charge(&task.spec.team, quota::demand(&task.spec));
+                } else {
+                    self.cluster.release(placement);
+                    self.quotas
+                        .refund(&task.spec.team, quota::demand(&task.spec));
+                }
+            }
+        }
+    }
+
+    /// The earliest start of `unit` if running tasks end when their estimates say, and the
     /// nodes it would use then.
-    fn reserve(&self, spec: &TaskSpec, now: Time) -> Reservation {
+    fn reserve(&self, unit: &Unit, now: Time) -> Reservation {
         // (expected end, arrival order): a total order, so the reservation never depends on
         // how the task table happens to iterate.
         let mut ends: Vec<(Time, u64, &Placement)> = self
@@ -665,10 +1137,13 @@ impl Scheduler {
         let mut cluster = self.cluster.clone();
         for (end, _, placement) in ends {
             cluster.release(placement);
-            if let Some(p) = self.policy.place(&cluster, spec) {
+            if let Some((ps, _)) = self.place_unit_on(&mut cluster, unit) {
                 return Reservation {
                     start: end,
-                    nodes: p.shares.iter().map(|s| s.node).collect(),
+                    nodes: ps
+                        .iter()
+                        .flat_map(|p| p.shares.iter().map(|s| s.node))
+                        .collect(),
                 };
             }
         }

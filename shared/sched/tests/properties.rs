@@ -188,10 +188,16 @@ fn task(
 fn scenario() -> impl Strategy<Value = Scenario> {
     let nodes = (1..=MODELS.len())
         .prop_flat_map(|models| prop::collection::vec((1u32..=8, 0..models), 1..=12));
-    let quota = (0u64..=48, prop::option::of(0u64..=16)).prop_map(|(nominal, limit)| Quota {
-        nominal_milli: nominal * 500,
-        borrowing_limit_milli: limit.map(|l| l * 500),
-    });
+    let quota = (
+        0u64..=48,
+        prop::option::of(0u64..=16),
+        prop::option::of(0u64..=48),
+    )
+        .prop_map(|(nominal, borrow, lend)| Quota {
+            borrowing_limit_milli: borrow.map(|l| l * 500),
+            lending_limit_milli: lend.map(|l| l * 500),
+            ..Quota::gpus(nominal * 500)
+        });
     let quotas = prop::option::weighted(
         0.5,
         prop::collection::vec(prop::option::of(quota), TEAMS.len()),
@@ -800,6 +806,9 @@ fn preemption_never_cycles(_scenario: &Scenario, run: &Run) -> Result<(), TestCa
                 task, at, for_task, ..
             } = d
             {
+                let Some(for_task) = for_task else {
+                    continue;
+                };
                 prop_assert_ne!(task, for_task, "{}: step {}: self-preemption", policy, i);
                 prop_assert!(
                     granted.contains(for_task),
@@ -948,7 +957,7 @@ proptest! {
                 );
             }
             let runnable =
-                scenario.only(|t| scenario.fits_empty(t) && policy.admits(t, &idle));
+                scenario.only(|t| scenario.fits_empty(t) && policy.admits(&t.team, allot_sched::quota::demand(t), &idle));
             let run = drive(name, &runnable);
             let all: BTreeSet<TaskId> = runnable.arrivals.iter().map(|a| a.task.id).collect();
             prop_assert!(run.rejected.is_empty(), "{name}: rejected {:?}", run.rejected);

@@ -154,10 +154,7 @@ pub fn run(
         scheduler
             .apply(Input::TeamQuota {
                 team: team.clone(),
-                quota: allot_sched::quota::Quota {
-                    nominal_milli,
-                    borrowing_limit_milli: None,
-                },
+                quota: allot_sched::quota::Quota::gpus(nominal_milli),
             })
             .map_err(|source| SimError::Rejected { job: 0, source })?;
     }

@@ -1,20 +1,29 @@
 //! `allot`: Allot's own policy. One configuration for every scenario — nothing here is tuned to
 //! a trace.
 //!
-//! Shortest *estimated* remaining time first (the rule that minimises mean completion time),
-//! preemptive, never head-of-line blocked:
+//! Priority first; among equal priorities, shortest *estimated* remaining time first, weighted
+//! by what the task unblocks (Smith's rule: remaining ÷ (1 + dependents), which minimises the
+//! mean completion time of tasks and of the stages waiting on them); preemptive, never
+//! head-of-line blocked:
 //! - the estimate comes from the history estimator (finished tasks of the same team and GPU
 //!   count — no oracle);
 //! - a task that has outlived its estimate is treated as heavy-tailed: its expected remaining
 //!   time is taken to be what it has run so far (the least-attained-service rule), so a long
 //!   job that was mispredicted as short cannot hold the cluster;
-//! - preemption must pay for itself: a running task is preempted only for one whose expected
-//!   remaining time is at most half its own, which bounds the work lost to checkpoint gaps and
-//!   restarts.
+//! - preemption must pay for itself: a running task is preempted only for one of higher
+//!   priority, or of the same priority whose weighted remaining time is at most half its own,
+//!   which bounds the work lost to checkpoint gaps and restarts; among the tasks it may
+//!   preempt, those that lose the least work since their last checkpoint go first;
+//! - quotas hold (when teams have them): admission within nominal quota or by borrowing from
+//!   the cohort. Across teams, a task preempts only to reclaim its team's nominal quota from a
+//!   team that borrows, or — with the gain above — from a team that borrows more of the
+//!   cohort's lendable capacity than its own team would (dominant-resource fair share); so no
+//!   team's guarantee is taken by another team's short jobs, and no two tasks can preempt each
+//!   other in turn.
 
-use super::{Contender, PendingView, Policy, QueueKey, WhenBlocked};
+use super::{Contender, PendingView, Policy, QueueKey, VictimOrder, WhenBlocked};
 use crate::model::Time;
-use crate::quota::Quotas;
+use crate::quota::{Amounts, Quotas};
 
 /// Allot's policy; see the module docs.
 #[derive(Debug, Clone)]
@@ -30,6 +39,14 @@ impl Default for Allot {
 }
 
 impl Allot {
+    /// Higher priority, or the same priority and a weighted remaining time at most
+    /// 1 / `preemption_gain` of the victim's.
+    fn pays_off(&self, preemptor: Contender<'_>, victim: Contender<'_>) -> bool {
+        victim.key > preemptor.key
+            && (victim.key.0 > preemptor.key.0
+                || victim.key.1 >= preemptor.key.1.saturating_mul(self.preemption_gain))
+    }
+
     /// Expected remaining run time, ms.
     fn remaining(task: &PendingView<'_>) -> Time {
         if task.attained < task.estimate {
@@ -45,10 +62,11 @@ impl Policy for Allot {
         "allot"
     }
     fn key(&self, task: PendingView<'_>, _now: Time) -> QueueKey {
-        let remaining = Self::remaining(&task);
+        let weight = 1 + u64::from(task.spec.dag.dependents);
+        let weighted = Self::remaining(&task) / weight;
         QueueKey(
-            remaining.min(i64::MAX as u64) as i64,
-            task.submitted as i64,
+            -i64::from(task.spec.priority),
+            weighted.min(i64::MAX as u64) as i64,
             task.seq,
         )
     }
@@ -64,19 +82,63 @@ impl Policy for Allot {
     fn preemptive(&self) -> bool {
         true
     }
+    fn admits(&self, team: &str, demand: Amounts, quotas: &Quotas) -> bool {
+        quotas.is_empty() || quotas.admits(team, demand)
+    }
+    fn victim_order(&self) -> VictimOrder {
+        VictimOrder::LeastLostWork
+    }
     fn may_preempt(
         &self,
         preemptor: Contender<'_>,
         victim: Contender<'_>,
-        _quotas: &Quotas,
+        quotas: &Quotas,
     ) -> bool {
-        victim.key > preemptor.key
-            && victim.key.0 >= preemptor.key.0.saturating_mul(self.preemption_gain)
+        let (p, v) = (&preemptor.spec.team, &victim.spec.team);
+        if quotas.is_empty() || p == v {
+            return self.pays_off(preemptor, victim);
+        }
+        let reclaims = quotas.within_nominal(p, preemptor.demand) && quotas.borrowing(v);
+        reclaims
+            || (self.pays_off(preemptor, victim)
+                && quotas.fairer(p, preemptor.demand, v, victim.demand))
+    }
+    fn preemption_reason(
+        &self,
+        preemptor: Contender<'_>,
+        victim: Contender<'_>,
+        quotas: &Quotas,
+    ) -> String {
+        let (p, v) = (&preemptor.spec.team, &victim.spec.team);
+        let id = preemptor.spec.id;
+        if preemptor.spec.priority > victim.spec.priority {
+            return format!(
+                "allot: {id} has priority {} over {}",
+                preemptor.spec.priority, victim.spec.priority
+            );
+        }
+        if !quotas.is_empty() && p != v && quotas.within_nominal(p, preemptor.demand) {
+            return format!(
+                "allot: team {p} reclaims its nominal quota from team {v}, which borrows"
+            );
+        }
+        let fair = if !quotas.is_empty() && p != v {
+            format!(" and team {v} borrows a larger share of the cohort than team {p}")
+        } else {
+            String::new()
+        };
+        format!(
+            "allot: {id} is expected to finish in {} s (weighted by what it unblocks), under              1/{} of this task's {} s{fair}",
+            preemptor.key.1 / 1000,
+            self.preemption_gain,
+            victim.key.1 / 1000
+        )
     }
     fn parameters(&self) -> String {
         format!(
-            "order=expected remaining time (history estimate; attained once past it); \
-             preemptive when the victim's is ≥ {}× the preemptor's; no head-of-line blocking",
+            "order=priority, then expected remaining time ÷ (1 + dependents) (history estimate; \
+             attained once past it); preemptive when the victim's is ≥ {}× the preemptor's, \
+             least lost work first; quotas with reclaim and fair share; no head-of-line blocking",
             self.preemption_gain
         )
     }

@@ -2,8 +2,8 @@
 //! Tiresias' discretized two-dimensional least-attained-service.
 
 use super::{Contender, PendingView, Policy, QueueKey, WhenBlocked};
-use crate::model::{TaskSpec, Time};
-use crate::quota::Quotas;
+use crate::model::Time;
+use crate::quota::{Amounts, Quotas};
 
 /// The policies of this module by name.
 pub(super) fn by_name(name: &str) -> Option<Box<dyn Policy>> {
@@ -151,8 +151,8 @@ impl Policy for Kueue {
     fn preemptive(&self) -> bool {
         true
     }
-    fn admits(&self, task: &TaskSpec, quotas: &Quotas) -> bool {
-        quotas.is_empty() || quotas.admits(task)
+    fn admits(&self, team: &str, demand: Amounts, quotas: &Quotas) -> bool {
+        quotas.is_empty() || quotas.admits(team, demand)
     }
     fn may_preempt(
         &self,
@@ -166,7 +166,29 @@ impl Policy for Kueue {
         } else {
             // reclaimWithinCohort: Any — a team entitled to its nominal quota takes it back from
             // teams that borrowed, whatever their priority.
-            quotas.within_nominal(preemptor.spec) && quotas.borrowing(&victim.spec.team)
+            quotas.within_nominal(&preemptor.spec.team, preemptor.demand)
+                && quotas.borrowing(&victim.spec.team)
+        }
+    }
+    fn preemption_reason(
+        &self,
+        preemptor: Contender<'_>,
+        victim: Contender<'_>,
+        _quotas: &Quotas,
+    ) -> String {
+        if preemptor.spec.team == victim.spec.team {
+            format!(
+                "kueue: {} of team {} has priority {} over {}",
+                preemptor.spec.id,
+                preemptor.spec.team,
+                preemptor.spec.priority,
+                victim.spec.priority
+            )
+        } else {
+            format!(
+                "kueue: team {} reclaims its nominal quota from team {}, which borrows",
+                preemptor.spec.team, victim.spec.team
+            )
         }
     }
     fn parameters(&self) -> String {

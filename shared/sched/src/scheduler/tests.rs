@@ -270,9 +270,11 @@ fn script(policy: &str, nodes: Vec<NodeBuilder>, inputs: Vec<Input>) -> Vec<Stri
                         .collect();
                     log.push(format!("grant {}@{}", task.0, nodes.join("+")));
                 }
-                Decision::Preempted { task, for_task, .. } => {
-                    log.push(format!("preempt {} for {}", task.0, for_task.0))
-                }
+                Decision::Preempted { task, for_task, .. } => log.push(format!(
+                    "preempt {} for {}",
+                    task.0,
+                    for_task.map_or(0, |t| t.0)
+                )),
                 Decision::Released { task, .. } => log.push(format!("release {}", task.0)),
                 Decision::Waiting { .. } => {}
             }
@@ -299,10 +301,7 @@ fn finish(id: u64, at: u64) -> Input {
 fn quota(team: &str, gpus: u64) -> Input {
     Input::TeamQuota {
         team: team.into(),
-        quota: crate::quota::Quota {
-            nominal_milli: gpus * 1000,
-            borrowing_limit_milli: None,
-        },
+        quota: crate::quota::Quota::gpus(gpus * 1000),
     }
 }
 
