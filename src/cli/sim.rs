@@ -181,6 +181,7 @@ fn load(args: &SimArgs) -> anyhow::Result<Scenario> {
         trace,
         nodes,
         nominal,
+        dag: None,
     })
 }
 
