@@ -39,7 +39,7 @@ pub struct SimArgs {
     #[arg(long)]
     pub seed: Option<u64>,
     /// pipelines: mean arrivals per hour (Poisson) [default: 3].
-    #[arg(long, value_name = "PER_HOUR")]
+    #[arg(long, value_name = "PER_HOUR", allow_hyphen_values = true)]
     pub rate: Option<f64>,
     /// No progress bars.
     #[arg(long, short)]

@@ -366,7 +366,7 @@ pub enum PipelineError {
         why: String,
     },
     /// The source trace could not be loaded.
-    #[error("loading the source trace: {0}")]
+    #[error("loading the source trace")]
     Load(#[from] LoadError),
 }
 
