@@ -1,5 +1,7 @@
 //! `allot sim`: replays a trace through allot-sched under several policies in one process and
-//! prints one comparison table.
+//! prints one comparison table (and, for `pipelines`, a second one of pipeline completion).
+//! Each policy's run shows a progress bar on stderr, hidden when stderr is not a terminal or
+//! with `--quiet`; the engine only reports counts, the bar is drawn here.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -10,23 +12,38 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Args;
 use comfy_table::{Table, presets::NOTHING};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use allot_sched::NodeSpec;
-use allot_sim::scenario::{self, Scenario};
-use allot_sim::{SimConfig, SimResult};
+use allot_sim::pipelines::{self, Params};
+use allot_sim::scenario::{self, PIPELINES, Scenario};
+use allot_sim::{Observer, SimConfig, SimResult};
 
 /// Flags of `allot sim`.
 #[derive(Debug, Args)]
 pub struct SimArgs {
-    /// A named scenario (philly-640, openb-packing).
+    /// A named scenario (philly-640, pipelines, openb-packing).
     #[arg(long, conflicts_with = "trace")]
     pub scenario: Option<String>,
     /// A trace instead of a scenario: `generic:PATH` (CSV with submit_time,duration,num_gpus…).
     #[arg(long)]
     pub trace: Option<String>,
-    /// The cluster for --trace: `NODESxGPUS[:MODEL]`, e.g. `80x8:A100`.
-    #[arg(long, requires = "trace")]
+    /// The cluster for --trace or --scenario pipelines: `NODESxGPUS[:MODEL]`, e.g. `80x8:A100`
+    /// (pipelines: default 32x8, with 16 cores and 128 GiB of memory per GPU).
+    #[arg(long)]
     pub cluster: Option<String>,
+    /// pipelines: how many preprocess → train → evaluate pipelines [default: 500].
+    #[arg(long)]
+    pub pipelines: Option<usize>,
+    /// pipelines: seed of the generator [default: 1].
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// pipelines: mean arrivals per hour (Poisson) [default: 3].
+    #[arg(long, value_name = "PER_HOUR", allow_hyphen_values = true)]
+    pub rate: Option<f64>,
+    /// No progress bars.
+    #[arg(long, short)]
+    pub quiet: bool,
     /// Policies to compare, comma-separated.
     #[arg(long, default_value = "fifo,sjf-oracle")]
     pub policies: String,
@@ -91,6 +108,9 @@ pub fn sim(args: SimArgs) -> anyhow::Result<ExitCode> {
         // One point per simulated hour is plenty for a two-month trace.
         sample_every: if args.plots.is_some() { 3_600_000 } else { 0 },
     };
+    if scenario.dag.is_some() {
+        eprintln!("{}", scenario.trace.source);
+    }
     eprintln!(
         "{}: {} jobs on {} nodes ({} GPUs); checkpoint every {}, restart overhead {}",
         scenario.name,
@@ -107,19 +127,31 @@ pub fn sim(args: SimArgs) -> anyhow::Result<ExitCode> {
     let mut results = Vec::new();
     for name in &policies {
         let policy = allot_sched::policy::by_name(name).context("known policy")?;
-        let result = allot_sim::run(
-            &scenario.trace,
-            &scenario.nodes,
-            policy,
-            &scenario.nominal,
-            &config,
-        )
-        .with_context(|| format!("simulating {name}"))?;
+        let bar = progress_bar(args.quiet, scenario.trace.jobs.len(), name);
+        let tick = |done: usize| bar.set_position(done as u64);
+        let mut observer = Observer {
+            progress: Some(&tick),
+            decision: None,
+        };
+        let result = allot_sim::run_scenario(&scenario, policy, &config, &mut observer)
+            .with_context(|| format!("simulating {name}"));
+        bar.finish_and_clear();
+        let result = result?;
         eprintln!("  {name}: {:.1} s", result.wall.as_secs_f64());
         results.push(result);
     }
     let mut out = std::io::stdout().lock();
     write!(out, "{}", render(&results))?;
+    if let Some(dag) = &scenario.dag {
+        write!(
+            out,
+            "\n{}",
+            render_pipelines(
+                &results,
+                pipelines::gpu_hours_idle_if_held_throughout(&scenario.trace, dag)
+            )
+        )?;
+    }
     if let Some(dir) = &args.plots {
         let written = super::plots::write(dir, &scenario.name, &results)?;
         for path in written {
@@ -136,6 +168,23 @@ pub fn sim(args: SimArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// One bar per policy run, on stderr: indicatif hides it when stderr is not a terminal.
+fn progress_bar(quiet: bool, jobs: usize, policy: &str) -> ProgressBar {
+    let target = if quiet {
+        ProgressDrawTarget::hidden()
+    } else {
+        ProgressDrawTarget::stderr()
+    };
+    let bar = ProgressBar::with_draw_target(Some(jobs as u64), target);
+    bar.set_style(
+        ProgressStyle::with_template("  {prefix} [{bar:40}] {pos}/{len} jobs, {elapsed}")
+            .expect("a valid progress template")
+            .progress_chars("=> "),
+    );
+    bar.set_prefix(policy.to_owned());
+    bar
+}
+
 fn millis(d: Duration) -> u64 {
     d.as_millis() as u64
 }
@@ -147,11 +196,38 @@ fn traces_dir(args: &SimArgs) -> PathBuf {
 }
 
 fn load(args: &SimArgs) -> anyhow::Result<Scenario> {
+    let is_pipelines = args.scenario.as_deref() == Some(PIPELINES);
+    if !is_pipelines && (args.pipelines.is_some() || args.seed.is_some() || args.rate.is_some()) {
+        bail!("--pipelines, --seed and --rate apply to --scenario {PIPELINES} only");
+    }
+    if is_pipelines {
+        let traces = traces_dir(args);
+        let defaults = Params::default();
+        let params = Params {
+            pipelines: args.pipelines.unwrap_or(defaults.pipelines),
+            seed: args.seed.unwrap_or(defaults.seed),
+            rate_per_hour: args.rate.unwrap_or(defaults.rate_per_hour),
+            ..defaults
+        };
+        let (count, gpus, model) = parse_cluster(args.cluster.as_deref().unwrap_or("32x8"))?;
+        let nodes = (1..=count)
+            .map(|i| pipelines::node(format!("node-{i}"), gpus, model))
+            .collect();
+        return scenario::pipelines(&traces, &params, nodes).with_context(|| {
+            format!(
+                "generating {PIPELINES} from the Philly trace in {}",
+                traces.display()
+            )
+        });
+    }
     if let Some(name) = &args.scenario {
+        if args.cluster.is_some() {
+            bail!("--cluster applies to --trace and --scenario {PIPELINES} only");
+        }
         let traces = traces_dir(args);
         return match scenario::by_name(name, &traces) {
             None => bail!(
-                "unknown scenario {name:?}; known: {}, {OPENB_PACKING}",
+                "unknown scenario {name:?}; known: {}, {PIPELINES}, {OPENB_PACKING}",
                 scenario::NAMES.join(", ")
             ),
             Some(result) => {
@@ -170,7 +246,10 @@ fn load(args: &SimArgs) -> anyhow::Result<Scenario> {
     let Some(cluster) = &args.cluster else {
         bail!("--trace needs --cluster NODESxGPUS[:MODEL]");
     };
-    let nodes = parse_cluster(cluster)?;
+    let (count, gpus, model) = parse_cluster(cluster)?;
+    let nodes = (1..=count)
+        .map(|i| NodeSpec::new(format!("node-{i}"), gpus, model))
+        .collect();
     let trace = allot_sim::load::generic::load(std::path::Path::new(path))?;
     let mut nominal = BTreeMap::new();
     for job in &trace.jobs {
@@ -181,19 +260,18 @@ fn load(args: &SimArgs) -> anyhow::Result<Scenario> {
         trace,
         nodes,
         nominal,
+        dag: None,
     })
 }
 
-/// `80x8` or `80x8:A100`.
-fn parse_cluster(spec: &str) -> anyhow::Result<Vec<NodeSpec>> {
+/// `80x8` or `80x8:A100`: (nodes, GPUs per node, model).
+fn parse_cluster(spec: &str) -> anyhow::Result<(u32, u32, &str)> {
     let (shape, model) = spec.split_once(':').unwrap_or((spec, "gpu"));
     let parsed = shape
         .split_once('x')
         .and_then(|(n, g)| Some((n.parse::<u32>().ok()?, g.parse::<u32>().ok()?)));
     match parsed {
-        Some((nodes, gpus)) if nodes > 0 && gpus > 0 => Ok((1..=nodes)
-            .map(|i| NodeSpec::new(format!("node-{i}"), gpus, model))
-            .collect()),
+        Some((nodes, gpus)) if nodes > 0 && gpus > 0 => Ok((nodes, gpus, model)),
         _ => bail!("--cluster {spec:?}: use NODESxGPUS[:MODEL], e.g. 80x8:A100"),
     }
 }
@@ -244,30 +322,66 @@ fn render(results: &[SimResult]) -> String {
     out
 }
 
+/// Pipeline completion (first submit → last stage's finish) per policy.
+fn render_pipelines(results: &[SimResult], idle_if_held: f64) -> String {
+    let mut table = Table::new();
+    table.load_preset(NOTHING).set_header([
+        "POLICY",
+        "PIPELINES",
+        "AVG COMPLETION",
+        "P50 COMPLETION",
+        "P95 COMPLETION",
+        "GPU-H HELD IN CPU STAGES",
+    ]);
+    for r in results {
+        let Some(p) = &r.pipelines else { continue };
+        table.add_row([
+            r.policy.clone(),
+            p.pipelines.to_string(),
+            format!("{:.0} s", p.avg_completion_s),
+            format!("{:.0} s", p.p50_completion_s),
+            format!("{:.0} s", p.p95_completion_s),
+            format!("{:.1}", p.gpu_hours_held_in_cpu_stages),
+        ]);
+    }
+    format!(
+        "{table}\n\nrun as one job each, holding their largest stage's GPUs from start to end, \
+         the pipelines would leave at least {idle_if_held:.0} GPU-hours idle in their \
+         preprocess and evaluate stages\n"
+    )
+}
+
 fn to_json(scenario: &str, results: &[SimResult]) -> serde_json::Value {
     let policies: serde_json::Map<String, serde_json::Value> = results
         .iter()
         .map(|r| {
             let k = &r.kpis;
-            (
-                r.policy.clone(),
-                serde_json::json!({
-                    "jobs": k.jobs,
-                    "avg_jct_s": k.avg_jct_s,
-                    "p50_jct_s": k.p50_jct_s,
-                    "p95_jct_s": k.p95_jct_s,
-                    "p99_jct_s": k.p99_jct_s,
-                    "avg_queue_s": k.avg_queue_s,
-                    "makespan_s": k.makespan_s,
-                    "gpu_allocation_ratio": k.gpu_allocation_ratio,
-                    "wastage_ratio": k.wastage_ratio,
-                    "wastage_ratio_fit": k.wastage_ratio_fit,
-                    "jain_fairness": k.jain_fairness,
-                    "preemptions": k.preemptions,
-                    "gpu_hours_lost": k.gpu_hours_lost,
-                    "sim_wall_s": r.wall.as_secs_f64(),
-                }),
-            )
+            let mut row = serde_json::json!({
+                "jobs": k.jobs,
+                "avg_jct_s": k.avg_jct_s,
+                "p50_jct_s": k.p50_jct_s,
+                "p95_jct_s": k.p95_jct_s,
+                "p99_jct_s": k.p99_jct_s,
+                "avg_queue_s": k.avg_queue_s,
+                "makespan_s": k.makespan_s,
+                "gpu_allocation_ratio": k.gpu_allocation_ratio,
+                "wastage_ratio": k.wastage_ratio,
+                "wastage_ratio_fit": k.wastage_ratio_fit,
+                "jain_fairness": k.jain_fairness,
+                "preemptions": k.preemptions,
+                "gpu_hours_lost": k.gpu_hours_lost,
+                "sim_wall_s": r.wall.as_secs_f64(),
+            });
+            if let Some(p) = &r.pipelines {
+                row["pipelines"] = serde_json::json!({
+                    "pipelines": p.pipelines,
+                    "avg_completion_s": p.avg_completion_s,
+                    "p50_completion_s": p.p50_completion_s,
+                    "p95_completion_s": p.p95_completion_s,
+                    "gpu_hours_held_in_cpu_stages": p.gpu_hours_held_in_cpu_stages,
+                });
+            }
+            (r.policy.clone(), row)
         })
         .collect();
     serde_json::json!({ "scenario": scenario, "policies": policies })

@@ -3,14 +3,23 @@
 //! At each event time, in this order (DESIGN.md's reference semantics): finished jobs are
 //! released, arrivals are submitted, then one scheduling pass runs. Time-weighted KPIs are
 //! accumulated over the interval until the next event.
+//!
+//! With a [`Dag`] (scenario `pipelines`), a job that waits for others is submitted only once the
+//! last of them has finished — at that finish time, in step 2 of the same event, so a stage
+//! holds nothing between its predecessor's end and its own submission — and carries its
+//! [`DagFacts`](allot_sched::DagFacts) to the scheduler. Jobs submitted at the same time go in
+//! trace order. Without a DAG every job arrives at its submit time, as before.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::fmt;
 use std::time::{Duration, Instant};
 
 use allot_sched::{Decision, Input, NodeSpec, Policy, Scheduler, TaskId};
 
 use crate::kpi::{self, Accumulators, JobOutcome, Kpis};
+use crate::pipelines::{self, Dag, PipelineKpis, PipelineOutcome};
+use crate::scenario::Scenario;
 use crate::trace::{Millis, Trace};
 
 /// Costs the simulator charges for preemption (printed with every result).
@@ -54,8 +63,13 @@ pub struct SimResult {
     pub parameters: String,
     /// KPIs.
     pub kpis: Kpis,
-    /// Per-job outcomes, by trace id.
+    /// Per-job outcomes, by trace id; a job's `submit` is when it was submitted to the
+    /// scheduler (for a job that waited for others, when the last of them finished).
     pub outcomes: Vec<JobOutcome>,
+    /// Pipeline KPIs, when the run followed a DAG.
+    pub pipelines: Option<PipelineKpis>,
+    /// Per-pipeline outcomes, when the run followed a DAG.
+    pub pipeline_outcomes: Vec<PipelineOutcome>,
     /// Allocation and queue length over time (when sampling was asked for).
     pub timeline: Vec<Sample>,
     /// Wall-clock time the simulation took.
@@ -73,6 +87,14 @@ pub enum SimError {
         /// The scheduler's reason.
         #[source]
         source: allot_sched::ApplyError,
+    },
+    /// A job's id is beyond the DAG's jobs.
+    #[error("job {job} is not in the DAG, which has {jobs} jobs")]
+    NotInDag {
+        /// Trace id.
+        job: u32,
+        /// Jobs in the DAG.
+        jobs: usize,
     },
     /// Jobs were still waiting when nothing else could happen.
     #[error("{0} jobs never started (the policy left them waiting with the cluster idle)")]
@@ -126,6 +148,25 @@ impl Run {
     }
 }
 
+/// What a run tells its caller as it goes. The engine draws nothing itself: progress bars,
+/// logs and test probes belong to the caller.
+#[derive(Default)]
+pub struct Observer<'a> {
+    /// Called with how many jobs have finished so far, each time that number grows.
+    pub progress: Option<&'a dyn Fn(usize)>,
+    /// Called with every decision, as it is made (task ids are trace ids).
+    pub decision: Option<&'a mut dyn FnMut(&Decision)>,
+}
+
+impl fmt::Debug for Observer<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Observer")
+            .field("progress", &self.progress.is_some())
+            .field("decision", &self.decision.is_some())
+            .finish()
+    }
+}
+
 /// Replays `trace` on `nodes` under `policy`.
 pub fn run(
     trace: &Trace,
@@ -133,6 +174,94 @@ pub fn run(
     policy: Box<dyn Policy>,
     nominal: &BTreeMap<String, u32>,
     config: &SimConfig,
+) -> Result<SimResult, SimError> {
+    simulate(
+        trace,
+        None,
+        nodes,
+        policy,
+        nominal,
+        config,
+        &mut Observer::default(),
+    )
+}
+
+/// Replays `scenario` under `policy`, following its DAG if it has one, and reports to
+/// `observer` as it goes.
+pub fn run_scenario(
+    scenario: &Scenario,
+    policy: Box<dyn Policy>,
+    config: &SimConfig,
+    observer: &mut Observer<'_>,
+) -> Result<SimResult, SimError> {
+    simulate(
+        &scenario.trace,
+        scenario.dag.as_ref(),
+        &scenario.nodes,
+        policy,
+        &scenario.nominal,
+        config,
+        observer,
+    )
+}
+
+/// Where a pipeline stands, for the GPU time held while it is in CPU-only stages.
+#[derive(Debug, Clone, Copy, Default)]
+struct PipelineState {
+    /// Jobs submitted and not finished.
+    active: u32,
+    /// Of those, jobs that ask for GPUs.
+    active_gpu: u32,
+    /// Milli-GPU its running jobs hold, by their placements.
+    held: u64,
+}
+
+impl PipelineState {
+    /// Milli-GPU held while every active job is CPU-only.
+    fn held_in_cpu_stage(&self) -> u64 {
+        if self.active > 0 && self.active_gpu == 0 {
+            self.held
+        } else {
+            0
+        }
+    }
+}
+
+/// The engine's view of a DAG: what each job still waits for, and the pipelines' states.
+#[derive(Debug)]
+struct DagRun<'d> {
+    dag: &'d Dag,
+    /// Per job index: jobs it waits for that have not finished.
+    waiting: Vec<usize>,
+    /// Jobs whose last predecessor has finished: (when to submit them — that finish, or their
+    /// own submit time if later — and job index).
+    deferred: BinaryHeap<Reverse<(Millis, usize)>>,
+    pipelines: Vec<PipelineState>,
+    /// Sum of [`PipelineState::held_in_cpu_stage`] over pipelines.
+    held_in_cpu_stages: u64,
+    /// Milli-GPU × ms of it, over time.
+    held_in_cpu_stages_ms: u128,
+}
+
+impl DagRun<'_> {
+    /// Changes one pipeline's state, keeping the sum up to date.
+    fn update(&mut self, job_id: u32, change: impl FnOnce(&mut PipelineState)) {
+        let state = &mut self.pipelines[self.dag.pipeline(job_id) as usize];
+        self.held_in_cpu_stages -= state.held_in_cpu_stage();
+        change(state);
+        self.held_in_cpu_stages += state.held_in_cpu_stage();
+    }
+}
+
+/// The event loop behind [`run`] and [`run_scenario`].
+fn simulate(
+    trace: &Trace,
+    dag: Option<&Dag>,
+    nodes: &[NodeSpec],
+    policy: Box<dyn Policy>,
+    nominal: &BTreeMap<String, u32>,
+    config: &SimConfig,
+    observer: &mut Observer<'_>,
 ) -> Result<SimResult, SimError> {
     let started = Instant::now();
     let name = policy.name().to_owned();
@@ -160,7 +289,33 @@ pub fn run(
     }
 
     let jobs = &trace.jobs;
+    let mut dag_run = match dag {
+        None => None,
+        Some(dag) => {
+            if let Some(job) = jobs.iter().find(|j| j.id as usize >= dag.len()) {
+                return Err(SimError::NotInDag {
+                    job: job.id,
+                    jobs: dag.len(),
+                });
+            }
+            Some(DagRun {
+                dag,
+                waiting: jobs.iter().map(|j| dag.after(j.id).len()).collect(),
+                deferred: BinaryHeap::new(),
+                pipelines: vec![PipelineState::default(); dag.pipelines()],
+                held_in_cpu_stages: 0,
+                held_in_cpu_stages_ms: 0,
+            })
+        }
+    };
+    // Jobs that wait for nothing arrive at their submit time, in trace order; the others are
+    // submitted when their last predecessor finishes (or at their submit time, if later).
+    let roots: Vec<usize> = match &dag_run {
+        None => (0..jobs.len()).collect(),
+        Some(d) => (0..jobs.len()).filter(|i| d.waiting[*i] == 0).collect(),
+    };
     let mut next_arrival = 0usize;
+    let mut submitted_at: Vec<Millis> = jobs.iter().map(|j| j.submit).collect();
     // (end, run generation, task): a preempted run's end is stale and skipped.
     let mut ends: BinaryHeap<Reverse<(Millis, u32, u64)>> = BinaryHeap::new();
     let mut runs: HashMap<u64, Run> = HashMap::new();
@@ -175,15 +330,18 @@ pub fn run(
     let mut last_sample: Option<Millis> = None;
     let mut decisions = Vec::new();
     let mut prev: Option<(Millis, u64, bool, bool)> = None;
+    let mut finished = 0usize;
+    // Jobs to submit at this event time, as trace indices.
+    let mut arriving: Vec<usize> = Vec::new();
 
     loop {
-        let arrival = jobs.get(next_arrival).map(|j| j.submit);
+        let arrival = roots.get(next_arrival).map(|i| jobs[*i].submit);
+        let deferred = dag_run
+            .as_ref()
+            .and_then(|d| d.deferred.peek().map(|Reverse((t, _))| *t));
         let end = ends.peek().map(|Reverse((t, _, _))| *t);
-        let now = match (arrival, end) {
-            (None, None) => break,
-            (Some(a), None) => a,
-            (None, Some(e)) => e,
-            (Some(a), Some(e)) => a.min(e),
+        let Some(now) = [arrival, deferred, end].into_iter().flatten().min() else {
+            break;
         };
         // Accumulate the interval that just ended.
         if let Some((since, allocated, waiting, fits)) = prev {
@@ -197,8 +355,12 @@ pub fn run(
                     acc.wasted_fit += dt;
                 }
             }
+            if let Some(d) = &mut dag_run {
+                d.held_in_cpu_stages_ms += u128::from(d.held_in_cpu_stages) * dt;
+            }
         }
         // 1. release what finished
+        let finished_before = finished;
         while let Some(Reverse((t, generation, task))) = ends.peek().copied()
             && t == now
         {
@@ -222,24 +384,73 @@ pub fn run(
                     job: task as u32,
                     source,
                 })?;
+            if let Some(observe) = observer.decision.as_mut() {
+                decisions.iter().for_each(observe);
+            }
             if let Some(run) = runs.remove(&task) {
-                let job = &jobs[by_task[&task]];
+                let index = by_task[&task];
+                let job = &jobs[index];
                 let (start, milli) = run.started.unwrap_or((now, 0));
-                outcomes[by_task[&task]] = Some(JobOutcome {
+                outcomes[index] = Some(JobOutcome {
                     id: job.id,
                     team: job.team.clone(),
-                    submit: job.submit,
+                    submit: submitted_at[index],
                     first_start: run.first_start.unwrap_or(start),
                     finish: now,
                     gpu_ms: run.gpu_ms + u128::from(milli) * u128::from(now - start) / 1000,
                 });
+                finished += 1;
+                if let Some(d) = &mut dag_run {
+                    d.update(job.id, |p| {
+                        p.held -= milli;
+                        p.active -= 1;
+                        p.active_gpu -= u32::from(job.gpus > 0);
+                    });
+                    for next in d.dag.next(job.id) {
+                        let n = by_task[&u64::from(*next)];
+                        d.waiting[n] -= 1;
+                        if d.waiting[n] == 0 {
+                            d.deferred.push(Reverse((jobs[n].submit.max(now), n)));
+                        }
+                    }
+                }
             }
         }
-        // 2. submit arrivals
-        while let Some(job) = jobs.get(next_arrival)
-            && job.submit == now
+        if finished != finished_before
+            && let Some(progress) = observer.progress
         {
-            let spec = job.task_spec(u64::from(job.id), oracle);
+            progress(finished);
+        }
+        // 2. submit arrivals, in trace order
+        arriving.clear();
+        if let Some(d) = &mut dag_run {
+            while let Some(Reverse((t, n))) = d.deferred.peek().copied()
+                && t == now
+            {
+                d.deferred.pop();
+                arriving.push(n);
+            }
+        }
+        while let Some(&i) = roots.get(next_arrival)
+            && jobs[i].submit == now
+        {
+            arriving.push(i);
+            next_arrival += 1;
+        }
+        if dag_run.is_some() {
+            arriving.sort_unstable();
+        }
+        for &i in &arriving {
+            let job = &jobs[i];
+            let mut spec = job.task_spec(u64::from(job.id), oracle);
+            if let Some(d) = &mut dag_run {
+                spec.dag = d.dag.facts(job.id);
+                d.update(job.id, |p| {
+                    p.active += 1;
+                    p.active_gpu += u32::from(job.gpus > 0);
+                });
+            }
+            submitted_at[i] = now;
             scheduler
                 .apply(Input::TaskSubmitted {
                     task: spec,
@@ -249,7 +460,6 @@ pub fn run(
                     job: job.id,
                     source,
                 })?;
-            next_arrival += 1;
         }
         // 3. one pass
         decisions.clear();
@@ -257,6 +467,9 @@ pub fn run(
             .apply_into(Input::Schedule { at: now }, &mut decisions)
             .map_err(|source| SimError::Rejected { job: 0, source })?;
         for decision in &decisions {
+            if let Some(observe) = observer.decision.as_mut() {
+                observe(decision);
+            }
             match decision {
                 Decision::Granted {
                     task, placement, ..
@@ -268,18 +481,26 @@ pub fn run(
                     } else {
                         0
                     };
+                    let milli = placement.gpu_milli();
                     run.first_start.get_or_insert(now);
-                    run.started = Some((now, placement.gpu_milli()));
+                    run.started = Some((now, milli));
                     run.overhead = overhead;
                     ends.push(Reverse((
                         now + overhead + run.remaining,
                         run.generation,
                         task.0,
                     )));
+                    if let Some(d) = &mut dag_run {
+                        d.update(job.id, |p| p.held += milli);
+                    }
                 }
                 Decision::Preempted { task, .. } => {
                     if let Some(run) = runs.get_mut(&task.0) {
+                        let milli = run.started.map_or(0, |(_, m)| m);
                         run.preempted(now, config, &mut acc);
+                        if let Some(d) = &mut dag_run {
+                            d.update(jobs[by_task[&task.0]].id, |p| p.held -= milli);
+                        }
                     }
                 }
                 Decision::Waiting { .. } | Decision::Released { .. } => {}
@@ -303,11 +524,21 @@ pub fn run(
     }
     let outcomes: Vec<JobOutcome> = outcomes.into_iter().flatten().collect();
     let kpis = kpi::compute(&outcomes, &acc, nominal);
+    let (pipeline_outcomes, pipeline_kpis) = match &dag_run {
+        None => (Vec::new(), None),
+        Some(d) => {
+            let per = pipelines::pipeline_outcomes(d.dag, &outcomes);
+            let kpis = pipelines::kpis(&per, d.held_in_cpu_stages_ms);
+            (per, Some(kpis))
+        }
+    };
     Ok(SimResult {
         policy: name,
         parameters,
         kpis,
         outcomes,
+        pipelines: pipeline_kpis,
+        pipeline_outcomes,
         timeline,
         wall: started.elapsed(),
     })

@@ -1,5 +1,6 @@
 //! Named scenarios: a trace, the cluster it runs on and the teams' quotas, fixed so results
-//! can be compared across policies, runs and machines.
+//! can be compared across policies, runs and machines — and, for `pipelines`, the DAG its jobs
+//! follow.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -7,6 +8,7 @@ use std::path::Path;
 use allot_sched::NodeSpec;
 
 use crate::load::philly;
+use crate::pipelines::{self, Dag, Params, PipelineError};
 use crate::trace::{LoadError, Trace};
 
 /// A trace with its cluster and quotas.
@@ -20,6 +22,8 @@ pub struct Scenario {
     pub nodes: Vec<NodeSpec>,
     /// Nominal quota per team, GPUs.
     pub nominal: BTreeMap<String, u32>,
+    /// Which jobs wait for which (`None`: every job arrives at its submit time).
+    pub dag: Option<Dag>,
 }
 
 /// `philly-640` (DESIGN.md): Philly jobs submitted 2017-10-01 to 2017-11-30 by the 11 VCs of
@@ -47,8 +51,44 @@ pub fn philly_640(traces: &Path) -> Result<Scenario, LoadError> {
         trace,
         nodes,
         nominal,
+        dag: None,
     })
 }
+
+/// `pipelines`: synthetic preprocess → train → evaluate pipelines ([`pipelines::generate`])
+/// with durations drawn from all the Philly jobs of the VCs in `vc_nodes.csv`, on `nodes`;
+/// every team has the same nominal quota. Fails if the parameters are impossible or a stage
+/// could never be placed on `nodes`.
+pub fn pipelines(
+    traces: &Path,
+    params: &Params,
+    nodes: Vec<NodeSpec>,
+) -> Result<Scenario, PipelineError> {
+    let problems = params.problems();
+    if !problems.is_empty() {
+        return Err(PipelineError::Params(problems));
+    }
+    params.check_fits(&nodes)?;
+    let dir = traces.join("philly");
+    let source = philly::load(&dir.join("jobs.csv"), &dir.join("vc_nodes.csv"), None)?;
+    let generated = pipelines::generate(&source, params)?;
+    let nominal = generated
+        .trace
+        .teams
+        .iter()
+        .map(|t| (t.name.clone(), t.nominal_gpus))
+        .collect();
+    Ok(Scenario {
+        name: PIPELINES.into(),
+        trace: generated.trace,
+        nodes,
+        nominal,
+        dag: Some(generated.dag),
+    })
+}
+
+/// The name of the synthetic pipelines scenario, which takes parameters ([`pipelines`]).
+pub const PIPELINES: &str = "pipelines";
 
 /// The scenarios known by name.
 pub const NAMES: &[&str] = &["philly-640"];
