@@ -274,16 +274,36 @@ fn simulate(
             .map_err(|source| SimError::Rejected { job: 0, source })?;
     }
     // Nominal quotas scaled to the cluster: only their proportions come from the scenario.
+    // Largest remainders get the milli-GPUs rounding leaves over, so the quotas add up to the
+    // capacity exactly (else the last GPUs could be lent to nobody).
     let capacity = u128::from(scheduler.cluster().capacity_milli());
     let total: u128 = nominal.values().map(|v| u128::from(*v)).sum();
-    for (team, share) in nominal {
-        let nominal_milli = (capacity * u128::from(*share))
-            .checked_div(total)
-            .unwrap_or(0) as u64;
+    let mut shares: Vec<(&String, u128, u128)> = nominal
+        .iter()
+        .map(|(team, share)| {
+            let exact = capacity * u128::from(*share);
+            let (whole, rest) = match total {
+                0 => (0, 0),
+                t => (exact / t, exact % t),
+            };
+            (team, whole, rest)
+        })
+        .collect();
+    let left = if total == 0 {
+        0
+    } else {
+        capacity - shares.iter().map(|(_, whole, _)| whole).sum::<u128>()
+    };
+    let mut by_rest: Vec<usize> = (0..shares.len()).collect();
+    by_rest.sort_by_key(|i| (std::cmp::Reverse(shares[*i].2), *i));
+    for i in by_rest.into_iter().take(left as usize) {
+        shares[i].1 += 1;
+    }
+    for (team, nominal_milli, _) in shares {
         scheduler
             .apply(Input::TeamQuota {
                 team: team.clone(),
-                quota: allot_sched::quota::Quota::gpus(nominal_milli),
+                quota: allot_sched::quota::Quota::gpus(nominal_milli as u64),
             })
             .map_err(|source| SimError::Rejected { job: 0, source })?;
     }
@@ -443,6 +463,9 @@ fn simulate(
         for &i in &arriving {
             let job = &jobs[i];
             let mut spec = job.task_spec(u64::from(job.id), oracle);
+            // The scheduler knows the checkpoint interval, so it can spare the victims that
+            // would lose the least.
+            spec.checkpoint_every = Some(config.checkpoint_every).filter(|every| *every > 0);
             if let Some(d) = &mut dag_run {
                 spec.dag = d.dag.facts(job.id);
                 d.update(job.id, |p| {

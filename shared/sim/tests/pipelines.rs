@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use allot_sched::policy::{Contender, PendingView, Policy, QueueKey, WhenBlocked};
-use allot_sched::quota::Quotas;
+use allot_sched::policy::{Contender, PendingView, Policy, QueueKey, VictimOrder, WhenBlocked};
+use allot_sched::quota::{Amounts, Quotas};
 use allot_sched::{Cluster, DagFacts, Decision, NodeSpec, Placement, TaskId, TaskSpec, Time};
 use allot_sim::pipelines::{
     self, HostRequest, ParamProblem, Params, PipelineError, Pipelines, TeamAssignment,
@@ -123,8 +123,19 @@ impl Policy for Recording {
     ) -> bool {
         self.inner.may_preempt(preemptor, victim, quotas)
     }
-    fn admits(&self, task: &TaskSpec, quotas: &Quotas) -> bool {
-        self.inner.admits(task, quotas)
+    fn preemption_reason(
+        &self,
+        preemptor: Contender<'_>,
+        victim: Contender<'_>,
+        quotas: &Quotas,
+    ) -> String {
+        self.inner.preemption_reason(preemptor, victim, quotas)
+    }
+    fn victim_order(&self) -> VictimOrder {
+        self.inner.victim_order()
+    }
+    fn admits(&self, team: &str, demand: Amounts, quotas: &Quotas) -> bool {
+        self.inner.admits(team, demand, quotas)
     }
     fn needs_estimates(&self) -> bool {
         self.inner.needs_estimates()
