@@ -510,3 +510,5 @@ fn nothing_new_lands_on_a_cordoned_node_until_it_returns_to_service() {
         Err(ApplyError::UnknownNode("n9".into()))
     );
 }
+
+mod mechanisms;
