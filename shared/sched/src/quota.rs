@@ -18,7 +18,7 @@
 //! Usage is kept current by the scheduler on every grant, release and preemption, and counts
 //! what tasks request (as Kueue does) — not the whole nodes a large task may occupy.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::model::TaskSpec;
 

@@ -982,32 +982,25 @@ impl Scheduler {
             key,
             demand: unit.demand,
         };
-        // (over its limit, work lost, victim, why), in the order they would be taken.
-        let mut victims: Vec<(bool, u64, TaskId, String)> = Vec::new();
+        // (over its limit, work lost, victim), in the order they would be taken.
+        let mut victims: Vec<(bool, u64, TaskId)> = Vec::new();
         for (k, id) in running.iter() {
             let task = &self.tasks[id];
             let over = task.over_limit(now);
-            let victim = Contender {
-                spec: &task.spec,
-                key: *k,
-                demand: quota::demand(&task.spec),
-            };
-            let why = if over {
-                format!(
-                    "ran {} s, past its usage limit of {} s",
-                    task.run_time(now) / 1000,
-                    task.spec.max_runtime.unwrap_or(0) / 1000
-                )
-            } else if self.policy.may_preempt(preemptor, victim, &self.quotas) {
-                self.policy
-                    .preemption_reason(preemptor, victim, &self.quotas)
-            } else {
-                continue;
-            };
+            if !over {
+                let victim = Contender {
+                    spec: &task.spec,
+                    key: *k,
+                    demand: quota::demand(&task.spec),
+                };
+                if !self.policy.may_preempt(preemptor, victim, &self.quotas) {
+                    continue;
+                }
+            }
             let lost = task
                 .lost_work(now)
                 .saturating_mul(u64::from(task.spec.gpus.max(1)));
-            victims.push((over, lost, *id, why));
+            victims.push((over, lost, *id));
         }
         match self.policy.victim_order() {
             VictimOrder::WorstFirst => victims.sort_by_key(|v| !v.0),
@@ -1015,7 +1008,7 @@ impl Scheduler {
         }
         let held: u64 = victims
             .iter()
-            .map(|(_, _, id, _)| u64::from(self.tasks[id].spec.gpus))
+            .map(|(_, _, id)| u64::from(self.tasks[id].spec.gpus))
             .sum();
         let free = self.cluster.free_milli() / u64::from(WHOLE_GPU_MILLI);
         if held + free < u64::from(unit.gpus) {
@@ -1025,10 +1018,33 @@ impl Scheduler {
         let mut released: Vec<Vec<(TaskId, String)>> = Vec::new();
         let mut gone: HashSet<TaskId> = HashSet::default();
         let mut found = None;
-        for (_, _, victim, why) in &victims {
+        for (over, _, victim) in &victims {
             if gone.contains(victim) {
                 continue;
             }
+            // Explained now, before its resources change hands (only the victims taken pay
+            // for the words).
+            let why = {
+                let task = &self.tasks[victim];
+                if *over {
+                    format!(
+                        "ran {} s, past its usage limit of {} s",
+                        task.run_time(now) / 1000,
+                        task.spec.max_runtime.unwrap_or(0) / 1000
+                    )
+                } else {
+                    let k = running
+                        .iter()
+                        .find(|(_, id)| id == victim)
+                        .map_or(QueueKey(0, 0, 0), |(k, _)| *k);
+                    let victim = Contender {
+                        spec: &task.spec,
+                        key: k,
+                        demand: quota::demand(&task.spec),
+                    };
+                    self.policy.preemption_reason(preemptor, victim, &self.quotas)
+                }
+            };
             let group = self.unit_ids(self.leader(*victim));
             for member in &group {
                 let task = &self.tasks[member];
