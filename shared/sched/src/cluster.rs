@@ -1,7 +1,9 @@
 //! The live cluster view: every node's free capacity, kept current by applying grants and
 //! releases (never rebuilt per decision), with an index that makes best-fit placement cheap.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::model::{NodeIdx, NodeSpec, WHOLE_GPU_MILLI};
 

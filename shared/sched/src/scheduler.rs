@@ -1042,7 +1042,8 @@ impl Scheduler {
                         key: k,
                         demand: quota::demand(&task.spec),
                     };
-                    self.policy.preemption_reason(preemptor, victim, &self.quotas)
+                    self.policy
+                        .preemption_reason(preemptor, victim, &self.quotas)
                 }
             };
             let group = self.unit_ids(self.leader(*victim));
