@@ -111,6 +111,10 @@ pub mod names {
     pub const INVENTORY: &str = "INVENTORY";
     /// Messages no consumer could handle, with the reason.
     pub const DEADLETTER: &str = "DEADLETTER";
+    /// Workloads and their tasks' lifecycle: the durable record of what was asked and done.
+    pub const WORKLOADS: &str = "WORKLOADS";
+    /// The allocator's append-only journal: every input it applied and every decision it made.
+    pub const DECISIONS: &str = "DECISIONS";
 }
 
 /// Every stream Allot uses, with `replicas` copies each (1 on one server, 3 on a cluster).
@@ -139,6 +143,25 @@ pub fn catalog(replicas: usize) -> Vec<StreamSpec> {
             "Inventory conclusions: reachability and GPU health changes",
             &[subject::INVENTORY_ALL],
         ),
+        // The durable record: kept for ever, nothing in it can be deleted or purged.
+        StreamSpec {
+            deny_delete: true,
+            deny_purge: true,
+            ..StreamSpec::new(
+                names::WORKLOADS,
+                "Workloads submitted and aborted, and their tasks' lifecycle",
+                &[subject::WORKLOAD_ALL, subject::TASK_ALL],
+            )
+        },
+        StreamSpec {
+            deny_delete: true,
+            deny_purge: true,
+            ..StreamSpec::new(
+                names::DECISIONS,
+                "The allocator's journal: every input applied and every decision made, in order",
+                &[subject::ALLOC_ALL],
+            )
+        },
         StreamSpec {
             deny_delete: true,
             ..StreamSpec::new(

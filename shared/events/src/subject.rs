@@ -39,6 +39,13 @@ pub const NODE_ALL: &str = "allot.node.>";
 pub const TELEMETRY_ALL: &str = "allot.telemetry.>";
 /// Every inventory state change: `allot.inventory.>`.
 pub const INVENTORY_ALL: &str = "allot.inventory.>";
+/// Every workload event (submitted, aborted, finished): `allot.workload.>`.
+pub const WORKLOAD_ALL: &str = "allot.workload.>";
+/// Every task lifecycle event (ready, preload, started, checkpointed, completed, failed):
+/// `allot.task.>`.
+pub const TASK_ALL: &str = "allot.task.>";
+/// Every allocator journal entry and decision: `allot.alloc.>`.
+pub const ALLOC_ALL: &str = "allot.alloc.>";
 /// Dead letters: `allot.deadletter.<original subject>`.
 pub const DEAD_LETTER_PREFIX: &str = "allot.deadletter";
 /// Inventory's request/reply query endpoint (core NATS, not a stream).
