@@ -104,8 +104,10 @@ pub struct Cluster {
     by_name: HashMap<String, NodeIdx>,
     /// Per GPU model, schedulable nodes bucketed by their number of entirely free GPUs.
     buckets: HashMap<String, Vec<BTreeSet<NodeIdx>>>,
-    /// GPU models present, sorted (asked for on every placement).
+    /// GPU models present, cheapest first, then by name (asked for on every placement).
     models: Vec<String>,
+    /// Cost per GPU-hour of each model (the highest its nodes declare; 0: unknown).
+    model_cost: HashMap<String, u64>,
     capacity_milli: u64,
     allocated_milli: u64,
     free_milli: u64,
@@ -133,10 +135,17 @@ impl Cluster {
             schedulable: true,
             spec,
         };
+        let cost = self
+            .model_cost
+            .entry(state.spec.gpu_model.clone())
+            .or_default();
+        *cost = (*cost).max(state.spec.gpu_cost);
         if !self.models.contains(&state.spec.gpu_model) {
             self.models.push(state.spec.gpu_model.clone());
-            self.models.sort_unstable();
         }
+        let costs = &self.model_cost;
+        self.models
+            .sort_unstable_by(|a, b| (costs.get(a), a).cmp(&(costs.get(b), b)));
         self.nodes.push(state);
         self.index(idx);
         idx
@@ -206,9 +215,14 @@ impl Cluster {
             .flat_map(|set| set.iter().copied())
     }
 
-    /// GPU models present, sorted.
+    /// GPU models present, cheapest first, then by name.
     pub fn models(&self) -> impl Iterator<Item = &str> + '_ {
         self.models.iter().map(String::as_str)
+    }
+
+    /// A model's cost per GPU-hour (0: unknown).
+    pub fn model_cost(&self, model: &str) -> u64 {
+        self.model_cost.get(model).copied().unwrap_or(0)
     }
 
     /// The largest GPU count of any node of `model`.

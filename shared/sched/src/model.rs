@@ -53,6 +53,10 @@ pub struct NodeSpec {
     /// MIG instances the node offers besides its whole GPUs, by profile (`"1g.10gb"` → 7): the
     /// Kubernetes "mixed" strategy, where each profile is a resource of its own.
     pub mig: BTreeMap<String, u32>,
+    /// What one of its GPUs costs per hour, in any unit common to the pool (0: unknown). When
+    /// models have costs, a task that accepts several goes to the cheapest that fits
+    /// (auto-tiering).
+    pub gpu_cost: u64,
 }
 
 impl NodeSpec {

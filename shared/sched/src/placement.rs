@@ -9,6 +9,11 @@
 //! one NVLink domain if one has enough idle nodes (the one with the fewest that suffice), else
 //! inside one rack (likewise), else the lowest-indexed idle nodes anywhere.
 //!
+//! **Auto-tiering**: where GPU models have costs ([`crate::NodeSpec::gpu_cost`]), a task that
+//! accepts several models is placed on the cheapest that fits — best fit within that model —
+//! and only goes up a tier when no cheaper model has room. Without costs every model is one
+//! tier and best fit looks across all of them.
+//!
 //! Every function takes a `within` filter so that a gang can be confined to one node, one
 //! NVLink domain or one rack (see the scheduler's gang placement).
 
@@ -46,25 +51,29 @@ pub fn best_fit_within(
             && fits_host(cluster.node(idx), task)
             && fits_gpu_memory(cluster.node(idx), task)
     };
-    // One node, fewest free GPUs that still fit, lowest index.
-    let mut best: Option<(u32, NodeIdx)> = None;
+    // One node, cheapest tier first, fewest free GPUs that still fit, lowest index.
+    let mut best: Option<(u64, u32, NodeIdx)> = None;
     for model in &models {
+        let cost = cluster.model_cost(model);
+        if best.is_some_and(|(c, _, _)| c < cost) {
+            break;
+        }
         for free in task.gpus..=cluster.max_gpus(model) {
-            if best.is_some_and(|(f, _)| f < free) {
+            if best.is_some_and(|(_, f, _)| f < free) {
                 break;
             }
             if let Some(idx) = cluster
                 .nodes_with_free(model, free)
                 .find(|idx| usable(*idx))
             {
-                if best.is_none_or(|b| (free, idx) < b) {
-                    best = Some((free, idx));
+                if best.is_none_or(|b| (cost, free, idx) < b) {
+                    best = Some((cost, free, idx));
                 }
                 break;
             }
         }
     }
-    if let Some((_, idx)) = best {
+    if let Some((_, _, idx)) = best {
         let node = cluster.node(idx);
         return Some(Placement {
             shares: vec![whole(node, idx, node.free_gpus(task.gpus), task)],
@@ -161,7 +170,7 @@ impl Level {
 
 /// The GPU whose free share is the smallest that still holds the fraction (and its memory).
 fn fraction(cluster: &Cluster, task: &TaskSpec, within: Within<'_>) -> Option<Placement> {
-    let mut best: Option<(u32, NodeIdx, u32)> = None;
+    let mut best: Option<((u64, u32), NodeIdx, u32)> = None;
     for (i, node) in cluster.nodes().iter().enumerate() {
         let idx = NodeIdx(i as u32);
         if !node.schedulable
@@ -171,11 +180,12 @@ fn fraction(cluster: &Cluster, task: &TaskSpec, within: Within<'_>) -> Option<Pl
         {
             continue;
         }
+        let cost = cluster.model_cost(&node.spec.gpu_model);
         for (g, free) in node.gpu_free.iter().enumerate() {
             if node.gpu_fits(g, task.gpu_milli, task.gpu_memory_mib)
-                && best.is_none_or(|(f, _, _)| *free < f)
+                && best.is_none_or(|(f, _, _)| (cost, *free) < f)
             {
-                best = Some((*free, idx, g as u32));
+                best = Some(((cost, *free), idx, g as u32));
             }
         }
     }

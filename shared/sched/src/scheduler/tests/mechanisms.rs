@@ -434,3 +434,41 @@ fn allot_evens_out_borrowed_capacity_between_teams() {
         "a borrows 4 and 4 GPUs are free: no preemption needed"
     );
 }
+
+#[test]
+fn a_task_that_accepts_several_models_goes_to_the_cheapest_that_fits() {
+    let priced = |name: &str, model: &str, cost: u64| {
+        let mut n = node(name).model(model);
+        n.0.gpu_cost = cost;
+        n
+    };
+    let nodes = || vec![priced("h1", "H100", 4), priced("l1", "L40S", 1)];
+    check(vec![
+        Case {
+            name: "the cheap tier first, then the next one up",
+            policy: "fifo",
+            nodes: nodes(),
+            inputs: vec![
+                submit(task(1).gpus(8), 0),
+                submit(task(2).gpus(4), 0),
+                submit(task(3).milli(500), 0),
+                pass(0),
+            ],
+            want: vec!["grant 1@l1", "grant 2@h1", "grant 3@h1"],
+        },
+        Case {
+            name: "a task pinned to the expensive model still gets it",
+            policy: "fifo",
+            nodes: nodes(),
+            inputs: vec![submit(task(1).gpus(2).models(&["H100"]), 0), pass(0)],
+            want: vec!["grant 1@h1"],
+        },
+        Case {
+            name: "fractions too",
+            policy: "fifo",
+            nodes: nodes(),
+            inputs: vec![submit(task(1).milli(300), 0), pass(0)],
+            want: vec!["grant 1@l1"],
+        },
+    ]);
+}
