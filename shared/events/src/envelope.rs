@@ -5,7 +5,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::{InventoryEvent, NodeEvent, TYPE_PREFIX, TelemetryEvent};
+use crate::{InventoryEvent, NodeEvent, TYPE_PREFIX, TelemetryEvent, WorkloadEvent};
 
 /// The CloudEvents spec version Allot writes and accepts.
 pub const SPEC_VERSION: &str = "1.0";
@@ -66,6 +66,8 @@ pub enum AnyEvent {
     Telemetry(TelemetryEvent),
     /// State changes the inventory derives (reachability, health).
     Inventory(InventoryEvent),
+    /// Workloads submitted and aborted.
+    Workload(WorkloadEvent),
 }
 
 impl From<NodeEvent> for AnyEvent {
@@ -83,6 +85,11 @@ impl From<InventoryEvent> for AnyEvent {
         Self::Inventory(e)
     }
 }
+impl From<WorkloadEvent> for AnyEvent {
+    fn from(e: WorkloadEvent) -> Self {
+        Self::Workload(e)
+    }
+}
 
 impl EventKind for AnyEvent {
     fn event_type(&self) -> String {
@@ -90,6 +97,7 @@ impl EventKind for AnyEvent {
             Self::Node(e) => e.event_type(),
             Self::Telemetry(e) => e.event_type(),
             Self::Inventory(e) => e.event_type(),
+            Self::Workload(e) => e.event_type(),
         }
     }
     fn nats_subject(&self) -> String {
@@ -97,6 +105,7 @@ impl EventKind for AnyEvent {
             Self::Node(e) => e.nats_subject(),
             Self::Telemetry(e) => e.nats_subject(),
             Self::Inventory(e) => e.nats_subject(),
+            Self::Workload(e) => e.nats_subject(),
         }
     }
     fn entity(&self) -> String {
@@ -104,6 +113,7 @@ impl EventKind for AnyEvent {
             Self::Node(e) => e.entity(),
             Self::Telemetry(e) => e.entity(),
             Self::Inventory(e) => e.entity(),
+            Self::Workload(e) => e.entity(),
         }
     }
     fn team(&self) -> Option<&str> {
@@ -111,6 +121,7 @@ impl EventKind for AnyEvent {
             Self::Node(e) => e.team(),
             Self::Telemetry(e) => e.team(),
             Self::Inventory(e) => e.team(),
+            Self::Workload(e) => e.team(),
         }
     }
 }
@@ -200,6 +211,7 @@ pub fn decode(bytes: &[u8]) -> Result<Envelope<AnyEvent>, DecodeError> {
         NodeEvent::DOMAIN => NodeEvent::VERSION,
         TelemetryEvent::DOMAIN => TelemetryEvent::VERSION,
         InventoryEvent::DOMAIN => InventoryEvent::VERSION,
+        WorkloadEvent::DOMAIN => WorkloadEvent::VERSION,
         _ => return Err(DecodeError::UnknownType(raw.ty)),
     };
     if version > supported {
@@ -218,6 +230,9 @@ pub fn decode(bytes: &[u8]) -> Result<Envelope<AnyEvent>, DecodeError> {
         }
         InventoryEvent::DOMAIN => {
             InventoryEvent::decode_data(name, raw.data).map(|r| r.map(AnyEvent::Inventory))
+        }
+        WorkloadEvent::DOMAIN => {
+            WorkloadEvent::decode_data(name, raw.data).map(|r| r.map(AnyEvent::Workload))
         }
         _ => None,
     };

@@ -7,10 +7,13 @@
 //!   typed event or a typed [`DecodeError`] — never a panic.
 //! - [`node`], [`telemetry`], [`inventory`]: one module per domain, each with a past-tense event
 //!   enum (`NodeEvent::Registered`, …) and the payload structs it carries.
+//! - [`workload`]: the workload spec a team submits (`apiVersion: allot/v1`, `kind: Workload`:
+//!   tasks, resources, dependencies, gangs, retries, checkpoints), kept as written, and the
+//!   `WorkloadEvent`s about it (submitted, aborted). Parsing and validation are `allot-workload`'s.
 //! - [`subject`]: subject builders (`allot.<domain>.<event>.<key…>`) and validation of the
 //!   tokens (node names, teams) that go into them.
-//! - [`schema`]: JSON Schema generation for every event type; `schemas/` at the workspace root
-//!   holds the committed output and a test fails when it is stale.
+//! - [`schema`]: JSON Schema generation for every event type and for the workload spec;
+//!   `schemas/` at the workspace root holds the committed output and a test fails when it is stale.
 //!
 //! Event types are `io.allot.<domain>.v<major>.<event>`. A reader accepts its own major version
 //! and upcasts older ones; a newer major version is reported as
@@ -25,11 +28,13 @@ pub mod node;
 pub mod schema;
 pub mod subject;
 pub mod telemetry;
+pub mod workload;
 
 pub use envelope::{AnyEvent, DecodeError, Envelope, EventKind, decode};
 pub use inventory::InventoryEvent;
 pub use node::NodeEvent;
 pub use telemetry::TelemetryEvent;
+pub use workload::WorkloadEvent;
 
 /// The prefix of every Allot event type (`io.allot.<domain>.v<major>.<event>`).
 pub const TYPE_PREFIX: &str = "io.allot.";

@@ -1,15 +1,15 @@
-//! JSON Schemas for every event type, generated from the Rust types.
+//! JSON Schemas for every event type and for the workload spec, generated from the Rust types.
 //!
-//! The committed copies live in `schemas/events/<type>.json`. They are the contract other
-//! languages code against, so a test regenerates them and fails when the committed files are
-//! stale; `allot schemas write` (or `ALLOT_UPDATE_SCHEMAS=1 cargo test -p allot-events`)
-//! rewrites them.
+//! The committed copies live in `schemas/events/<type>.json` and `schemas/workload.v1.json`.
+//! They are the contract other languages code against, so a test regenerates them and fails
+//! when the committed files are stale; `allot schemas` (or
+//! `ALLOT_UPDATE_SCHEMAS=1 cargo test -p allot-events`) rewrites them.
 
 use std::path::Path;
 
 use serde_json::Value;
 
-use crate::{InventoryEvent, NodeEvent, TelemetryEvent};
+use crate::{InventoryEvent, NodeEvent, TelemetryEvent, WorkloadEvent};
 
 /// The folder, relative to the workspace root, that holds the committed event schemas.
 pub const DIR: &str = "schemas/events";
@@ -23,6 +23,7 @@ pub fn all() -> Vec<(String, Value)> {
         .into_iter()
         .chain(TelemetryEvent::data_schemas())
         .chain(InventoryEvent::data_schemas())
+        .chain(WorkloadEvent::data_schemas())
         .map(|(ty, schema)| {
             let mut value = schema.to_value();
             pin_type(&mut value, &ty);
@@ -31,6 +32,25 @@ pub fn all() -> Vec<(String, Value)> {
         .collect();
     out.sort_by(|a, b| a.0.cmp(&b.0));
     out
+}
+
+/// The committed schema of the workload spec (`apiVersion: allot/v1`, `kind: Workload`),
+/// relative to the workspace root.
+pub const WORKLOAD_SPEC_FILE: &str = "schemas/workload.v1.json";
+
+/// The JSON Schema of a workload document, as users write it (YAML or JSON).
+pub fn workload_spec() -> Value {
+    let schema = schemars::generate::SchemaSettings::draft2020_12()
+        .into_generator()
+        .into_root_schema_for::<crate::workload::Workload>();
+    let mut value = schema.to_value();
+    if let Some(obj) = value.as_object_mut() {
+        obj.insert(
+            "title".into(),
+            Value::String("Allot Workload (allot/v1)".into()),
+        );
+    }
+    value
 }
 
 /// The file name a type's schema is committed under.

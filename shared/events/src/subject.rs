@@ -71,6 +71,16 @@ pub fn inventory(event: &str, node: &str) -> String {
     format!("allot.inventory.{event}.{node}")
 }
 
+/// `allot.workload.submitted.<team>`
+pub fn workload_submitted(team: &str) -> String {
+    format!("allot.workload.submitted.{team}")
+}
+
+/// `allot.workload.aborted.<team>`
+pub fn workload_aborted(team: &str) -> String {
+    format!("allot.workload.aborted.{team}")
+}
+
 /// `allot.deadletter.<original subject>`
 pub fn dead_letter(original: &str) -> String {
     format!("{DEAD_LETTER_PREFIX}.{original}")

@@ -7,12 +7,77 @@ use std::path::PathBuf;
 use allot_events::inventory::{GpuHealth, GpuHealthChanged, NodeRecovered, NodeUnreachable};
 use allot_events::node::{GpuInfo, GpuSourceKind, HeartbeatSent, NodeRegistered};
 use allot_events::telemetry::{GpuSample, GpusSampled};
+use allot_events::workload::{
+    ApiVersion, Checkpoint, Kind, Metadata, Quantity, Resources, Retry, Task, Workload,
+    WorkloadAborted, WorkloadSpec, WorkloadSubmitted,
+};
 use allot_events::{AnyEvent, Envelope, schema};
 
 fn schema_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../..")
         .join(schema::DIR)
+}
+
+/// A two-task workload: a CPU step, then a GPU step that checkpoints.
+fn workload() -> Workload {
+    let task = |name: &str| Task {
+        name: name.into(),
+        resources: Resources::default(),
+        command: vec!["python".into(), format!("{name}.py")],
+        image: None,
+        after: Vec::new(),
+        gang: None,
+        duration_estimate: None,
+        deadline: None,
+        max_runtime: None,
+        retry: None,
+        checkpoint: None,
+    };
+    let prep = Task {
+        resources: Resources {
+            cpu: Some(Quantity::from("4")),
+            memory: Some(Quantity::from("16Gi")),
+            ..Resources::default()
+        },
+        ..task("prep")
+    };
+    let train = Task {
+        resources: Resources {
+            gpus: Some(Quantity::from("1")),
+            gpu_memory: Some(Quantity::from("40Gi")),
+            gpu_models: vec!["H100".into()],
+            ..Resources::default()
+        },
+        image: Some("ghcr.io/acme/train:1.4".into()),
+        after: vec!["prep".into()],
+        duration_estimate: Some("2h".into()),
+        deadline: Some("8h".into()),
+        max_runtime: Some("6h".into()),
+        retry: Some(Retry {
+            max_attempts: 3,
+            backoff: Some("30s".into()),
+        }),
+        checkpoint: Some(Checkpoint {
+            supported: true,
+            interval: Some("15m".into()),
+        }),
+        ..task("train")
+    };
+    Workload {
+        api_version: ApiVersion::V1,
+        kind: Kind::Workload,
+        metadata: Metadata {
+            name: "train-eval".into(),
+            team: "vision".into(),
+            project: Some("detector".into()),
+            priority_class: Some("standard".into()),
+            labels: [("ci".to_owned(), "true".to_owned())].into(),
+        },
+        spec: WorkloadSpec {
+            tasks: vec![prep, train],
+        },
+    }
 }
 
 /// One realistic sample of every event type.
@@ -82,6 +147,22 @@ fn samples() -> Vec<AnyEvent> {
             reason: "uncorrected ECC errors rose from 0 to 2".into(),
         }
         .into(),
+        WorkloadSubmitted {
+            workload_id: "train-eval-3f9a2c71d0".into(),
+            idempotency_key: "3f9a2c71d0e4".into(),
+            run_id: Some("ci-1842".into()),
+            submitter: "ci@build-7".into(),
+            spec: workload(),
+        }
+        .into(),
+        WorkloadAborted {
+            workload_id: "train-eval-3f9a2c71d0".into(),
+            team: "vision".into(),
+            task: Some("train".into()),
+            reason: "wrong learning rate".into(),
+            by: "alice".into(),
+        }
+        .into(),
     ]
 }
 
@@ -115,6 +196,36 @@ fn committed_schemas_match_the_rust_types() {
         stale.is_empty(),
         "schemas/ is stale; regenerate with `cargo run -- schemas write`:\n  {}",
         stale.join("\n  ")
+    );
+}
+
+#[test]
+fn the_committed_workload_spec_schema_matches_the_rust_types_and_accepts_a_sample() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(schema::WORKLOAD_SPEC_FILE);
+    let generated = schema::workload_spec();
+    if std::env::var_os("ALLOT_UPDATE_SCHEMAS").is_some() {
+        std::fs::write(&path, schema::render(&generated)).unwrap();
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == schema::render(&generated),
+        "{} is stale; regenerate with `cargo run -- schemas`",
+        path.display()
+    );
+
+    let validator = jsonschema::validator_for(&generated).unwrap();
+    let mut instance = serde_json::to_value(workload()).unwrap();
+    let errors: Vec<String> = validator
+        .iter_errors(&instance)
+        .map(|e| format!("{e} at {}", e.instance_path))
+        .collect();
+    assert!(errors.is_empty(), "{errors:?}");
+    instance["spec"]["tasks"][1]["resources"]["gpu"] = 4.into();
+    assert!(
+        !validator.is_valid(&instance),
+        "unknown fields are rejected"
     );
 }
 
