@@ -20,6 +20,7 @@ use futures::future::{BoxFuture, Shared};
 pub mod bench;
 pub mod local;
 pub mod plots;
+pub mod replay;
 pub mod run;
 pub mod settings;
 pub mod sim;
@@ -51,6 +52,10 @@ pub enum Command {
     Status(status::StatusArgs),
     /// Replay a GPU-cluster trace through the scheduling core under several policies.
     Sim(sim::SimArgs),
+    /// Rebuild the allocator's state from its journal and recompute every decision.
+    Replay(replay::ReplayArgs),
+    /// Print a task's decision history, with reasons, from the journal.
+    Explain(replay::ExplainArgs),
     /// Benchmarks against a real nats-server.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -98,6 +103,8 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Status(args) => status::status(args, &env).await,
         Command::Bench(cmd) => bench::bench(cmd, &env).await,
         Command::Sim(args) => sim::sim(args),
+        Command::Replay(args) => replay::replay(args),
+        Command::Explain(args) => replay::explain(args),
         Command::Schemas { out } => {
             allot_events::schema::write_all(&out)?;
             eprintln!(

@@ -78,6 +78,10 @@ pub struct SimArgs {
     /// Write SVG charts here: JCT CDF per policy, GPUs allocated and queue length over time.
     #[arg(long)]
     pub plots: Option<PathBuf>,
+    /// Write the run's journal here (one policy only): a header line, then one JSON line per
+    /// input applied with its decisions — what `allot replay --verify` checks.
+    #[arg(long)]
+    pub journal: Option<PathBuf>,
 }
 
 /// Runs `allot sim`.
@@ -100,6 +104,9 @@ pub fn sim(args: SimArgs) -> anyhow::Result<ExitCode> {
     }
     if args.scenario.as_deref() == Some(OPENB_PACKING) {
         return packing(&args, &policies);
+    }
+    if args.journal.is_some() && policies.len() != 1 {
+        bail!("--journal records one run: give exactly one policy");
     }
     let scenario = load(&args)?;
     let config = SimConfig {
@@ -129,12 +136,32 @@ pub fn sim(args: SimArgs) -> anyhow::Result<ExitCode> {
         let policy = allot_sched::policy::by_name(name).context("known policy")?;
         let bar = progress_bar(args.quiet, scenario.trace.jobs.len(), name);
         let tick = |done: usize| bar.set_position(done as u64);
+        let mut journal = match &args.journal {
+            Some(path) => Some(JournalFile::create(path, name)?),
+            None => None,
+        };
+        let mut record = |input: &allot_sched::Input,
+                          decisions: &[allot_sched::Decision],
+                          rejected: Option<&allot_sched::ApplyError>| {
+            if let Some(j) = journal.as_mut() {
+                j.write(input, decisions, rejected);
+            }
+        };
         let mut observer = Observer {
             progress: Some(&tick),
             decision: None,
+            journal: if args.journal.is_some() {
+                Some(&mut record)
+            } else {
+                None
+            },
         };
         let result = allot_sim::run_scenario(&scenario, policy, &config, &mut observer)
             .with_context(|| format!("simulating {name}"));
+        if let Some(j) = journal.take() {
+            let (path, entries) = j.finish()?;
+            eprintln!("journal: {entries} entries written to {}", path.display());
+        }
         bar.finish_and_clear();
         let result = result?;
         eprintln!("  {name}: {:.1} s", result.wall.as_secs_f64());
@@ -497,4 +524,65 @@ fn packing_json(results: &[allot_sim::packing::PackingResult]) -> serde_json::Va
         })
         .collect();
     serde_json::json!({ "scenario": OPENB_PACKING, "policies": policies })
+}
+
+/// A journal being written as JSON lines: the header, then one entry per input.
+struct JournalFile {
+    path: PathBuf,
+    out: std::io::BufWriter<std::fs::File>,
+    seq: u64,
+    error: Option<std::io::Error>,
+}
+
+impl JournalFile {
+    fn create(path: &std::path::Path, policy: &str) -> anyhow::Result<Self> {
+        use std::io::Write;
+        let file = std::fs::File::create(path)
+            .with_context(|| format!("creating the journal {}", path.display()))?;
+        let mut out = std::io::BufWriter::new(file);
+        serde_json::to_writer(&mut out, &allot_sched::journal::Header::new(policy))?;
+        out.write_all(b"\n")?;
+        Ok(Self {
+            path: path.to_owned(),
+            out,
+            seq: 0,
+            error: None,
+        })
+    }
+
+    fn write(
+        &mut self,
+        input: &allot_sched::Input,
+        decisions: &[allot_sched::Decision],
+        rejected: Option<&allot_sched::ApplyError>,
+    ) {
+        use std::io::Write;
+        if self.error.is_some() {
+            return;
+        }
+        self.seq += 1;
+        let entry = allot_sched::journal::Entry {
+            seq: self.seq,
+            input: input.clone(),
+            decisions: decisions.to_vec(),
+            rejected: rejected.map(ToString::to_string),
+        };
+        let written = serde_json::to_writer(&mut self.out, &entry)
+            .map_err(std::io::Error::from)
+            .and_then(|()| self.out.write_all(b"\n"));
+        if let Err(e) = written {
+            self.error = Some(e);
+        }
+    }
+
+    fn finish(mut self) -> anyhow::Result<(PathBuf, u64)> {
+        use std::io::Write;
+        if let Some(e) = self.error.take() {
+            return Err(e).with_context(|| format!("writing {}", self.path.display()));
+        }
+        self.out
+            .flush()
+            .with_context(|| format!("writing {}", self.path.display()))?;
+        Ok((self.path, self.seq))
+    }
 }

@@ -2,5 +2,6 @@
 //! nats-server, SQLite on disk and real processes (signals included).
 
 mod inventory_crash;
+mod replay;
 mod support;
 mod up_status;

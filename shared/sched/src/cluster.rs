@@ -63,7 +63,9 @@ impl NodeState {
 }
 
 /// A task's share of one node: which GPUs, and how much of each.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
 pub struct NodeShare {
     /// The node.
     pub node: NodeIdx,
@@ -80,7 +82,9 @@ pub struct NodeShare {
 }
 
 /// Where a task runs: one share per node it spans.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
 pub struct Placement {
     /// Shares, by node.
     pub shares: Vec<NodeShare>,

@@ -4,7 +4,10 @@ use crate::cluster::Placement;
 use crate::model::{LeaseId, TaskId, Time};
 
 /// A decision.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+#[serde(tag = "decision", rename_all = "snake_case")]
 pub enum Decision {
     /// The task may start on `placement`.
     Granted {
@@ -59,7 +62,10 @@ pub enum Decision {
 }
 
 /// Why a task waits.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum WaitReason {
     /// No placement exists on the free capacity now.
     NoCapacity {

@@ -1,7 +1,7 @@
 //! Duration estimates behind one trait: an oracle (true durations, for oracle baselines only)
 //! and a history-based online estimator that learns only from tasks that have finished.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::model::{TaskSpec, Time};
 

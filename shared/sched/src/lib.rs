@@ -10,6 +10,8 @@
 //!   best fit, changed only by grants and releases.
 //! - [`placement`]: where a task fits (best fit on a node, topology-aware whole nodes for large
 //!   tasks, the tightest GPU for a fraction, MIG instances).
+//! - [`journal`]: journal entries (an input and its decisions) and `verify`, which replays a
+//!   journal and names the first entry whose outcome differs.
 //! - [`gang`]: all-or-nothing placement of a gang's tasks, tightest topology level first.
 //! - [`policy`]: the [`Policy`] trait and the policies; only ordering and blocking differ
 //!   between them.
@@ -24,6 +26,7 @@ pub mod cluster;
 pub mod decision;
 pub mod estimate;
 pub mod gang;
+pub mod journal;
 pub mod model;
 pub mod placement;
 pub mod policy;

@@ -9,7 +9,20 @@ pub type Time = u64;
 
 /// A task's id, unique for the scheduler's lifetime (the allocator derives it from the
 /// workload and task; the simulator uses the trace position).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(transparent)]
 pub struct TaskId(pub u64);
 
 impl fmt::Display for TaskId {
@@ -20,11 +33,38 @@ impl fmt::Display for TaskId {
 
 /// A node's position in the cluster, in the order nodes were added (the placement tie-break:
 /// lowest index first).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(transparent)]
 pub struct NodeIdx(pub u32);
 
 /// A lease: one grant of resources to one task; released exactly once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(transparent)]
 pub struct LeaseId(pub u64);
 
 /// One milli-GPU is a thousandth of a GPU; a whole GPU is 1000.
@@ -32,7 +72,10 @@ pub const WHOLE_GPU_MILLI: u32 = 1000;
 
 /// A node as it joins the cluster. One scheduler schedules one pool: the nodes it is given are
 /// the pool's, and the quotas it is given are the pool's quotas.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+#[serde(default)]
 pub struct NodeSpec {
     /// Node name.
     pub name: String,
@@ -79,7 +122,18 @@ impl NodeSpec {
 }
 
 /// A gang: tasks that start together or not at all (a distributed training job's workers).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug,
+    Clone,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
 pub struct Gang {
     /// Its name, unique for the scheduler's lifetime (the allocator uses workload/gang).
     pub name: String,
@@ -88,7 +142,18 @@ pub struct Gang {
 }
 
 /// What the DAG planner knows of a task's place in its pipeline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    Hash,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
 pub struct DagFacts {
     /// Tasks that wait for this one, directly or not.
     pub dependents: u32,
@@ -110,7 +175,9 @@ pub fn mig_milli(profile: &str) -> Option<u32> {
 }
 
 /// A task as submitted to the scheduler.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
 pub struct TaskSpec {
     /// Unique id.
     pub id: TaskId,
@@ -123,29 +190,40 @@ pub struct TaskSpec {
     /// Milli-GPU per GPU: 1000 for whole GPUs.
     pub gpu_milli: u32,
     /// Accepted GPU models; empty = any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpu_models: Vec<String>,
     /// CPU, millicores.
+    #[serde(default)]
     pub cpu_milli: u64,
     /// Memory, MiB.
+    #[serde(default)]
     pub memory_mib: u64,
     /// GPU memory needed on each GPU, MiB (0: any); a fraction goes only to a GPU with this
     /// much memory free.
+    #[serde(default)]
     pub gpu_memory_mib: u64,
     /// A MIG profile: the task takes one MIG instance of it instead of GPUs (set by
     /// [`TaskSpec::mig`], which also sets `gpus` and `gpu_milli` to its share of a GPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig_profile: Option<String>,
     /// The gang it belongs to, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gang: Option<Gang>,
     /// Its place in its pipeline: among equals, tasks that unblock more go first.
+    #[serde(default)]
     pub dag: DagFacts,
     /// A predicted run time from the predictor (not the truth: any policy may read it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub predicted_duration: Option<Time>,
     /// How often it checkpoints, ms of run time (`None`: never — a preemption loses all of
     /// its current run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_every: Option<Time>,
     /// Its usage limit: once a run has lasted this long, any waiting task may preempt it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_runtime: Option<Time>,
     /// The true duration, known only in simulation; only oracle policies may read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oracle_duration: Option<Time>,
 }
 

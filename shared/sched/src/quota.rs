@@ -39,7 +39,17 @@ pub fn demand(task: &TaskSpec) -> Amounts {
 }
 
 /// A team's quota of one resource.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
 pub struct Limit {
     /// Nominal quota.
     pub nominal: u64,
@@ -62,7 +72,18 @@ impl Limit {
 }
 
 /// A team's quota.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(default)]
 pub struct Quota {
     /// Nominal quota, milli-GPU.
     pub nominal_milli: u64,

@@ -38,7 +38,10 @@ use crate::policy::{Contender, PendingView, Policy, QueueKey, VictimOrder, WhenB
 use crate::quota::{self, Amounts, Quota, Quotas};
 
 /// Something that happened, in the one total order the scheduler sees.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+#[serde(tag = "input", rename_all = "snake_case")]
 pub enum Input {
     /// A node joined.
     NodeAdded(NodeSpec),

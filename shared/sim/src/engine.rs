@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use allot_sched::{Decision, Input, NodeSpec, Policy, Scheduler, TaskId};
+use allot_sched::{ApplyError, Decision, Input, NodeSpec, Policy, Scheduler, TaskId};
 
 use crate::kpi::{self, Accumulators, JobOutcome, Kpis};
 use crate::pipelines::{self, Dag, PipelineKpis, PipelineOutcome};
@@ -156,6 +156,26 @@ pub struct Observer<'a> {
     pub progress: Option<&'a dyn Fn(usize)>,
     /// Called with every decision, as it is made (task ids are trace ids).
     pub decision: Option<&'a mut dyn FnMut(&Decision)>,
+    /// Called with every input applied to the scheduler, its decisions and whether it was
+    /// rejected: the run's journal (see `allot_sched::journal`).
+    pub journal: Option<&'a mut dyn FnMut(&Input, &[Decision], Option<&ApplyError>)>,
+}
+
+/// Applies `input`, appending its decisions to `out`, and hands it to the observer's journal.
+fn step(
+    scheduler: &mut Scheduler,
+    input: Input,
+    out: &mut Vec<Decision>,
+    observer: &mut Observer<'_>,
+) -> Result<(), ApplyError> {
+    let Some(journal) = observer.journal.as_mut() else {
+        return scheduler.apply_into(input, out);
+    };
+    let start = out.len();
+    let logged = input.clone();
+    let result = scheduler.apply_into(input, out);
+    journal(&logged, &out[start..], result.as_ref().err());
+    result
 }
 
 impl fmt::Debug for Observer<'_> {
@@ -163,6 +183,7 @@ impl fmt::Debug for Observer<'_> {
         f.debug_struct("Observer")
             .field("progress", &self.progress.is_some())
             .field("decision", &self.decision.is_some())
+            .field("journal", &self.journal.is_some())
             .finish()
     }
 }
@@ -269,9 +290,13 @@ fn simulate(
     let oracle = policy.uses_oracle();
     let mut scheduler = Scheduler::new(policy);
     for node in nodes {
-        scheduler
-            .apply(Input::NodeAdded(node.clone()))
-            .map_err(|source| SimError::Rejected { job: 0, source })?;
+        step(
+            &mut scheduler,
+            Input::NodeAdded(node.clone()),
+            &mut Vec::new(),
+            observer,
+        )
+        .map_err(|source| SimError::Rejected { job: 0, source })?;
     }
     // Nominal quotas scaled to the cluster: only their proportions come from the scenario.
     // Largest remainders get the milli-GPUs rounding leaves over, so the quotas add up to the
@@ -300,12 +325,16 @@ fn simulate(
         shares[i].1 += 1;
     }
     for (team, nominal_milli, _) in shares {
-        scheduler
-            .apply(Input::TeamQuota {
+        step(
+            &mut scheduler,
+            Input::TeamQuota {
                 team: team.clone(),
                 quota: allot_sched::quota::Quota::gpus(nominal_milli as u64),
-            })
-            .map_err(|source| SimError::Rejected { job: 0, source })?;
+            },
+            &mut Vec::new(),
+            observer,
+        )
+        .map_err(|source| SimError::Rejected { job: 0, source })?;
     }
 
     let jobs = &trace.jobs;
@@ -392,18 +421,19 @@ fn simulate(
                 continue;
             }
             decisions.clear();
-            scheduler
-                .apply_into(
-                    Input::TaskFinished {
-                        task: TaskId(task),
-                        at: now,
-                    },
-                    &mut decisions,
-                )
-                .map_err(|source| SimError::Rejected {
-                    job: task as u32,
-                    source,
-                })?;
+            step(
+                &mut scheduler,
+                Input::TaskFinished {
+                    task: TaskId(task),
+                    at: now,
+                },
+                &mut decisions,
+                observer,
+            )
+            .map_err(|source| SimError::Rejected {
+                job: task as u32,
+                source,
+            })?;
             if let Some(observe) = observer.decision.as_mut() {
                 decisions.iter().for_each(observe);
             }
@@ -474,21 +504,29 @@ fn simulate(
                 });
             }
             submitted_at[i] = now;
-            scheduler
-                .apply(Input::TaskSubmitted {
+            step(
+                &mut scheduler,
+                Input::TaskSubmitted {
                     task: spec,
                     at: now,
-                })
-                .map_err(|source| SimError::Rejected {
-                    job: job.id,
-                    source,
-                })?;
+                },
+                &mut Vec::new(),
+                observer,
+            )
+            .map_err(|source| SimError::Rejected {
+                job: job.id,
+                source,
+            })?;
         }
         // 3. one pass
         decisions.clear();
-        scheduler
-            .apply_into(Input::Schedule { at: now }, &mut decisions)
-            .map_err(|source| SimError::Rejected { job: 0, source })?;
+        step(
+            &mut scheduler,
+            Input::Schedule { at: now },
+            &mut decisions,
+            observer,
+        )
+        .map_err(|source| SimError::Rejected { job: 0, source })?;
         for decision in &decisions {
             if let Some(observe) = observer.decision.as_mut() {
                 observe(decision);

@@ -1,0 +1,255 @@
+//! `allot replay` and `allot explain`: audit the allocator's journal.
+//!
+//! `replay --verify` rebuilds the scheduler from the journal's first entry and recomputes
+//! every decision; on the first difference it prints the logged and the recomputed outcome
+//! and exits non-zero. `explain` prints one task's history from the journal, with reasons.
+//!
+//! Journals come from a file (`--journal PATH`: what `allot sim --journal` writes, one JSON
+//! line per entry after a header line).
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use clap::Args;
+
+use allot_sched::journal::{self, Entry, Header, VerifyError};
+use allot_sched::{Decision, Input, TaskId, Time};
+
+/// Flags of `allot replay`.
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// The journal: a JSON-lines file as `allot sim --journal` writes it.
+    #[arg(long)]
+    pub journal: PathBuf,
+    /// Recompute every decision and stop at the first difference (exit 1).
+    #[arg(long)]
+    pub verify: bool,
+    /// Compare only entries at or after this time (ms on the journal's clock); the state is
+    /// still rebuilt from the first entry.
+    #[arg(long)]
+    pub from: Option<Time>,
+    /// Stop after this time (ms on the journal's clock).
+    #[arg(long)]
+    pub to: Option<Time>,
+}
+
+/// Flags of `allot explain`.
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// The task's id (the number in `task-<id>`, or `task-<id>`).
+    pub task: String,
+    /// The journal: a JSON-lines file as `allot sim --journal` writes it.
+    #[arg(long)]
+    pub journal: PathBuf,
+}
+
+/// Runs `allot replay`.
+pub fn replay(args: ReplayArgs) -> anyhow::Result<ExitCode> {
+    if !args.verify {
+        bail!("nothing to do: add --verify to recompute and compare every decision");
+    }
+    let (header, entries) = open(&args.journal)?;
+    let started = Instant::now();
+    let mut bad_line: Option<anyhow::Error> = None;
+    let entries = entries.map_while(|e| match e {
+        Ok(entry) => Some(entry),
+        Err(err) => {
+            bad_line = Some(err);
+            None
+        }
+    });
+    let outcome = journal::verify(&header, entries, args.from, args.to);
+    if let Some(err) = bad_line {
+        return Err(err);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    match outcome {
+        Ok(summary) => {
+            println!(
+                "verified: {} entries applied, {} compared, {} decisions recomputed identically \
+                 in {elapsed:.2} s ({:.0} decisions/s, policy {})",
+                summary.entries,
+                summary.verified,
+                summary.decisions,
+                summary.decisions as f64 / elapsed.max(1e-9),
+                header.policy
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(VerifyError::Mismatch(m)) => {
+            println!(
+                "MISMATCH at entry {}: {}",
+                m.logged.seq,
+                journal::describe(&m.logged.input)
+            );
+            println!("logged:     {}", outcome_line(&m.logged));
+            println!("recomputed: {}", outcome_line(&m.recomputed));
+            Ok(ExitCode::FAILURE)
+        }
+        Err(e) => {
+            println!("cannot verify: {e}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// Runs `allot explain`.
+pub fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
+    let id: u64 = args
+        .task
+        .trim_start_matches("task-")
+        .parse()
+        .with_context(|| format!("{:?} is not a task id (e.g. 42 or task-42)", args.task))?;
+    let task = TaskId(id);
+    let (_, entries) = open(&args.journal)?;
+    let mut lines = 0;
+    for entry in entries {
+        let entry = entry?;
+        for line in history(&entry, task) {
+            println!("{line}");
+            lines += 1;
+        }
+    }
+    if lines == 0 {
+        println!("{task} does not appear in {}", args.journal.display());
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What `entry` says about `task`, one line per fact.
+fn history(entry: &Entry, task: TaskId) -> Vec<String> {
+    let mut out = Vec::new();
+    let seq = entry.seq;
+    match &entry.input {
+        Input::TaskSubmitted { task: spec, at } if spec.id == task => {
+            let gpus = if spec.gpu_milli < 1000 && spec.gpus == 1 {
+                format!("{} milli-GPU", spec.gpu_milli)
+            } else {
+                format!("{} GPU(s)", spec.gpus)
+            };
+            out.push(format!(
+                "#{seq} t={at} submitted by team {}, priority {}, {gpus}",
+                spec.team, spec.priority
+            ));
+        }
+        Input::TaskFinished { task: t, at } if *t == task => {
+            out.push(format!("#{seq} t={at} finished"));
+        }
+        Input::TaskRequeued {
+            task: t,
+            at,
+            reason,
+        } if *t == task => {
+            out.push(format!("#{seq} t={at} requeued: {reason}"));
+        }
+        _ => {}
+    }
+    if let Some(why) = &entry.rejected
+        && mentions(&entry.input, task)
+    {
+        out.push(format!("#{seq} rejected: {why}"));
+    }
+    for d in &entry.decisions {
+        match d {
+            Decision::Granted {
+                task: t,
+                lease,
+                placement,
+                at,
+                reason,
+            } if *t == task => {
+                let nodes: Vec<String> = placement
+                    .shares
+                    .iter()
+                    .map(|s| {
+                        let gpus: Vec<String> = s.gpus.iter().map(|(g, _)| g.to_string()).collect();
+                        format!("node #{} GPUs [{}]", s.node.0, gpus.join(","))
+                    })
+                    .collect();
+                out.push(format!(
+                    "#{seq} t={at} granted lease {} on {}: {reason}",
+                    lease.0,
+                    nodes.join(" + ")
+                ));
+            }
+            Decision::Waiting {
+                task: t,
+                reason,
+                eta,
+                at,
+            } if *t == task => {
+                let eta = eta.map_or_else(|| "unknown".to_owned(), |e| format!("t={e}"));
+                out.push(format!(
+                    "#{seq} t={at} waiting: {reason} (expected start {eta})"
+                ));
+            }
+            Decision::Preempted {
+                task: t,
+                at,
+                for_task,
+                reason,
+                ..
+            } if *t == task => {
+                let for_task = for_task.map_or_else(String::new, |f| format!(" for {f}"));
+                out.push(format!("#{seq} t={at} preempted{for_task}: {reason}"));
+            }
+            Decision::Preempted {
+                task: victim,
+                at,
+                for_task: Some(f),
+                ..
+            } if *f == task => {
+                out.push(format!("#{seq} t={at} preempted {victim} to make room"));
+            }
+            Decision::Released { task: t, lease, at } if *t == task => {
+                out.push(format!("#{seq} t={at} released lease {}", lease.0));
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+fn mentions(input: &Input, task: TaskId) -> bool {
+    match input {
+        Input::TaskSubmitted { task: spec, .. } => spec.id == task,
+        Input::TaskFinished { task: t, .. }
+        | Input::TaskCheckpointed { task: t, .. }
+        | Input::TaskRequeued { task: t, .. } => *t == task,
+        _ => false,
+    }
+}
+
+fn outcome_line(entry: &Entry) -> String {
+    if let Some(why) = &entry.rejected {
+        return format!("rejected: {why}");
+    }
+    serde_json::to_string(&entry.decisions).unwrap_or_else(|e| format!("<unprintable: {e}>"))
+}
+
+type Entries = Box<dyn Iterator<Item = anyhow::Result<Entry>>>;
+
+/// Opens a journal file: its header and an iterator over its entries (an unreadable line is
+/// an error naming the file and line).
+fn open(path: &Path) -> anyhow::Result<(Header, Entries)> {
+    let file = std::fs::File::open(path)
+        .with_context(|| format!("opening the journal {}", path.display()))?;
+    let mut lines = std::io::BufReader::new(file).lines();
+    let first = lines
+        .next()
+        .with_context(|| format!("{}: empty file, expected a journal header", path.display()))?
+        .with_context(|| format!("reading {}", path.display()))?;
+    let header: Header = serde_json::from_str(&first)
+        .with_context(|| format!("{}:1: not a journal header", path.display()))?;
+    let shown = path.display().to_string();
+    let entries = lines.enumerate().map(move |(i, line)| {
+        let line = line.with_context(|| format!("reading {shown}"))?;
+        serde_json::from_str::<Entry>(&line)
+            .with_context(|| format!("{shown}:{}: not a journal entry", i + 2))
+    });
+    Ok((header, Box::new(entries)))
+}
