@@ -19,8 +19,13 @@
 //!    ones first, and then skip the older ones as already applied — losing them. (The e2e test
 //!    that SIGKILLs the inventory mid-stream found exactly that.)
 //! 5. On shutdown the runner stops pulling, finishes the batch in hand, and returns.
+//!
+//! What the handler receives is its [`Content`]: by default the decoded [`Envelope`]; a consumer
+//! that copies a stream (the audit archiver) takes [`Raw`] instead — the payload and headers
+//! exactly as stored — so that no message is dead-lettered for being undecodable here.
 
 use std::future::Future;
+use std::marker::PhantomData;
 use std::time::Duration;
 
 use async_nats::jetstream::{
@@ -29,6 +34,7 @@ use async_nats::jetstream::{
     message::PublishMessage,
     stream::ConsumerErrorKind,
 };
+use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use futures::{FutureExt, StreamExt};
 
@@ -100,9 +106,43 @@ impl ConsumerSpec {
     }
 }
 
-/// One decoded message handed to a [`Handler`].
+/// What a runner hands its handler as a message's content.
+pub trait Content: Clone + Send + Sync + Sized + 'static {
+    /// Reads the content of a pulled message, or says why it cannot be read (the message is
+    /// then dead-lettered with that reason).
+    fn read(message: &async_nats::Message) -> Result<Self, String>;
+}
+
+impl Content for Envelope {
+    fn read(message: &async_nats::Message) -> Result<Self, String> {
+        decode(&message.payload).map_err(|e| format!("undecodable: {e}"))
+    }
+}
+
+/// A message exactly as the stream stores it, undecoded.
+///
+/// For consumers that keep a copy of a stream (the audit archiver): such a copy must hold every
+/// message, including one that no decoder in this build understands.
 #[derive(Debug, Clone)]
-pub struct Delivery {
+pub struct Raw {
+    /// The payload bytes as published.
+    pub payload: Bytes,
+    /// The headers as stored (`Nats-Msg-Id`, `Nats-Expected-*` …), if any.
+    pub headers: Option<async_nats::HeaderMap>,
+}
+
+impl Content for Raw {
+    fn read(message: &async_nats::Message) -> Result<Self, String> {
+        Ok(Raw {
+            payload: message.payload.clone(),
+            headers: message.headers.clone(),
+        })
+    }
+}
+
+/// One message handed to a [`Handler`], with its content read as `E`.
+#[derive(Debug, Clone)]
+pub struct Delivery<E = Envelope> {
     /// Sequence in the stream: the key for exactly-once application.
     pub stream_sequence: u64,
     /// Subject it was published on.
@@ -111,8 +151,8 @@ pub struct Delivery {
     pub published: DateTime<Utc>,
     /// How many times it has been delivered, this one included.
     pub deliveries: u32,
-    /// The event.
-    pub event: Envelope,
+    /// The event (for a [`Raw`] consumer, the message as stored).
+    pub event: E,
 }
 
 /// What the handler made of one message.
@@ -129,8 +169,8 @@ pub enum Outcome {
 #[error("{0}")]
 pub struct HandlerError(pub String);
 
-/// Applies a consumer's messages.
-pub trait Handler: Send {
+/// Applies a consumer's messages, whose content it reads as `E`.
+pub trait Handler<E = Envelope>: Send {
     /// The last stream sequence this handler has applied, if it keeps one (a projection that
     /// stores its position with its state). The runner then starts the consumer right after
     /// it, so the handler's own record — not the server's acknowledgement state — decides
@@ -145,16 +185,17 @@ pub trait Handler: Send {
     /// from the batch was kept and it should be retried.
     fn handle(
         &mut self,
-        batch: &[Delivery],
+        batch: &[Delivery<E>],
     ) -> impl Future<Output = Result<Vec<Outcome>, HandlerError>> + Send;
 }
 
 /// Drives a [`Handler`] from a durable pull consumer. See the module docs for the guarantees.
 #[derive(Debug)]
-pub struct ConsumerRunner<H> {
+pub struct ConsumerRunner<H, E = Envelope> {
     js: jetstream::Context,
     settler: Settler,
     handler: H,
+    content: PhantomData<fn() -> E>,
 }
 
 /// Acknowledges and dead-letters; kept apart from the handler so the runner never needs the
@@ -166,12 +207,12 @@ struct Settler {
 }
 
 /// A pulled message: the raw message and, if it decoded, the delivery.
-struct Pulled {
+struct Pulled<E> {
     message: jetstream::Message,
-    delivery: Result<Delivery, String>,
+    delivery: Result<Delivery<E>, String>,
 }
 
-impl<H: Handler> ConsumerRunner<H> {
+impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
     /// A runner for `spec` on `client`, handing messages to `handler`.
     pub fn new(client: async_nats::Client, spec: ConsumerSpec, handler: H) -> Self {
         let dead_letters =
@@ -180,6 +221,7 @@ impl<H: Handler> ConsumerRunner<H> {
             js: jetstream::new(client),
             settler: Settler { spec, dead_letters },
             handler,
+            content: PhantomData,
         }
     }
 
@@ -265,8 +307,8 @@ impl<H: Handler> ConsumerRunner<H> {
         chunk
     }
 
-    /// Reads a message's metadata and decodes its event.
-    fn open(&self, message: jetstream::Message) -> Pulled {
+    /// Reads a message's metadata and its content.
+    fn open(&self, message: jetstream::Message) -> Pulled<E> {
         let delivery = match message.info() {
             Err(e) => Err(format!("message has no JetStream metadata: {e}")),
             Ok(info) => {
@@ -280,15 +322,13 @@ impl<H: Handler> ConsumerRunner<H> {
                         self.settler.spec.max_deliveries
                     ))
                 } else {
-                    decode(&message.payload)
-                        .map(|event| Delivery {
-                            stream_sequence,
-                            subject: message.subject.to_string(),
-                            published,
-                            deliveries,
-                            event,
-                        })
-                        .map_err(|e| format!("undecodable: {e}"))
+                    E::read(&message).map(|event| Delivery {
+                        stream_sequence,
+                        subject: message.subject.to_string(),
+                        published,
+                        deliveries,
+                        event,
+                    })
                 }
             }
         };
@@ -297,9 +337,9 @@ impl<H: Handler> ConsumerRunner<H> {
 
     /// Handles one pulled chunk: dead-letters what did not decode, hands the rest to the
     /// handler in order, and acknowledges everything it settled.
-    async fn process(&mut self, pulled: Vec<Pulled>) {
+    async fn process(&mut self, pulled: Vec<Pulled<E>>) {
         // Split into runs of decodable messages so order is kept around dead letters.
-        let mut run: Vec<Pulled> = Vec::new();
+        let mut run: Vec<Pulled<E>> = Vec::new();
         for p in pulled {
             match &p.delivery {
                 Ok(_) => run.push(p),
@@ -313,11 +353,11 @@ impl<H: Handler> ConsumerRunner<H> {
         self.flush_run(run).await;
     }
 
-    async fn flush_run(&mut self, run: Vec<Pulled>) {
+    async fn flush_run(&mut self, run: Vec<Pulled<E>>) {
         if run.is_empty() {
             return;
         }
-        let deliveries: Vec<Delivery> = run
+        let deliveries: Vec<Delivery<E>> = run
             .iter()
             .filter_map(|p| p.delivery.as_ref().ok().cloned())
             .collect();
@@ -352,8 +392,8 @@ impl<H: Handler> ConsumerRunner<H> {
 
     async fn handle_with_retries(
         &mut self,
-        run: &[Pulled],
-        deliveries: &[Delivery],
+        run: &[Pulled<E>],
+        deliveries: &[Delivery<E>],
     ) -> Result<Vec<Outcome>, HandlerError> {
         let first = deliveries.iter().map(|d| d.deliveries).min().unwrap_or(1);
         let mut attempt = first;
@@ -390,7 +430,7 @@ impl<H: Handler> ConsumerRunner<H> {
 }
 
 impl Settler {
-    async fn settle(&self, run: &[Pulled], outcomes: Vec<Outcome>) {
+    async fn settle<E>(&self, run: &[Pulled<E>], outcomes: Vec<Outcome>) {
         for (p, outcome) in run.iter().zip(outcomes) {
             match outcome {
                 Outcome::Handled => self.ack(&p.message).await,

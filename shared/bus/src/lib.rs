@@ -20,7 +20,9 @@ pub mod publish;
 pub mod streams;
 
 pub use connect::{ConnectConfig, connect, server_list};
-pub use consumer::{ConsumerRunner, ConsumerSpec, Delivery, Handler, HandlerError, Outcome};
+pub use consumer::{
+    ConsumerRunner, ConsumerSpec, Content, Delivery, Handler, HandlerError, Outcome, Raw,
+};
 pub use error::{BusError, PublishError};
 pub use publish::{PendingAck, Published, Publisher};
 pub use streams::{StreamSpec, catalog, ensure_streams};
