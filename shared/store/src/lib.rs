@@ -9,7 +9,8 @@
 //!   a sequence at or below the recorded one is skipped. A batch is applied as one change so
 //!   the handler can coalesce it. Because the state and the position
 //!   commit together, a crash at any instant leaves them consistent, and a redelivery after a
-//!   restart is recognised and not applied twice.
+//!   restart is recognised and not applied twice. [`record_position`] is the same bookkeeping
+//!   for a handler that runs its own transaction.
 //!
 //! Transactions that apply events begin `IMMEDIATE`: they take the write lock up front (waiting
 //! for it under the busy timeout) instead of reading first and then failing to upgrade a stale
@@ -135,7 +136,16 @@ pub fn position(conn: &Connection, consumer: &str) -> Result<Option<u64>, rusqli
     .map(|seq| seq.map(|s| s as u64))
 }
 
-fn record_position(tx: &Transaction<'_>, consumer: &str, seq: u64) -> Result<(), rusqlite::Error> {
+/// Records `seq` as the last stream sequence `consumer` applied, inside the caller's
+/// transaction, so that it commits (or rolls back) with the change it accounts for.
+///
+/// For handlers that need their own transaction rather than [`apply`]'s (the audit archive
+/// compares a redelivered message with what it stored before deciding it is a no-op).
+pub fn record_position(
+    tx: &Transaction<'_>,
+    consumer: &str,
+    seq: u64,
+) -> Result<(), rusqlite::Error> {
     tx.execute(
         "INSERT INTO applied_positions (consumer, stream_seq) VALUES (?1, ?2)
          ON CONFLICT (consumer) DO UPDATE SET stream_seq = excluded.stream_seq",
