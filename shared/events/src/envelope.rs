@@ -5,7 +5,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::{InventoryEvent, NodeEvent, TYPE_PREFIX, TelemetryEvent, WorkloadEvent};
+use crate::{
+    AllocEvent, InventoryEvent, NodeEvent, TYPE_PREFIX, TaskEvent, TelemetryEvent, WorkloadEvent,
+};
 
 /// The CloudEvents spec version Allot writes and accepts.
 pub const SPEC_VERSION: &str = "1.0";
@@ -68,6 +70,10 @@ pub enum AnyEvent {
     Inventory(InventoryEvent),
     /// Workloads submitted and aborted.
     Workload(WorkloadEvent),
+    /// Tasks' lifecycle.
+    Task(TaskEvent),
+    /// The allocator's journal.
+    Alloc(AllocEvent),
 }
 
 impl From<NodeEvent> for AnyEvent {
@@ -90,6 +96,16 @@ impl From<WorkloadEvent> for AnyEvent {
         Self::Workload(e)
     }
 }
+impl From<TaskEvent> for AnyEvent {
+    fn from(e: TaskEvent) -> Self {
+        Self::Task(e)
+    }
+}
+impl From<AllocEvent> for AnyEvent {
+    fn from(e: AllocEvent) -> Self {
+        Self::Alloc(e)
+    }
+}
 
 impl EventKind for AnyEvent {
     fn event_type(&self) -> String {
@@ -98,6 +114,8 @@ impl EventKind for AnyEvent {
             Self::Telemetry(e) => e.event_type(),
             Self::Inventory(e) => e.event_type(),
             Self::Workload(e) => e.event_type(),
+            Self::Task(e) => e.event_type(),
+            Self::Alloc(e) => e.event_type(),
         }
     }
     fn nats_subject(&self) -> String {
@@ -106,6 +124,8 @@ impl EventKind for AnyEvent {
             Self::Telemetry(e) => e.nats_subject(),
             Self::Inventory(e) => e.nats_subject(),
             Self::Workload(e) => e.nats_subject(),
+            Self::Task(e) => e.nats_subject(),
+            Self::Alloc(e) => e.nats_subject(),
         }
     }
     fn entity(&self) -> String {
@@ -114,6 +134,8 @@ impl EventKind for AnyEvent {
             Self::Telemetry(e) => e.entity(),
             Self::Inventory(e) => e.entity(),
             Self::Workload(e) => e.entity(),
+            Self::Task(e) => e.entity(),
+            Self::Alloc(e) => e.entity(),
         }
     }
     fn team(&self) -> Option<&str> {
@@ -122,6 +144,8 @@ impl EventKind for AnyEvent {
             Self::Telemetry(e) => e.team(),
             Self::Inventory(e) => e.team(),
             Self::Workload(e) => e.team(),
+            Self::Task(e) => e.team(),
+            Self::Alloc(e) => e.team(),
         }
     }
 }
@@ -212,6 +236,8 @@ pub fn decode(bytes: &[u8]) -> Result<Envelope<AnyEvent>, DecodeError> {
         TelemetryEvent::DOMAIN => TelemetryEvent::VERSION,
         InventoryEvent::DOMAIN => InventoryEvent::VERSION,
         WorkloadEvent::DOMAIN => WorkloadEvent::VERSION,
+        TaskEvent::DOMAIN => TaskEvent::VERSION,
+        AllocEvent::DOMAIN => AllocEvent::VERSION,
         _ => return Err(DecodeError::UnknownType(raw.ty)),
     };
     if version > supported {
@@ -233,6 +259,10 @@ pub fn decode(bytes: &[u8]) -> Result<Envelope<AnyEvent>, DecodeError> {
         }
         WorkloadEvent::DOMAIN => {
             WorkloadEvent::decode_data(name, raw.data).map(|r| r.map(AnyEvent::Workload))
+        }
+        TaskEvent::DOMAIN => TaskEvent::decode_data(name, raw.data).map(|r| r.map(AnyEvent::Task)),
+        AllocEvent::DOMAIN => {
+            AllocEvent::decode_data(name, raw.data).map(|r| r.map(AnyEvent::Alloc))
         }
         _ => None,
     };

@@ -22,17 +22,21 @@
 #[macro_use]
 mod macros;
 
+pub mod alloc;
 pub mod envelope;
 pub mod inventory;
 pub mod node;
 pub mod schema;
 pub mod subject;
+pub mod task;
 pub mod telemetry;
 pub mod workload;
 
+pub use alloc::AllocEvent;
 pub use envelope::{AnyEvent, DecodeError, Envelope, EventKind, decode};
 pub use inventory::InventoryEvent;
 pub use node::NodeEvent;
+pub use task::TaskEvent;
 pub use telemetry::TelemetryEvent;
 pub use workload::WorkloadEvent;
 

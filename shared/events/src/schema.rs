@@ -9,7 +9,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::{InventoryEvent, NodeEvent, TelemetryEvent, WorkloadEvent};
+use crate::{AllocEvent, InventoryEvent, NodeEvent, TaskEvent, TelemetryEvent, WorkloadEvent};
 
 /// The folder, relative to the workspace root, that holds the committed event schemas.
 pub const DIR: &str = "schemas/events";
@@ -24,6 +24,8 @@ pub fn all() -> Vec<(String, Value)> {
         .chain(TelemetryEvent::data_schemas())
         .chain(InventoryEvent::data_schemas())
         .chain(WorkloadEvent::data_schemas())
+        .chain(TaskEvent::data_schemas())
+        .chain(AllocEvent::data_schemas())
         .map(|(ty, schema)| {
             let mut value = schema.to_value();
             pin_type(&mut value, &ty);

@@ -81,6 +81,16 @@ pub fn workload_aborted(team: &str) -> String {
     format!("allot.workload.aborted.{team}")
 }
 
+/// `allot.task.<event>.<pool>`
+pub fn task(event: &str, pool: &str) -> String {
+    format!("allot.task.{event}.{pool}")
+}
+
+/// `allot.alloc.<pool>.journal`: the allocator's journal of a pool.
+pub fn alloc_journal(pool: &str) -> String {
+    format!("allot.alloc.{pool}.journal")
+}
+
 /// `allot.deadletter.<original subject>`
 pub fn dead_letter(original: &str) -> String {
     format!("{DEAD_LETTER_PREFIX}.{original}")

@@ -4,14 +4,17 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
+use allot_events::alloc::{Applied, LeaderElected, Source};
 use allot_events::inventory::{GpuHealth, GpuHealthChanged, NodeRecovered, NodeUnreachable};
 use allot_events::node::{GpuInfo, GpuSourceKind, HeartbeatSent, NodeRegistered};
+use allot_events::task::{TaskCheckpointed, TaskCompleted, TaskFailed, TaskReady};
 use allot_events::telemetry::{GpuSample, GpusSampled};
 use allot_events::workload::{
     ApiVersion, Checkpoint, Kind, Metadata, Quantity, Resources, Retry, Task, Workload,
     WorkloadAborted, WorkloadSpec, WorkloadSubmitted,
 };
 use allot_events::{AnyEvent, Envelope, schema};
+use allot_sched::{DagFacts, TaskId, TaskSpec};
 
 fn schema_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -163,7 +166,113 @@ fn samples() -> Vec<AnyEvent> {
             by: "alice".into(),
         }
         .into(),
+        TaskReady {
+            pool: "default".into(),
+            workload: "train-eval-3f9a2c71d0".into(),
+            name: "train".into(),
+            task: train_task(),
+        }
+        .into(),
+        TaskCheckpointed {
+            pool: "default".into(),
+            task: TaskId(7),
+            node: "node-1".into(),
+        }
+        .into(),
+        TaskCompleted {
+            pool: "default".into(),
+            task: TaskId(7),
+            node: "node-1".into(),
+        }
+        .into(),
+        TaskFailed {
+            pool: "default".into(),
+            task: TaskId(7),
+            node: "node-1".into(),
+            reason: "exit status 3".into(),
+        }
+        .into(),
+        LeaderElected {
+            pool: "default".into(),
+            leader: "allocator-0192".into(),
+            policy: "allot".into(),
+            format: allot_sched::journal::FORMAT.into(),
+            entries: 42,
+        }
+        .into(),
+        Applied {
+            pool: "default".into(),
+            source: Some(Source {
+                stream: "WORKLOADS".into(),
+                sequence: 9,
+            }),
+            entry: journal_entry(),
+        }
+        .into(),
     ]
+}
+
+/// A 4-GPU gang member with every optional field set.
+fn train_task() -> TaskSpec {
+    let mut t = TaskSpec::new(7, "vision", 4).in_gang("train", 2);
+    t.priority = 100;
+    t.gpu_models = vec!["H100".into()];
+    t.cpu_milli = 16_000;
+    t.memory_mib = 65_536;
+    t.gpu_memory_mib = 40_960;
+    t.dag = DagFacts {
+        dependents: 1,
+        critical_path_rank: 2,
+    };
+    t.predicted_duration = Some(7_200_000);
+    t.checkpoint_every = Some(900_000);
+    t.max_runtime = Some(21_600_000);
+    t
+}
+
+/// A pass that granted, preempted and made one wait.
+fn journal_entry() -> allot_sched::journal::Entry {
+    use allot_sched::cluster::{NodeShare, Placement};
+    use allot_sched::{Decision, Input, LeaseId, NodeIdx, WaitReason};
+    allot_sched::journal::Entry {
+        seq: 12,
+        input: Input::Schedule { at: 1_000 },
+        decisions: vec![
+            Decision::Preempted {
+                task: TaskId(3),
+                lease: LeaseId(2),
+                at: 1_000,
+                for_task: Some(TaskId(7)),
+                lost: 60_000,
+                reason: "allot: task-7 has priority 100 over 0".into(),
+            },
+            Decision::Granted {
+                task: TaskId(7),
+                lease: LeaseId(5),
+                placement: Placement {
+                    shares: vec![NodeShare {
+                        node: NodeIdx(0),
+                        gpus: vec![(0, 1000), (1, 1000)],
+                        gpu_memory_mib: 81_559,
+                        mig: None,
+                        cpu_milli: 16_000,
+                        memory_mib: 65_536,
+                    }],
+                },
+                at: 1_000,
+                reason: "allot: first in the queue's order that fits".into(),
+            },
+            Decision::Waiting {
+                task: TaskId(8),
+                reason: WaitReason::Quota {
+                    why: "team vision is at its nominal GPU quota".into(),
+                },
+                eta: None,
+                at: 1_000,
+            },
+        ],
+        rejected: None,
+    }
 }
 
 #[test]

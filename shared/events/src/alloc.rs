@@ -1,0 +1,81 @@
+//! The allocator's journal: one event per input it applied, with the decisions it made, on
+//! one subject per pool (`allot.alloc.<pool>.journal`) in the DECISIONS stream.
+//!
+//! The journal is the allocator's durable state: a new leader rebuilds the scheduler by
+//! applying its entries in order, and `allot replay --verify` recomputes every decision from
+//! it. Every append carries the subject sequence the leader expects to follow, so an append
+//! from a deposed leader is rejected by the server (fencing).
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use allot_sched::journal::Entry;
+
+use crate::envelope::EventKind;
+use crate::subject;
+
+domain_events! {
+    /// The allocator's journal.
+    pub enum AllocEvent in "alloc" {
+        /// An allocator became the pool's leader; entries after it are its.
+        LeaderElected(LeaderElected) = "leader_elected",
+        /// An input was applied, with its decisions.
+        Applied(Applied) = "applied",
+    }
+}
+
+impl EventKind for AllocEvent {
+    fn event_type(&self) -> String {
+        AllocEvent::event_type(self)
+    }
+    fn nats_subject(&self) -> String {
+        subject::alloc_journal(&self.entity())
+    }
+    /// The pool.
+    fn entity(&self) -> String {
+        match self {
+            Self::LeaderElected(e) => e.pool.clone(),
+            Self::Applied(e) => e.pool.clone(),
+        }
+    }
+}
+
+/// An allocator took the lead of a pool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaderElected {
+    /// The pool.
+    pub pool: String,
+    /// Who leads (instance id).
+    pub leader: String,
+    /// The policy it schedules with; a replay runs the same one.
+    pub policy: String,
+    /// The journal format (`allot-journal/v1`).
+    pub format: String,
+    /// How many entries the journal already held (the new leader continues after them).
+    pub entries: u64,
+}
+
+/// Where an applied input came from: the stream message it was derived from (none for the
+/// allocator's own passes and configuration).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Source {
+    /// Stream name.
+    pub stream: String,
+    /// Sequence in that stream.
+    pub sequence: u64,
+}
+
+/// One applied input.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Applied {
+    /// The pool.
+    pub pool: String,
+    /// The stream message the input came from, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<Source>,
+    /// The input and its decisions.
+    pub entry: Entry,
+}
