@@ -46,6 +46,7 @@ pub fn workload_spec() -> Value {
         .into_generator()
         .into_root_schema_for::<crate::workload::Workload>();
     let mut value = schema.to_value();
+    not_nullable(&mut value);
     if let Some(obj) = value.as_object_mut() {
         obj.insert(
             "title".into(),
@@ -53,6 +54,42 @@ pub fn workload_spec() -> Value {
         );
     }
     value
+}
+
+/// Optional fields of the spec are left out, never written as `null`: drops the `null`
+/// alternative schemars adds for every `Option`, so the schema says what users should write
+/// and an error inside an optional object is reported there, not as an `anyOf` failure.
+fn not_nullable(schema: &mut Value) {
+    match schema {
+        Value::Object(obj) => {
+            if let Some(Value::Array(types)) = obj.get_mut("type") {
+                types.retain(|t| t != "null");
+                if types.len() == 1 {
+                    let only = types.remove(0);
+                    obj.insert("type".into(), only);
+                }
+            }
+            if let Some(Value::Array(alternatives)) = obj.get("anyOf") {
+                let rest: Vec<Value> = alternatives
+                    .iter()
+                    .filter(|a| a.get("type").is_none_or(|t| t != "null"))
+                    .cloned()
+                    .collect();
+                if let [only] = rest.as_slice()
+                    && let Some(only) = only.as_object()
+                {
+                    let only = only.clone();
+                    obj.remove("anyOf");
+                    for (k, v) in only {
+                        obj.entry(k).or_insert(v);
+                    }
+                }
+            }
+            obj.values_mut().for_each(not_nullable);
+        }
+        Value::Array(items) => items.iter_mut().for_each(not_nullable),
+        _ => {}
+    }
 }
 
 /// The file name a type's schema is committed under.

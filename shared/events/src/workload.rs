@@ -22,7 +22,7 @@ pub const API_VERSION: &str = "allot/v1";
 pub const KIND: &str = "Workload";
 
 /// `apiVersion` of a workload document.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum ApiVersion {
     /// `allot/v1`.
     #[default]
@@ -31,11 +31,30 @@ pub enum ApiVersion {
 }
 
 /// `kind` of a workload document.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum Kind {
     /// `Workload`.
     #[default]
     Workload,
+}
+
+// One constant each, so a wrong value reads "expected \"allot/v1\"" rather than a `oneOf` failure.
+impl JsonSchema for ApiVersion {
+    fn schema_name() -> Cow<'static, str> {
+        "ApiVersion".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({ "description": "Always `allot/v1`.", "const": API_VERSION })
+    }
+}
+
+impl JsonSchema for Kind {
+    fn schema_name() -> Cow<'static, str> {
+        "Kind".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({ "description": "Always `Workload`.", "const": KIND })
+    }
 }
 
 /// A workload: a DAG of tasks a team asks Allot to run.
