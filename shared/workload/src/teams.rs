@@ -1,0 +1,188 @@
+//! The teams file: which teams exist and which priority classes workloads may name.
+//!
+//! ```yaml
+//! teams:
+//!   - name: vision
+//!     quota: { gpus: 16 }
+//!   - name: nlp
+//! priorityClasses: { batch: 0, standard: 100, critical: 1000 }   # the defaults
+//! defaultPriorityClass: standard                                 # the default
+//! ```
+//!
+//! One file for everything per team: quotas (and, later, NATS accounts and budgets) hang off
+//! each entry, so billing and the allocator read the same list `allot validate` checks against.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use allot_events::subject::validate_token;
+
+/// The teams file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TeamsConfig {
+    /// Every team that may submit workloads.
+    #[serde(default)]
+    pub teams: Vec<Team>,
+    /// Priority classes by name → priority (higher is more important).
+    #[serde(default = "default_classes")]
+    pub priority_classes: BTreeMap<String, i32>,
+    /// The class of a workload that names none.
+    #[serde(default = "default_class")]
+    pub default_priority_class: String,
+}
+
+/// One team.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Team {
+    /// The team's name: a subject token (`allot.workload.submitted.<team>`).
+    pub name: String,
+    /// Its share of the pool, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<Quota>,
+}
+
+/// A team's quota (Kueue's: nominal, and how much it may borrow or lend).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Quota {
+    /// GPUs the team is entitled to.
+    pub gpus: u32,
+    /// GPUs it may use beyond that when others' are idle; absent: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub borrowing_limit: Option<u32>,
+    /// GPUs of its own it may lend out; absent: all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lending_limit: Option<u32>,
+}
+
+fn default_classes() -> BTreeMap<String, i32> {
+    [("batch", 0), ("standard", 100), ("critical", 1000)]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+}
+
+fn default_class() -> String {
+    "standard".to_owned()
+}
+
+impl Default for TeamsConfig {
+    /// No teams listed (teams are not checked) and the default priority classes.
+    fn default() -> Self {
+        Self {
+            teams: Vec::new(),
+            priority_classes: default_classes(),
+            default_priority_class: default_class(),
+        }
+    }
+}
+
+/// Why a teams file cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid teams file:\n  - {}", .0.join("\n  - "))]
+pub struct InvalidTeams(pub Vec<String>);
+
+impl TeamsConfig {
+    /// Reads a teams file (YAML or JSON) and checks it, reporting every problem at once.
+    pub fn from_yaml(text: &str) -> Result<Self, InvalidTeams> {
+        let config: TeamsConfig =
+            yaml_serde::from_str(text).map_err(|e| InvalidTeams(vec![e.to_string()]))?;
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Team names are subject tokens and unique; the default class exists.
+    pub fn check(&self) -> Result<(), InvalidTeams> {
+        let mut problems = Vec::new();
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, team) in self.teams.iter().enumerate() {
+            if let Err(e) = validate_token("team", &team.name) {
+                problems.push(format!("teams[{i}].name: {e}"));
+            }
+            if !seen.insert(team.name.as_str()) {
+                problems.push(format!(
+                    "teams[{i}].name: team {:?} is listed twice",
+                    team.name
+                ));
+            }
+        }
+        if self.priority_classes.is_empty() {
+            problems.push("priorityClasses: at least one class is needed".to_owned());
+        }
+        if !self
+            .priority_classes
+            .contains_key(&self.default_priority_class)
+        {
+            problems.push(format!(
+                "defaultPriorityClass: {:?} is not one of the priorityClasses ({})",
+                self.default_priority_class,
+                self.class_list()
+            ));
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(InvalidTeams(problems))
+        }
+    }
+
+    /// Whether teams are checked at all (a file that lists none checks none).
+    pub fn lists_teams(&self) -> bool {
+        !self.teams.is_empty()
+    }
+
+    /// The team called `name`.
+    pub fn team(&self, name: &str) -> Option<&Team> {
+        self.teams.iter().find(|t| t.name == name)
+    }
+
+    /// The priority of class `name` (the default class for `None`), if the class exists.
+    pub fn priority(&self, class: Option<&str>) -> Option<i32> {
+        self.priority_classes
+            .get(class.unwrap_or(&self.default_priority_class))
+            .copied()
+    }
+
+    /// `batch (0), standard (100), critical (1000)`, by priority.
+    pub fn class_list(&self) -> String {
+        let mut classes: Vec<(&String, &i32)> = self.priority_classes.iter().collect();
+        classes.sort_by_key(|(name, p)| (**p, (*name).clone()));
+        classes
+            .iter()
+            .map(|(name, p)| format!("{name} ({p})"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_teams_file_defaults_its_priority_classes_and_reports_every_bad_name() {
+        let config =
+            TeamsConfig::from_yaml("teams:\n  - name: vision\n    quota: {gpus: 16}\n").unwrap();
+        assert_eq!(config.priority(None), Some(100));
+        assert_eq!(config.priority(Some("critical")), Some(1000));
+        assert_eq!(
+            config.team("vision").unwrap().quota.as_ref().unwrap().gpus,
+            16
+        );
+
+        let err = TeamsConfig::from_yaml(
+            "teams: [{name: a.b}, {name: x}, {name: x}]\npriorityClasses: {low: 1}\n",
+        )
+        .unwrap_err();
+        assert_eq!(err.0.len(), 3, "{err}");
+        assert!(err.0[0].starts_with("teams[0].name: team \"a.b\" is not a valid name"));
+        assert_eq!(err.0[1], "teams[2].name: team \"x\" is listed twice");
+        assert_eq!(
+            err.0[2],
+            "defaultPriorityClass: \"standard\" is not one of the priorityClasses (low (1))"
+        );
+    }
+}
