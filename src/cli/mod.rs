@@ -5,6 +5,7 @@
 //! - [`run`]: one service, for Kubernetes.
 //! - [`status`]: the cluster as the inventory sees it.
 //! - [`sim`]: trace-driven simulation of the scheduling policies (`allot sim`).
+//! - [`audit`]: the hash-chained archive of the decision log (`allot audit archive|verify`).
 //! - [`bench`]: benchmarks that need the real bus (`allot bench telemetry`).
 //! - [`settings`]: flags and `ALLOT_*` variables, all problems reported at once.
 //! - [`local`]: the embedded nats-server and how client commands find it (`./.allot/`).
@@ -17,6 +18,7 @@ use clap::{Parser, Subcommand};
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 
+pub mod audit;
 pub mod bench;
 pub mod local;
 pub mod plots;
@@ -56,6 +58,9 @@ pub enum Command {
     Replay(replay::ReplayArgs),
     /// Print a task's decision history, with reasons, from the journal.
     Explain(replay::ExplainArgs),
+    /// The hash-chained archive of the decision log: copy it, verify it.
+    #[command(subcommand)]
+    Audit(audit::AuditCommand),
     /// Benchmarks against a real nats-server.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -101,6 +106,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Up(args) => up::up(args, &env).await,
         Command::Run(args) => run::run(args, &env).await,
         Command::Status(args) => status::status(args, &env).await,
+        Command::Audit(cmd) => audit::audit(cmd, &env).await,
         Command::Bench(cmd) => bench::bench(cmd, &env).await,
         Command::Sim(args) => sim::sim(args),
         Command::Replay(args) => replay::replay(args),

@@ -1,6 +1,7 @@
 //! End-to-end tests: the `allot` binary as users and operators run it, against a real
 //! nats-server, SQLite on disk and real processes (signals included).
 
+mod audit;
 mod inventory_crash;
 mod replay;
 mod support;
