@@ -16,6 +16,9 @@ use crate::subject;
 
 domain_events! {
     /// The allocator's journal.
+    // Events are decoded, matched and dropped one at a time: boxing the big variant would buy
+    // nothing but an allocation.
+    #[allow(clippy::large_enum_variant)]
     pub enum AllocEvent in "alloc" {
         /// An allocator became the pool's leader; entries after it are its.
         LeaderElected(LeaderElected) = "leader_elected",

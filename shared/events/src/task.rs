@@ -14,6 +14,9 @@ use crate::subject;
 
 domain_events! {
     /// A task's lifecycle.
+    // Events are decoded, matched and dropped one at a time: boxing the big variant would buy
+    // nothing but an allocation.
+    #[allow(clippy::large_enum_variant)]
     pub enum TaskEvent in "task" {
         /// Its dependencies succeeded: the allocator may schedule it.
         Ready(TaskReady) = "ready",

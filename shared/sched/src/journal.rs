@@ -67,17 +67,24 @@ impl Input {
 
 /// Applies `input` and returns it as the journal entry `seq`.
 pub fn apply(scheduler: &mut Scheduler, seq: u64, input: Input) -> Entry {
+    apply_typed(scheduler, seq, input).0
+}
+
+/// [`apply`], also returning the typed error when the input was rejected.
+pub fn apply_typed(
+    scheduler: &mut Scheduler,
+    seq: u64,
+    input: Input,
+) -> (Entry, Option<crate::ApplyError>) {
     let mut decisions = Vec::new();
-    let rejected = scheduler
-        .apply_into(input.clone(), &mut decisions)
-        .err()
-        .map(|e| e.to_string());
-    Entry {
+    let error = scheduler.apply_into(input.clone(), &mut decisions).err();
+    let entry = Entry {
         seq,
         input,
         decisions,
-        rejected,
-    }
+        rejected: error.as_ref().map(ToString::to_string),
+    };
+    (entry, error)
 }
 
 /// What a verified replay covered.

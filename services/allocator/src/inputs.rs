@@ -1,0 +1,146 @@
+//! Which bus events become which scheduler inputs, for one pool.
+//!
+//! | event | input |
+//! |---|---|
+//! | node registered (its pool, first time) | node added |
+//! | node unreachable / recovered (known node) | node not schedulable / schedulable |
+//! | task ready (its pool) | task submitted |
+//! | task checkpointed | task checkpointed |
+//! | task completed / failed | task finished |
+//!
+//! Everything else concerns other services and becomes nothing. A node that registers again
+//! (its collector restarted) is already known and changes nothing; one that changes shape
+//! must leave the pool and join again (not supported yet: the first registration stands).
+
+use allot_events::node::NodeRegistered;
+use allot_events::{AnyEvent, InventoryEvent, NodeEvent, TaskEvent};
+use allot_sched::{Input, NodeSpec, Scheduler, Time};
+
+/// The input `event` means for `pool`'s scheduler at `at`, if any.
+pub fn input(pool: &str, scheduler: &Scheduler, event: &AnyEvent, at: Time) -> Option<Input> {
+    let known = |node: &str| scheduler.cluster().find(node).is_some();
+    match event {
+        AnyEvent::Node(NodeEvent::Registered(r)) if r.pool == pool && !known(&r.node) => {
+            Some(Input::NodeAdded(node_spec(r)))
+        }
+        AnyEvent::Inventory(InventoryEvent::NodeUnreachable(n)) if known(&n.node) => {
+            Some(Input::NodeSchedulable {
+                node: n.node.clone(),
+                schedulable: false,
+            })
+        }
+        AnyEvent::Inventory(InventoryEvent::NodeRecovered(n)) if known(&n.node) => {
+            Some(Input::NodeSchedulable {
+                node: n.node.clone(),
+                schedulable: true,
+            })
+        }
+        AnyEvent::Task(TaskEvent::Ready(t)) if t.pool == pool => Some(Input::TaskSubmitted {
+            task: t.task.clone(),
+            at,
+        }),
+        AnyEvent::Task(TaskEvent::Checkpointed(t)) if t.pool == pool => {
+            Some(Input::TaskCheckpointed { task: t.task, at })
+        }
+        AnyEvent::Task(TaskEvent::Completed(t)) if t.pool == pool => {
+            Some(Input::TaskFinished { task: t.task, at })
+        }
+        AnyEvent::Task(TaskEvent::Failed(t)) if t.pool == pool => {
+            Some(Input::TaskFinished { task: t.task, at })
+        }
+        _ => None,
+    }
+}
+
+/// The scheduler's view of a registered node: its GPUs (one model: the first GPU's; the
+/// smallest memory of any), CPU, memory and rack. GPUs are one NVLink domain per node until
+/// collectors report larger domains.
+pub fn node_spec(r: &NodeRegistered) -> NodeSpec {
+    NodeSpec {
+        name: r.node.clone(),
+        gpus: r.gpus.len() as u32,
+        gpu_model: r.gpus.first().map(|g| g.model.clone()).unwrap_or_default(),
+        gpu_memory_mib: r.gpus.iter().map(|g| g.memory_total_mib).min().unwrap_or(0),
+        cpu_milli: r.cpu_milli,
+        memory_mib: r.memory_mib,
+        rack: r.rack.clone().unwrap_or_default(),
+        ..NodeSpec::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use allot_events::task::{TaskCompleted, TaskReady};
+    use allot_sched::{TaskId, TaskSpec};
+    use allot_testkit::node;
+
+    #[test]
+    fn events_of_the_pool_become_inputs_and_the_rest_nothing() {
+        let mut s = Scheduler::new(allot_sched::policy::by_name("fifo").unwrap());
+        let n1 = node("n1").gpus(4).model("A100").pool("p").registered();
+        let other = node("n2").gpus(4).pool("q").registered();
+        let added = input("p", &s, &NodeEvent::Registered(n1.clone()).into(), 5);
+        assert!(
+            matches!(&added, Some(Input::NodeAdded(spec)) if spec.gpus == 4 && spec.gpu_model == "A100"),
+            "{added:?}"
+        );
+        s.apply(added.unwrap()).unwrap();
+        struct Case {
+            name: &'static str,
+            event: AnyEvent,
+            want: Option<Input>,
+        }
+        let ready = TaskReady {
+            pool: "p".into(),
+            workload: "w".into(),
+            name: "train".into(),
+            task: TaskSpec::new(7, "vision", 2),
+        };
+        let cases = [
+            Case {
+                name: "a node registering again changes nothing",
+                event: NodeEvent::Registered(n1).into(),
+                want: None,
+            },
+            Case {
+                name: "another pool's node is not ours",
+                event: NodeEvent::Registered(other).into(),
+                want: None,
+            },
+            Case {
+                name: "a ready task is submitted at the allocator's time",
+                event: TaskEvent::Ready(ready.clone()).into(),
+                want: Some(Input::TaskSubmitted {
+                    task: ready.task.clone(),
+                    at: 5,
+                }),
+            },
+            Case {
+                name: "another pool's task is not ours",
+                event: TaskEvent::Ready(TaskReady {
+                    pool: "q".into(),
+                    ..ready
+                })
+                .into(),
+                want: None,
+            },
+            Case {
+                name: "a completion finishes the task",
+                event: TaskEvent::Completed(TaskCompleted {
+                    pool: "p".into(),
+                    task: TaskId(7),
+                    node: "n1".into(),
+                })
+                .into(),
+                want: Some(Input::TaskFinished {
+                    task: TaskId(7),
+                    at: 5,
+                }),
+            },
+        ];
+        for case in cases {
+            assert_eq!(input("p", &s, &case.event, 5), case.want, "{}", case.name);
+        }
+    }
+}

@@ -1,0 +1,307 @@
+//! The pool's journal: reading it back to rebuild the scheduler, and appending to it under
+//! fencing.
+//!
+//! Every append carries `Nats-Expected-Last-Subject-Sequence` = the sequence of the journal's
+//! last message this leader knows. If anyone else has appended since — a new leader after this
+//! one lost its lease — the server rejects the append, and this leader stops: a deposed leader
+//! can never interleave decisions with its successor's.
+
+use std::collections::{BTreeMap, HashMap};
+
+use async_nats::jetstream::{self, consumer::DeliverPolicy, message::PublishMessage};
+use bytes::Bytes;
+use futures::StreamExt;
+
+use allot_bus::{PublishError, Publisher};
+use allot_events::alloc::{Applied, LeaderElected, Source};
+use allot_events::{AllocEvent, AnyEvent, Envelope, decode, subject};
+use allot_sched::journal::{self, Entry};
+use allot_sched::{ApplyError, Input, Scheduler, TaskId, TaskSpec, Time};
+
+/// The journal cannot be read or continued.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    /// Someone else appended first: this allocator no longer leads.
+    #[error("deposed: another allocator appended to the journal of pool {pool}")]
+    Deposed {
+        /// The pool.
+        pool: String,
+    },
+    /// The bus failed.
+    #[error("journal of pool {pool}: {why}")]
+    Bus {
+        /// The pool.
+        pool: String,
+        /// What failed.
+        why: String,
+    },
+    /// A journal message is not a journal event.
+    #[error("journal of pool {pool}, stream sequence {sequence}: {why}")]
+    Unreadable {
+        /// The pool.
+        pool: String,
+        /// Where.
+        sequence: u64,
+        /// Why.
+        why: String,
+    },
+    /// Replaying the journal gave another outcome than the one logged: this build would not
+    /// decide as the previous leader did, so it must not continue the journal.
+    #[error(
+        "journal of pool {pool}, entry {entry}: recomputing it gives another outcome than the \
+         one logged; run `allot replay --verify` for both"
+    )]
+    Diverged {
+        /// The pool.
+        pool: String,
+        /// The entry.
+        entry: u64,
+    },
+    /// The journal was written under another policy.
+    #[error("the journal of pool {pool} was written by policy {journal:?}, not {configured:?}")]
+    PolicyChanged {
+        /// The pool.
+        pool: String,
+        /// The journal's policy.
+        journal: String,
+        /// The configured one.
+        configured: String,
+    },
+}
+
+/// Every journal event of `pool`, with its stream sequence, in order.
+pub async fn read(
+    js: &jetstream::Context,
+    pool: &str,
+) -> Result<Vec<(u64, AllocEvent)>, JournalError> {
+    let bus = |why: String| JournalError::Bus {
+        pool: pool.to_owned(),
+        why,
+    };
+    let subject = subject::alloc_journal(pool);
+    let stream = js
+        .get_stream(allot_bus::streams::names::DECISIONS)
+        .await
+        .map_err(|e| bus(e.to_string()))?;
+    let last = match stream.get_last_raw_message_by_subject(&subject).await {
+        Ok(m) => m.sequence,
+        Err(e) if e.kind() == jetstream::stream::LastRawMessageErrorKind::NoMessageFound => {
+            return Ok(Vec::new());
+        }
+        Err(e) => return Err(bus(e.to_string())),
+    };
+    let consumer = stream
+        .create_consumer(jetstream::consumer::pull::OrderedConfig {
+            filter_subject: subject,
+            deliver_policy: DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| bus(e.to_string()))?;
+    let mut messages = consumer.messages().await.map_err(|e| bus(e.to_string()))?;
+    let mut out = Vec::new();
+    while let Some(message) = messages.next().await {
+        let message = message.map_err(|e| bus(e.to_string()))?;
+        let sequence = message
+            .info()
+            .map_err(|e| bus(e.to_string()))?
+            .stream_sequence;
+        let unreadable = |why: String| JournalError::Unreadable {
+            pool: pool.to_owned(),
+            sequence,
+            why,
+        };
+        match decode(&message.payload)
+            .map_err(|e| unreadable(e.to_string()))?
+            .data
+        {
+            AnyEvent::Alloc(event) => out.push((sequence, event)),
+            other => return Err(unreadable(format!("not a journal event: {other:?}"))),
+        }
+        if sequence >= last {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// The scheduler as the journal leaves it.
+#[derive(Debug)]
+pub struct Rebuilt {
+    /// The scheduler, every journalled input applied.
+    pub scheduler: Scheduler,
+    /// Per input stream, the last message whose input is journalled.
+    pub positions: HashMap<String, u64>,
+    /// The latest time of any journalled input (inputs never go back in time).
+    pub last_at: Time,
+    /// Tasks the pool cannot hold as it is (submitted before enough nodes joined): they are
+    /// submitted again whenever capacity joins or returns.
+    pub parked: BTreeMap<TaskId, TaskSpec>,
+}
+
+/// Whether a rejection means "not on this pool as it is now" (so worth trying again when
+/// nodes join), rather than an invalid input.
+pub fn parks(error: &ApplyError) -> bool {
+    matches!(error, ApplyError::Unplaceable { .. })
+}
+
+/// Appends to a pool's journal, fenced by the journal's last sequence.
+#[derive(Debug)]
+pub struct Journal {
+    publisher: Publisher,
+    pool: String,
+    subject: String,
+    /// Stream sequence of the journal's last message (0: empty).
+    last: u64,
+    /// Entries so far (the last entry's `seq`).
+    entries: u64,
+}
+
+impl Journal {
+    /// Reads the journal of `pool` and rebuilds the scheduler under `policy`, checking that
+    /// every entry recomputes as logged.
+    pub async fn open(
+        publisher: Publisher,
+        pool: &str,
+        policy: &str,
+    ) -> Result<(Journal, Rebuilt), JournalError> {
+        let events = read(publisher.jetstream(), pool).await?;
+        let mut rebuilt = Rebuilt {
+            scheduler: Scheduler::new(allot_sched::policy::by_name(policy).ok_or_else(|| {
+                JournalError::PolicyChanged {
+                    pool: pool.into(),
+                    journal: policy.into(),
+                    configured: policy.into(),
+                }
+            })?),
+            positions: HashMap::new(),
+            last_at: 0,
+            parked: BTreeMap::new(),
+        };
+        let mut journal = Journal {
+            publisher,
+            pool: pool.to_owned(),
+            subject: subject::alloc_journal(pool),
+            last: events.last().map_or(0, |(seq, _)| *seq),
+            entries: 0,
+        };
+        for (_, event) in events {
+            match event {
+                AllocEvent::LeaderElected(e) if e.policy != policy => {
+                    return Err(JournalError::PolicyChanged {
+                        pool: pool.into(),
+                        journal: e.policy,
+                        configured: policy.into(),
+                    });
+                }
+                AllocEvent::LeaderElected(_) => {}
+                AllocEvent::Applied(a) => {
+                    let seq = a.entry.seq;
+                    let (recomputed, error) =
+                        journal::apply_typed(&mut rebuilt.scheduler, seq, a.entry.input.clone());
+                    if let Input::TaskSubmitted { task, .. } = &a.entry.input {
+                        if error.as_ref().is_some_and(parks) {
+                            rebuilt.parked.insert(task.id, task.clone());
+                        } else if error.is_none() {
+                            rebuilt.parked.remove(&task.id);
+                        }
+                    }
+                    if seq != journal.entries + 1 || recomputed != a.entry {
+                        return Err(JournalError::Diverged {
+                            pool: pool.into(),
+                            entry: seq,
+                        });
+                    }
+                    journal.entries = seq;
+                    if let Some(at) = a.entry.input.at() {
+                        rebuilt.last_at = rebuilt.last_at.max(at);
+                    }
+                    if let Some(source) = a.source {
+                        let p = rebuilt.positions.entry(source.stream).or_default();
+                        *p = (*p).max(source.sequence);
+                    }
+                }
+            }
+        }
+        Ok((journal, rebuilt))
+    }
+
+    /// Entries so far.
+    pub fn entries(&self) -> u64 {
+        self.entries
+    }
+
+    /// Announces that `leader` now leads with `policy`.
+    pub async fn elected(&mut self, leader: &str, policy: &str) -> Result<(), JournalError> {
+        let event = AllocEvent::LeaderElected(LeaderElected {
+            pool: self.pool.clone(),
+            leader: leader.into(),
+            policy: policy.into(),
+            format: journal::FORMAT.into(),
+            entries: self.entries,
+        });
+        self.append(event).await
+    }
+
+    /// Applies `input` to `scheduler` and journals it (with the message it came from);
+    /// returns the entry and, if the scheduler rejected the input, why.
+    pub async fn apply(
+        &mut self,
+        scheduler: &mut Scheduler,
+        input: Input,
+        source: Option<Source>,
+    ) -> Result<(Entry, Option<ApplyError>), JournalError> {
+        let (entry, error) = journal::apply_typed(scheduler, self.entries + 1, input);
+        self.append(AllocEvent::Applied(Applied {
+            pool: self.pool.clone(),
+            source,
+            entry: entry.clone(),
+        }))
+        .await?;
+        self.entries += 1;
+        Ok((entry, error))
+    }
+
+    /// Runs a scheduling pass at `at`; journals it only if it decided something (see the
+    /// leader's docs for why an empty pass need not be journalled).
+    pub async fn pass(&mut self, scheduler: &mut Scheduler, at: Time) -> Result<(), JournalError> {
+        let entry = journal::apply(scheduler, self.entries + 1, Input::Schedule { at });
+        if entry.decisions.is_empty() && entry.rejected.is_none() {
+            return Ok(());
+        }
+        self.append(AllocEvent::Applied(Applied {
+            pool: self.pool.clone(),
+            source: None,
+            entry,
+        }))
+        .await?;
+        self.entries += 1;
+        Ok(())
+    }
+
+    async fn append(&mut self, event: AllocEvent) -> Result<(), JournalError> {
+        let envelope: Envelope = self.publisher.envelope(event);
+        let message = PublishMessage::build()
+            .message_id(envelope.id.to_string())
+            .expected_last_subject_sequence(self.last)
+            .payload(Bytes::from(envelope.to_json()));
+        let sent = self.publisher.send_raw(self.subject.clone(), message).await;
+        let published = match sent {
+            Ok(pending) => pending.wait().await,
+            Err(e) => Err(e),
+        };
+        match published {
+            Ok(p) => {
+                self.last = p.sequence;
+                Ok(())
+            }
+            Err(PublishError::Conflict { .. }) => Err(JournalError::Deposed {
+                pool: self.pool.clone(),
+            }),
+            Err(e) => Err(JournalError::Bus {
+                pool: self.pool.clone(),
+                why: e.to_string(),
+            }),
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! The allocator against a real nats-server: it grants from bus events, a standby takes over
+//! when the leader dies, the journal replays to the same decisions, and a deposed leader's
+//! append is rejected.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use allot_allocator::journal::{self, JournalError};
+use allot_allocator::{Config, Journal};
+use allot_bus::{Publisher, catalog, ensure_streams};
+use allot_events::task::{TaskCompleted, TaskReady};
+use allot_events::{AllocEvent, NodeEvent, TaskEvent};
+use allot_sched::journal::{Entry, Header};
+use allot_sched::{Decision, TaskId, TaskSpec};
+use allot_testkit::{NatsServer, node};
+
+const POOL: &str = "p";
+
+fn config(url: &str, instance: &str) -> Config {
+    Config {
+        policy: "fifo".into(),
+        instance: instance.into(),
+        lease_ttl: Duration::from_secs(2),
+        pass_interval: Duration::from_millis(200),
+        ..Config::new(url, POOL)
+    }
+}
+
+fn ready(id: u64, gpus: u32) -> TaskEvent {
+    TaskEvent::Ready(TaskReady {
+        pool: POOL.into(),
+        workload: "w".into(),
+        name: format!("t{id}"),
+        task: TaskSpec::new(id, "vision", gpus),
+    })
+}
+
+/// The journal's events until `done` holds of them (or 30 s pass).
+async fn journal_until(
+    js: &async_nats::jetstream::Context,
+    done: impl Fn(&[AllocEvent]) -> bool,
+) -> Vec<AllocEvent> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let events: Vec<AllocEvent> = journal::read(js, POOL)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(_, e)| e)
+            .collect();
+        if done(&events) || Instant::now() > deadline {
+            return events;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn entries(events: &[AllocEvent]) -> Vec<Entry> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            AllocEvent::Applied(a) => Some(a.entry.clone()),
+            AllocEvent::LeaderElected(_) => None,
+        })
+        .collect()
+}
+
+fn granted(events: &[AllocEvent]) -> BTreeSet<u64> {
+    entries(events)
+        .iter()
+        .flat_map(|e| &e.decisions)
+        .filter_map(|d| match d {
+            Decision::Granted { task, .. } => Some(task.0),
+            _ => None,
+        })
+        .collect()
+}
+
+fn leaders(events: &[AllocEvent]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            AllocEvent::LeaderElected(l) => Some(l.leader.clone()),
+            AllocEvent::Applied(_) => None,
+        })
+        .collect()
+}
+
+/// No GPU is held by two leases at once, over the whole journal.
+fn assert_no_gpu_granted_twice(entries: &[Entry]) {
+    let mut held: BTreeSet<(u32, u32)> = BTreeSet::new();
+    let mut by_task: std::collections::BTreeMap<TaskId, Vec<(u32, u32)>> = Default::default();
+    for entry in entries {
+        for d in &entry.decisions {
+            match d {
+                Decision::Granted {
+                    task, placement, ..
+                } => {
+                    let gpus: Vec<(u32, u32)> = placement
+                        .shares
+                        .iter()
+                        .flat_map(|s| s.gpus.iter().map(move |(g, _)| (s.node.0, *g)))
+                        .collect();
+                    for gpu in &gpus {
+                        assert!(held.insert(*gpu), "GPU {gpu:?} granted twice (to {task})");
+                    }
+                    by_task.insert(*task, gpus);
+                }
+                Decision::Released { task, .. } | Decision::Preempted { task, .. } => {
+                    for gpu in by_task.remove(task).unwrap_or_default() {
+                        held.remove(&gpu);
+                    }
+                }
+                Decision::Waiting { .. } => {}
+            }
+        }
+    }
+}
+
+#[test]
+fn a_standby_takes_over_when_the_leader_dies_and_the_journal_replays() {
+    let server = NatsServer::start();
+    let url = server.url();
+    // The leader runs on a runtime of its own, so that dropping it kills it as a crash would:
+    // no lease released, no goodbye.
+    let leader_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let a = config(&url, "a");
+    leader_rt.spawn(async move {
+        allot_allocator::run(a, std::future::pending())
+            .await
+            .unwrap();
+    });
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client = async_nats::connect(&url).await.unwrap();
+        let js = async_nats::jetstream::new(client.clone());
+        ensure_streams(&js, &catalog(1)).await.unwrap();
+        let publisher = Publisher::new(client.clone(), "/test");
+        for n in ["n1", "n2"] {
+            let registered = node(n).gpus(4).pool(POOL).registered();
+            publisher
+                .publish(NodeEvent::Registered(registered))
+                .await
+                .unwrap();
+        }
+        for id in 1..=3 {
+            publisher.publish(ready(id, 4)).await.unwrap();
+        }
+        let events = journal_until(&js, |e| granted(e).len() == 2).await;
+        assert_eq!(
+            granted(&events),
+            BTreeSet::from([1, 2]),
+            "two nodes, two grants: {events:?}"
+        );
+        assert_eq!(leaders(&events), ["a"]);
+
+        // A standby waits while the leader lives.
+        let b = config(&url, "b");
+        let standby = tokio::spawn(allot_allocator::run(b, std::future::pending()));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(leaders(&journal_until(&js, |_| true).await), ["a"]);
+
+        // The leader dies; task 1 completes meanwhile.
+        leader_rt.shutdown_background();
+        publisher
+            .publish(TaskEvent::Completed(TaskCompleted {
+                pool: POOL.into(),
+                task: TaskId(1),
+                node: "n1".into(),
+            }))
+            .await
+            .unwrap();
+        let events = journal_until(&js, |e| granted(e).contains(&3)).await;
+        assert_eq!(leaders(&events), ["a", "b"], "b took over");
+        assert_eq!(granted(&events), BTreeSet::from([1, 2, 3]));
+
+        // Every decision recomputes from the journal, and no GPU was ever held twice.
+        let entries = entries(&events);
+        let summary =
+            allot_sched::journal::verify(&Header::new("fifo"), entries.clone(), None, None)
+                .unwrap();
+        assert_eq!(summary.entries as usize, entries.len());
+        assert_no_gpu_granted_twice(&entries);
+        let nodes_added = entries
+            .iter()
+            .filter(|e| matches!(e.input, allot_sched::Input::NodeAdded(_)))
+            .count();
+        assert_eq!(nodes_added, 2, "the new leader did not add the nodes again");
+        standby.abort();
+    });
+}
+
+#[test]
+fn a_deposed_leaders_append_is_rejected() {
+    let server = NatsServer::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let client = async_nats::connect(&server.url()).await.unwrap();
+        let js = async_nats::jetstream::new(client.clone());
+        ensure_streams(&js, &catalog(1)).await.unwrap();
+        let publisher = Publisher::new(client.clone(), "/test");
+        let (mut old, _) = Journal::open(publisher.clone(), POOL, "fifo")
+            .await
+            .unwrap();
+        old.elected("old", "fifo").await.unwrap();
+        // A new leader reads the journal and appends.
+        let (mut new, _) = Journal::open(publisher.clone(), POOL, "fifo")
+            .await
+            .unwrap();
+        new.elected("new", "fifo").await.unwrap();
+        // The old one, unaware, tries to go on.
+        let mut scheduler =
+            allot_sched::Scheduler::new(allot_sched::policy::by_name("fifo").unwrap());
+        let err = old
+            .apply(&mut scheduler, allot_sched::Input::Schedule { at: 1 }, None)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, JournalError::Deposed { .. }), "{err}");
+        let events = journal::read(&js, POOL).await.unwrap();
+        assert_eq!(events.len(), 2, "only the two elections are in the journal");
+        // A journal written under one policy is not continued under another.
+        let err = Journal::open(publisher, POOL, "allot").await.unwrap_err();
+        assert!(matches!(err, JournalError::PolicyChanged { .. }), "{err}");
+    });
+}
