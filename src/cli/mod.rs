@@ -109,8 +109,8 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Audit(cmd) => audit::audit(cmd, &env).await,
         Command::Bench(cmd) => bench::bench(cmd, &env).await,
         Command::Sim(args) => sim::sim(args),
-        Command::Replay(args) => replay::replay(args),
-        Command::Explain(args) => replay::explain(args),
+        Command::Replay(args) => replay::replay(args).await,
+        Command::Explain(args) => replay::explain(args).await,
         Command::Schemas { out } => {
             allot_events::schema::write_all(&out)?;
             eprintln!(

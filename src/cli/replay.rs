@@ -4,8 +4,9 @@
 //! every decision; on the first difference it prints the logged and the recomputed outcome
 //! and exits non-zero. `explain` prints one task's history from the journal, with reasons.
 //!
-//! Journals come from a file (`--journal PATH`: what `allot sim --journal` writes, one JSON
-//! line per entry after a header line).
+//! Journals come from the DECISIONS stream (`--nats URL --pool P`: what the allocator wrote)
+//! or from a file (`--journal PATH`: what `allot sim --journal` writes, one JSON line per
+//! entry after a header line).
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -22,8 +23,14 @@ use allot_sched::{Decision, Input, TaskId, Time};
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
     /// The journal: a JSON-lines file as `allot sim --journal` writes it.
+    #[arg(long, required_unless_present = "pool", conflicts_with = "pool")]
+    pub journal: Option<PathBuf>,
+    /// The pool whose journal to read from the DECISIONS stream.
     #[arg(long)]
-    pub journal: PathBuf,
+    pub pool: Option<String>,
+    /// NATS URL for --pool.
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    pub nats: String,
     /// Recompute every decision and stop at the first difference (exit 1).
     #[arg(long)]
     pub verify: bool,
@@ -42,16 +49,26 @@ pub struct ExplainArgs {
     /// The task's id (the number in `task-<id>`, or `task-<id>`).
     pub task: String,
     /// The journal: a JSON-lines file as `allot sim --journal` writes it.
+    #[arg(long, required_unless_present = "pool", conflicts_with = "pool")]
+    pub journal: Option<PathBuf>,
+    /// The pool whose journal to read from the DECISIONS stream.
     #[arg(long)]
-    pub journal: PathBuf,
+    pub pool: Option<String>,
+    /// NATS URL for --pool.
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    pub nats: String,
 }
 
 /// Runs `allot replay`.
-pub fn replay(args: ReplayArgs) -> anyhow::Result<ExitCode> {
+pub async fn replay(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     if !args.verify {
         bail!("nothing to do: add --verify to recompute and compare every decision");
     }
-    let (header, entries) = open(&args.journal)?;
+    let (header, entries) = match (&args.journal, &args.pool) {
+        (Some(path), _) => open(path)?,
+        (None, Some(pool)) => from_stream(&args.nats, pool).await?,
+        (None, None) => bail!("give --journal PATH or --pool POOL"),
+    };
     let started = Instant::now();
     let mut bad_line: Option<anyhow::Error> = None;
     let entries = entries.map_while(|e| match e {
@@ -97,14 +114,18 @@ pub fn replay(args: ReplayArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Runs `allot explain`.
-pub fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
+pub async fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     let id: u64 = args
         .task
         .trim_start_matches("task-")
         .parse()
         .with_context(|| format!("{:?} is not a task id (e.g. 42 or task-42)", args.task))?;
     let task = TaskId(id);
-    let (_, entries) = open(&args.journal)?;
+    let (_, entries) = match (&args.journal, &args.pool) {
+        (Some(path), _) => open(path)?,
+        (None, Some(pool)) => from_stream(&args.nats, pool).await?,
+        (None, None) => bail!("give --journal PATH or --pool POOL"),
+    };
     let mut lines = 0;
     for entry in entries {
         let entry = entry?;
@@ -114,7 +135,7 @@ pub fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         }
     }
     if lines == 0 {
-        println!("{task} does not appear in {}", args.journal.display());
+        println!("{task} does not appear in the journal");
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
@@ -232,6 +253,30 @@ fn outcome_line(entry: &Entry) -> String {
 }
 
 type Entries = Box<dyn Iterator<Item = anyhow::Result<Entry>>>;
+
+/// Reads a pool's journal from the DECISIONS stream: the policy from its elections, the
+/// entries in order.
+async fn from_stream(url: &str, pool: &str) -> anyhow::Result<(Header, Entries)> {
+    let client = async_nats::connect(url)
+        .await
+        .with_context(|| format!("connecting to {url}"))?;
+    let js = async_nats::jetstream::new(client);
+    let events = allot_allocator::journal::read(&js, pool)
+        .await
+        .with_context(|| format!("reading the journal of pool {pool}"))?;
+    let mut policy = None;
+    let mut entries = Vec::new();
+    for (_, event) in events {
+        match event {
+            allot_events::AllocEvent::LeaderElected(e) => policy = policy.or(Some(e.policy)),
+            allot_events::AllocEvent::Applied(a) => entries.push(Ok(a.entry)),
+        }
+    }
+    let Some(policy) = policy else {
+        bail!("pool {pool} has no journal on {url}");
+    };
+    Ok((Header::new(&policy), Box::new(entries.into_iter())))
+}
 
 /// Opens a journal file: its header and an iterator over its entries (an unreadable line is
 /// an error naming the file and line).
