@@ -10,11 +10,20 @@
 //!   job that was mispredicted as short cannot hold the cluster;
 //! - preemption must pay for itself: a running task is preempted only for one whose expected
 //!   remaining time is at most half its own, which bounds the work lost to checkpoint gaps and
-//!   restarts.
+//!   restarts — and only when both expectations rest on something learned. Before any task has
+//!   finished (and without a prediction) the estimate is a fixed default that says nothing about
+//!   either task, so comparing them cannot show a gain: the task waits instead. Without this, a
+//!   cluster where nothing has finished yet keeps trading running tasks for newcomers that are
+//!   no shorter, and every trade loses their work and can strand capacity.
 
 use super::{Contender, PendingView, Policy, QueueKey, WhenBlocked};
 use crate::model::Time;
 use crate::quota::Quotas;
+
+/// Set in the second field of a key (the submit time) when the task's estimate is the
+/// estimator's default rather than learned: among equal expected remaining times, learned
+/// estimates go first, and [`Allot::may_preempt`] reads it.
+const UNLEARNED: i64 = 1 << 62;
 
 /// Allot's policy; see the module docs.
 #[derive(Debug, Clone)]
@@ -38,6 +47,11 @@ impl Allot {
             task.attained.max(1)
         }
     }
+
+    /// Whether the key's expected remaining time rests on a learned estimate.
+    fn learned(key: QueueKey) -> bool {
+        key.1 & UNLEARNED == 0
+    }
 }
 
 impl Policy for Allot {
@@ -46,9 +60,10 @@ impl Policy for Allot {
     }
     fn key(&self, task: PendingView<'_>, _now: Time) -> QueueKey {
         let remaining = Self::remaining(&task);
+        let unlearned = if task.estimate_learned { 0 } else { UNLEARNED };
         QueueKey(
             remaining.min(i64::MAX as u64) as i64,
-            task.submitted as i64,
+            task.submitted.min(UNLEARNED as u64 - 1) as i64 | unlearned,
             task.seq,
         )
     }
@@ -70,13 +85,16 @@ impl Policy for Allot {
         victim: Contender<'_>,
         _quotas: &Quotas,
     ) -> bool {
-        victim.key > preemptor.key
+        Self::learned(preemptor.key)
+            && Self::learned(victim.key)
+            && victim.key > preemptor.key
             && victim.key.0 >= preemptor.key.0.saturating_mul(self.preemption_gain)
     }
     fn parameters(&self) -> String {
         format!(
             "order=expected remaining time (history estimate; attained once past it); \
-             preemptive when the victim's is ≥ {}× the preemptor's; no head-of-line blocking",
+             preemptive when the victim's is ≥ {}× the preemptor's and both estimates are \
+             learned; no head-of-line blocking",
             self.preemption_gain
         )
     }
