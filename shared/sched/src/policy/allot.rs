@@ -15,9 +15,16 @@
 //!   either task, so comparing them cannot show a gain: the task waits instead. Without this, a
 //!   cluster where nothing has finished yet keeps trading running tasks for newcomers that are
 //!   no shorter, and every trade loses their work and can strand capacity.
+//!
+//! Placement is fragmentation-aware: Fragmentation Gradient Descent ([`Fgd`], Weng et al.,
+//! ATC'23) under the host-aware measure ([`Measure::HostAware`]) — a node's GPUs count as usable
+//! for a task shape only as far as its free CPU and memory can still accompany them, so tasks do
+//! not leave GPUs stranded behind exhausted CPU or memory.
 
+use super::packing::{Fgd, Measure};
 use super::{Contender, PendingView, Policy, QueueKey, WhenBlocked};
-use crate::model::Time;
+use crate::cluster::{Cluster, Placement};
+use crate::model::{TaskSpec, Time};
 use crate::quota::Quotas;
 
 /// Set in the second field of a key (the submit time) when the task's estimate is the
@@ -30,11 +37,16 @@ const UNLEARNED: i64 = 1 << 62;
 pub struct Allot {
     /// A victim's expected remaining time must be at least this many times the preemptor's.
     pub preemption_gain: i64,
+    /// Where tasks go: FGD under the host-aware measure, learning task shapes as they arrive.
+    placer: Fgd,
 }
 
 impl Default for Allot {
     fn default() -> Self {
-        Self { preemption_gain: 2 }
+        Self {
+            preemption_gain: 2,
+            placer: Fgd::with_measure(Measure::HostAware),
+        }
     }
 }
 
@@ -90,11 +102,18 @@ impl Policy for Allot {
             && victim.key > preemptor.key
             && victim.key.0 >= preemptor.key.0.saturating_mul(self.preemption_gain)
     }
+    fn place(&self, cluster: &Cluster, task: &TaskSpec) -> Option<Placement> {
+        self.placer.place(cluster, task)
+    }
+    fn observe_submitted(&mut self, task: &TaskSpec) {
+        self.placer.observe_submitted(task);
+    }
     fn parameters(&self) -> String {
         format!(
             "order=expected remaining time (history estimate; attained once past it); \
              preemptive when the victim's is ≥ {}× the preemptor's and both estimates are \
-             learned; no head-of-line blocking",
+             learned; no head-of-line blocking; placement=FGD, host-aware (GPUs count as usable \
+             only as far as free CPU and memory can feed them)",
             self.preemption_gain
         )
     }
