@@ -11,6 +11,11 @@ pub trait DurationEstimator: Send + std::fmt::Debug {
     fn estimate(&self, task: &TaskSpec) -> Time;
     /// A task completed after running `ran` in all.
     fn observe(&mut self, task: &TaskSpec, ran: Time);
+    /// Whether [`Self::estimate`] of `task` rests on something learned — a prediction, or
+    /// tasks that finished — rather than a fixed default that says nothing about the task.
+    fn learned(&self, _task: &TaskSpec) -> bool {
+        true
+    }
     /// Its name, printed with results.
     fn name(&self) -> &'static str;
 }
@@ -84,6 +89,9 @@ impl DurationEstimator for History {
         self.by_team.entry(task.team.clone()).or_default().add(ran);
         self.all.add(ran);
     }
+    fn learned(&self, task: &TaskSpec) -> bool {
+        task.predicted_duration.is_some() || self.all.n > 0
+    }
     fn name(&self) -> &'static str {
         "history(team, gpus)"
     }
@@ -99,11 +107,13 @@ mod tests {
         let small = TaskSpec::new(1, "vision", 1);
         let big = TaskSpec::new(2, "vision", 8);
         assert_eq!(h.estimate(&small), History::DEFAULT, "nothing finished yet");
+        assert!(!h.learned(&small), "the default is no estimate of the task");
         for ran in [100, 200, 300] {
             h.observe(&small, ran);
         }
         h.observe(&big, 10_000);
         assert_eq!(h.estimate(&small), 200, "three of its kind: their mean");
+        assert!(h.learned(&small));
         assert_eq!(
             h.estimate(&big),
             2_650,

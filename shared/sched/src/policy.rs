@@ -32,6 +32,9 @@ pub struct PendingView<'a> {
     pub attained_gpu: u64,
     /// The estimator's total run time for it (see [`crate::estimate`]).
     pub estimate: Time,
+    /// Whether `estimate` was learned (a prediction, or finished tasks) rather than the
+    /// estimator's default ([`crate::estimate::DurationEstimator::learned`]).
+    pub estimate_learned: bool,
 }
 
 /// A task in a preemption decision: its spec and its key at this instant.

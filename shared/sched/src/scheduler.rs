@@ -167,6 +167,7 @@ impl Task {
             attained,
             attained_gpu: attained.saturating_mul(u64::from(self.spec.gpus.max(1))),
             estimate,
+            estimate_learned: false,
         }
     }
 
@@ -511,12 +512,19 @@ impl Scheduler {
     }
 
     fn key_of(&self, task: &Task, now: Time) -> QueueKey {
-        let estimate = if self.policy.needs_estimates() {
-            self.estimator.estimate(&task.spec)
+        let (estimate, learned) = if self.policy.needs_estimates() {
+            (
+                self.estimator.estimate(&task.spec),
+                self.estimator.learned(&task.spec),
+            )
         } else {
-            0
+            (0, false)
         };
-        self.policy.key(task.view(now, estimate), now)
+        let mut view = task.view(now, estimate);
+        // Hook (openb-allot): whether the estimate was learned, for policies that must not act
+        // on a default guess (`allot` does not preempt for one).
+        view.estimate_learned = learned;
+        self.policy.key(view, now)
     }
 
     /// Puts the unit led by `leader` (pending) in the queue, keyed at `now`.

@@ -6,47 +6,61 @@
 //! mean completion time of tasks and of the stages waiting on them); preemptive, never
 //! head-of-line blocked:
 //! - the estimate comes from the history estimator (finished tasks of the same team and GPU
-//!   count — no oracle);
+//!   count, or the predictor's word — no oracle);
 //! - a task that has outlived its estimate is treated as heavy-tailed: its expected remaining
 //!   time is taken to be what it has run so far (the least-attained-service rule), so a long
 //!   job that was mispredicted as short cannot hold the cluster;
 //! - preemption must pay for itself: a running task is preempted only for one of higher
 //!   priority, or of the same priority whose weighted remaining time is at most half its own,
-//!   which bounds the work lost to checkpoint gaps and restarts; among the tasks it may
-//!   preempt, those that lose the least work since their last checkpoint go first;
+//!   which bounds the work lost to checkpoint gaps and restarts — and, for the latter, only when
+//!   both expectations rest on something learned. Before any task has finished (and without a
+//!   prediction) the estimate is a fixed default that says nothing about either task, so
+//!   comparing them cannot show a gain: the task waits instead. Without this, a cluster where
+//!   nothing has finished yet keeps trading running tasks for newcomers that are no shorter,
+//!   and every trade loses their work and can strand capacity. Among the tasks it may preempt,
+//!   those that lose the least work since their last checkpoint go first;
 //! - quotas hold (when teams have them): admission within nominal quota or by borrowing from
 //!   the cohort. Across teams, a task preempts only to reclaim its team's nominal quota from a
 //!   team that borrows, or — with the gain above — from a team that borrows more of the
 //!   cohort's lendable capacity than its own team would (dominant-resource fair share); so no
 //!   team's guarantee is taken by another team's short jobs, and no two tasks can preempt each
 //!   other in turn.
+//!
+//! Placement is fragmentation-aware: Fragmentation Gradient Descent ([`Fgd`], Weng et al.,
+//! ATC'23) under the host-aware measure ([`Measure::HostAware`]) — a node's GPUs count as usable
+//! for a task shape only as far as its free CPU and memory can still accompany them, so tasks do
+//! not leave GPUs stranded behind exhausted CPU or memory.
 
+use super::packing::{Fgd, Measure};
 use super::{Contender, PendingView, Policy, QueueKey, VictimOrder, WhenBlocked};
-use crate::model::Time;
+use crate::cluster::{Cluster, Placement};
+use crate::model::{TaskSpec, Time};
 use crate::quota::{Amounts, Quotas};
+
+/// Set in the last field of a key (the submission sequence) when the task's estimate is the
+/// estimator's default rather than learned: among equal priorities and expected remaining
+/// times, learned estimates go first, and [`Allot::may_preempt`] reads it.
+const UNLEARNED: u64 = 1 << 62;
 
 /// Allot's policy; see the module docs.
 #[derive(Debug, Clone)]
 pub struct Allot {
     /// A victim's expected remaining time must be at least this many times the preemptor's.
     pub preemption_gain: i64,
+    /// Where tasks go: FGD under the host-aware measure, learning task shapes as they arrive.
+    placer: Fgd,
 }
 
 impl Default for Allot {
     fn default() -> Self {
-        Self { preemption_gain: 2 }
+        Self {
+            preemption_gain: 2,
+            placer: Fgd::with_measure(Measure::HostAware),
+        }
     }
 }
 
 impl Allot {
-    /// Higher priority, or the same priority and a weighted remaining time at most
-    /// 1 / `preemption_gain` of the victim's.
-    fn pays_off(&self, preemptor: Contender<'_>, victim: Contender<'_>) -> bool {
-        victim.key > preemptor.key
-            && (victim.key.0 > preemptor.key.0
-                || victim.key.1 >= preemptor.key.1.saturating_mul(self.preemption_gain))
-    }
-
     /// Expected remaining run time, ms.
     fn remaining(task: &PendingView<'_>) -> Time {
         if task.attained < task.estimate {
@@ -54,6 +68,21 @@ impl Allot {
         } else {
             task.attained.max(1)
         }
+    }
+
+    /// Whether the key's expected remaining time rests on a learned estimate.
+    fn learned(key: QueueKey) -> bool {
+        key.2 & UNLEARNED == 0
+    }
+
+    /// Higher priority; or the same priority, both estimates learned, and a weighted remaining
+    /// time at most 1 / `preemption_gain` of the victim's.
+    fn pays_off(&self, preemptor: Contender<'_>, victim: Contender<'_>) -> bool {
+        victim.key > preemptor.key
+            && (victim.key.0 > preemptor.key.0
+                || (Self::learned(preemptor.key)
+                    && Self::learned(victim.key)
+                    && victim.key.1 >= preemptor.key.1.saturating_mul(self.preemption_gain)))
     }
 }
 
@@ -64,10 +93,11 @@ impl Policy for Allot {
     fn key(&self, task: PendingView<'_>, _now: Time) -> QueueKey {
         let weight = 1 + u64::from(task.spec.dag.dependents);
         let weighted = Self::remaining(&task) / weight;
+        let unlearned = if task.estimate_learned { 0 } else { UNLEARNED };
         QueueKey(
             -i64::from(task.spec.priority),
             weighted.min(i64::MAX as u64) as i64,
-            task.seq,
+            task.seq.min(UNLEARNED - 1) | unlearned,
         )
     }
     fn dynamic(&self) -> bool {
@@ -128,17 +158,26 @@ impl Policy for Allot {
             String::new()
         };
         format!(
-            "allot: {id} is expected to finish in {} s (weighted by what it unblocks), under              1/{} of this task's {} s{fair}",
+            "allot: {id} is expected to finish in {} s (weighted by what it unblocks), under \
+             1/{} of this task's {} s{fair}",
             preemptor.key.1 / 1000,
             self.preemption_gain,
             victim.key.1 / 1000
         )
     }
+    fn place(&self, cluster: &Cluster, task: &TaskSpec) -> Option<Placement> {
+        self.placer.place(cluster, task)
+    }
+    fn observe_submitted(&mut self, task: &TaskSpec) {
+        self.placer.observe_submitted(task);
+    }
     fn parameters(&self) -> String {
         format!(
             "order=priority, then expected remaining time ÷ (1 + dependents) (history estimate; \
-             attained once past it); preemptive when the victim's is ≥ {}× the preemptor's, \
-             least lost work first; quotas with reclaim and fair share; no head-of-line blocking",
+             attained once past it); preemptive for higher priority, or when the victim's is ≥ \
+             {}× the preemptor's and both estimates are learned; least lost work first; quotas \
+             with reclaim and fair share; no head-of-line blocking; placement=FGD, host-aware \
+             (GPUs count as usable only as far as free CPU and memory can feed them)",
             self.preemption_gain
         )
     }

@@ -13,7 +13,9 @@
 //!   baseline, on GPUs alone.
 //! - [`Fgd`] (Fragmentation Gradient Descent, Weng et al., "Beware of Fragmentation", ATC'23)
 //!   places where the node's expected GPU fragmentation, measured against the task shapes seen
-//!   so far, grows least.
+//!   so far, grows least. Its [`Measure`] is the paper's; `allot` places with the same descent
+//!   under [`Measure::HostAware`], which also counts GPUs that a node's remaining CPU and memory
+//!   can no longer feed.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -113,12 +115,49 @@ impl Policy for BestFit {
 /// integer-rounded scores and random choice among equal nodes.
 #[derive(Debug, Clone, Default)]
 pub struct Fgd {
+    /// How fragmentation is measured ([`Measure::Reference`] for the paper's FGD).
+    measure: Measure,
     /// Task counts per shape.
     counts: BTreeMap<Shape, u64>,
     /// The shapes accepting any model, by per-GPU request.
     rows_any: Vec<Row>,
     /// For each model some shape names: the shapes accepting that model, by per-GPU request.
     rows_by_model: HashMap<String, Vec<Row>>,
+}
+
+/// What [`Fgd`] counts as the GPU capacity a node still offers a task shape m (the rest of its
+/// free GPU capacity is fragmented for m).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Measure {
+    /// The paper's: when m fits the node (CPU, memory, an accepted model, enough GPUs with m's
+    /// per-GPU request free), the free capacity of the GPUs holding that request; else nothing.
+    #[default]
+    Reference,
+    /// The paper's, capped by the GPU capacity the node's free CPU and memory can still
+    /// accompany at m's own ratio: min(free CPU × m's GPU demand / m's CPU, the same for
+    /// memory). A GPU whose node has run out of CPU or memory for m is stranded for m even when
+    /// one task of m would still fit; the paper's measure sees it as usable until the very last
+    /// task, so it lets CPU-hungry tasks use up the host resources of GPU-rich nodes.
+    HostAware,
+}
+
+impl Measure {
+    /// The most GPU capacity, milli-GPU, that `cpu` and `memory` free can accompany for `row`.
+    fn host_capacity(self, row: &Row, cpu: u64, memory: u64) -> u64 {
+        if self == Self::Reference {
+            return u64::MAX;
+        }
+        let demand = u128::from(row.gpus) * u128::from(row.gpu_milli);
+        let feeds = |free: u64, need: u64| {
+            if need == 0 {
+                u128::MAX
+            } else {
+                u128::from(free) * demand / u128::from(need)
+            }
+        };
+        let capacity = feeds(cpu, row.cpu_milli).min(feeds(memory, row.memory_mib));
+        u64::try_from(capacity).unwrap_or(u64::MAX)
+    }
 }
 
 /// A shape with its count, laid out for the fragmentation loop.
@@ -135,6 +174,14 @@ impl Fgd {
     /// An FGD policy that has seen no tasks yet (it places by best fit until it has).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An FGD placer that measures fragmentation by `measure`.
+    pub fn with_measure(measure: Measure) -> Self {
+        Self {
+            measure,
+            ..Self::default()
+        }
     }
 
     /// The shapes that accept GPUs of `model`, by per-GPU request.
@@ -178,17 +225,25 @@ impl Fgd {
         }
     }
 
-    /// Popularity-weighted usable GPU capacity of a node whose GPUs have `free` milli-GPU free
-    /// (largest first) and that has `cpu` and `memory` free: Σₘ count(m) × usable(node, m).
+    /// [`Self::usable_by`] under the paper's measure.
+    #[cfg(test)]
     fn usable(rows: &[Row], free: &[u32], cpu: u64, memory: u64) -> u64 {
+        Self::usable_by(Measure::Reference, rows, free, cpu, memory)
+    }
+
+    /// Popularity-weighted usable GPU capacity of a node whose GPUs have `free` milli-GPU free
+    /// (largest first) and that has `cpu` and `memory` free: Σₘ count(m) × usable(node, m),
+    /// usable as `measure` counts it.
+    fn usable_by(measure: Measure, rows: &[Row], free: &[u32], cpu: u64, memory: u64) -> u64 {
         // usable(node, m) = the free capacity of the GPUs holding m's per-GPU request, when at
         // least m's GPU count of them do; with `free` sorted, those are a prefix of it, which
-        // shrinks as the request grows.
+        // shrinks as the request grows. The host-aware measure caps each term by what the free
+        // CPU and memory can accompany.
         let mut prefix = [0u64; 17];
         let prefix: &mut [u64] = if free.len() < prefix.len() {
             &mut prefix[..=free.len()]
         } else {
-            return Self::usable_slow(rows, free, cpu, memory);
+            return Self::usable_slow(measure, rows, free, cpu, memory);
         };
         for (i, f) in free.iter().enumerate() {
             prefix[i + 1] = prefix[i] + u64::from(*f);
@@ -203,7 +258,7 @@ impl Fgd {
                 break;
             }
             if row.gpus as usize <= holding && row.cpu_milli <= cpu && row.memory_mib <= memory {
-                usable += row.count * prefix[holding];
+                usable += row.count * prefix[holding].min(measure.host_capacity(row, cpu, memory));
             }
         }
         usable
@@ -213,7 +268,9 @@ impl Fgd {
     /// milli-GPU free (largest first), appended to `out` as `(free share of the GPU used, loss)`:
     /// one entry per distinct free share that holds a fraction, a single one (share 0) for
     /// whole GPUs, taken from the entirely free ones, or for CPU only.
+    #[allow(clippy::too_many_arguments)]
     fn losses(
+        measure: Measure,
         rows: &[Row],
         free: &[u32],
         cpu: u64,
@@ -222,13 +279,14 @@ impl Fgd {
         request: Request,
         out: &mut Vec<(u32, u64)>,
     ) {
-        let before = Self::usable(rows, free, cpu, memory);
+        let before = Self::usable_by(measure, rows, free, cpu, memory);
         let (cpu, memory) = (
             cpu.saturating_sub(task.cpu_milli),
             memory.saturating_sub(task.memory_mib),
         );
         let mut after = Vec::with_capacity(free.len());
-        let loss = |after: &[u32]| before - Self::usable(rows, after, cpu, memory).min(before);
+        let loss =
+            |after: &[u32]| before - Self::usable_by(measure, rows, after, cpu, memory).min(before);
         match request {
             Request::Fraction(milli) => {
                 for (i, share) in free.iter().copied().enumerate() {
@@ -252,14 +310,15 @@ impl Fgd {
         }
     }
 
-    /// [`Self::usable`] for nodes with more GPUs than its stack buffer holds.
-    fn usable_slow(rows: &[Row], free: &[u32], cpu: u64, memory: u64) -> u64 {
+    /// [`Self::usable_by`] for nodes with more GPUs than its stack buffer holds.
+    fn usable_slow(measure: Measure, rows: &[Row], free: &[u32], cpu: u64, memory: u64) -> u64 {
         rows.iter()
             .filter(|r| r.cpu_milli <= cpu && r.memory_mib <= memory)
             .map(|r| {
                 let holding = free.iter().filter(|f| **f >= r.gpu_milli);
                 if holding.clone().count() >= r.gpus as usize {
-                    r.count * holding.map(|f| u64::from(*f)).sum::<u64>()
+                    let usable = holding.map(|f| u64::from(*f)).sum::<u64>();
+                    r.count * usable.min(measure.host_capacity(r, cpu, memory))
                 } else {
                     0
                 }
@@ -305,7 +364,16 @@ impl Policy for Fgd {
                     let mut free = node.gpu_free.clone();
                     free.sort_unstable_by(|a, b| b.cmp(a));
                     let (cpu, memory) = host_free(node);
-                    Self::losses(rows, &free, cpu, memory, task, request, &mut losses);
+                    Self::losses(
+                        self.measure,
+                        rows,
+                        &free,
+                        cpu,
+                        memory,
+                        task,
+                        request,
+                        &mut losses,
+                    );
                     if let Some(key) = state {
                         evaluated.insert(key, (from, losses.len()));
                     }

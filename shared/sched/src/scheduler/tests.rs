@@ -483,6 +483,22 @@ fn allot_preempts_only_when_the_gain_is_worth_the_lost_work() {
 }
 
 #[test]
+fn allot_never_preempts_on_an_estimate_it_has_not_learned() {
+    // Nothing has finished: every estimate is the default hour. Task 1 has run 3 h, so by its
+    // attained time it looks long, but no comparison can show that preempting it pays.
+    let hour = 3_600_000;
+    let inputs = vec![
+        submit(task(1).gpus(8), 0),
+        pass(0),
+        submit(task(2).gpus(8), 3 * hour),
+        pass(3 * hour),
+        pass(4 * hour),
+    ];
+    let got = script("allot", vec![node("n1")], inputs);
+    assert_eq!(got, ["grant 1@n1"], "{got:?}");
+}
+
+#[test]
 fn nothing_new_lands_on_a_cordoned_node_until_it_returns_to_service() {
     let cordon = |schedulable| Input::NodeSchedulable {
         node: "n1".into(),

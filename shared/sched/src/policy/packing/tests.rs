@@ -427,7 +427,7 @@ fn usable_capacity_counts_only_gpus_a_shape_fits_and_only_where_it_fits() {
         .collect();
     assert_eq!(
         Fgd::usable(rows, &free, 64_000, 1 << 20),
-        Fgd::usable_slow(rows, &free, 64_000, 1 << 20)
+        Fgd::usable_slow(Measure::Reference, rows, &free, 64_000, 1 << 20)
     );
     assert_eq!(Fgd::usable(rows, &free, 64_000, 1 << 20), 10_000 + 10_000);
 }
@@ -470,4 +470,60 @@ fn a_task_that_does_not_fit_waits_without_blocking_the_ones_behind_it() {
         assert_eq!(granted, [TaskId(3)], "{policy}: task 3 starts past task 2");
         assert_eq!(s.pending(), 1, "{policy}: task 2 waits");
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// host-aware measure (allot's placement)
+
+#[test]
+fn host_aware_usable_capacity_is_capped_by_what_free_cpu_and_memory_can_feed() {
+    let fgd = fgd_after(many(3, || task(1).gpus(1).cpu(8_000).memory(16_384)));
+    let rows = fgd.rows("G2");
+    let usable = |free: &[u32], cpu, memory| {
+        (
+            Fgd::usable_by(Measure::Reference, rows, free, cpu, memory),
+            Fgd::usable_by(Measure::HostAware, rows, free, cpu, memory),
+        )
+    };
+    let four = [1000, 1000, 1000, 1000];
+    assert_eq!(usable(&four, 64_000, 1 << 20), (3 * 4000, 3 * 4000));
+    // 20 CPU feed 2.5 GPUs' worth of this shape; the paper's measure sees all four.
+    assert_eq!(usable(&four, 20_000, 1 << 20), (3 * 4000, 3 * 2500));
+    // Memory caps the same way.
+    assert_eq!(usable(&four, 64_000, 32_768), (3 * 4000, 3 * 2000));
+    // Too little for one task: nothing, under both.
+    assert_eq!(usable(&four, 7_000, 1 << 20), (0, 0));
+    // A node that does not track CPU or memory is not capped.
+    assert_eq!(usable(&four, u64::MAX, u64::MAX), (3 * 4000, 3 * 4000));
+    let free: Vec<u32> = vec![1000; 20];
+    assert_eq!(
+        Fgd::usable_by(Measure::HostAware, rows, &free, 40_000, 1 << 20),
+        Fgd::usable_slow(Measure::HostAware, rows, &free, 40_000, 1 << 20)
+    );
+    assert_eq!(
+        Fgd::usable_slow(Measure::HostAware, rows, &free, 40_000, 1 << 20),
+        3 * 5000
+    );
+}
+
+#[test]
+fn host_aware_fgd_keeps_cpu_hungry_tasks_off_nodes_whose_gpus_they_would_strand() {
+    // Most tasks take a GPU and 8 CPU. A task with a GPU and 16 CPU on n1 (4 GPUs, 32 CPU)
+    // would leave 3 GPUs with CPU for only 2 more; on n2 (64 CPU) it strands nothing.
+    let history = many(10, || task(1).gpus(1).cpu(8_000));
+    let nodes = || {
+        cluster(vec![
+            node("n1").free(&[1000; 4]).cpu_free(32_000),
+            node("n2").free(&[1000; 4]),
+        ])
+    };
+    let hungry = task(2).gpus(1).cpu(16_000).0;
+    let reference = fgd_after(history.clone());
+    let mut host_aware = Fgd::with_measure(Measure::HostAware);
+    for t in &history {
+        host_aware.observe_submitted(&t.0);
+    }
+    let on = |policy: &Fgd| placed(policy, &nodes(), &hungry).map(|(n, _)| n);
+    assert_eq!(on(&reference).as_deref(), Some("n1"), "the paper's: a tie");
+    assert_eq!(on(&host_aware).as_deref(), Some("n2"));
 }
