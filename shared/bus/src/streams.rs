@@ -101,6 +101,13 @@ impl StreamSpec {
 /// Registrations and heartbeats kept per node (per subject) in FLEET.
 pub const FLEET_MSGS_PER_SUBJECT: i64 = 64;
 
+/// How long WORKLOADS remembers a `Nats-Msg-Id`: a workload submitted again within this window
+/// (a CI job retried with the same spec and run id) is stored once. One hour covers automatic
+/// retries and a person re-running a failed job soon after, while keeping the server's table of
+/// ids small (task lifecycle events share the stream). Beyond the window the same submission
+/// is stored again, but with the same workload id, which the planner treats as known.
+pub const WORKLOADS_DUPLICATE_WINDOW: Duration = Duration::from_secs(3600);
+
 /// Stream names, for consumers and tools.
 pub mod names {
     /// Node registrations and heartbeats.
@@ -147,6 +154,7 @@ pub fn catalog(replicas: usize) -> Vec<StreamSpec> {
         StreamSpec {
             deny_delete: true,
             deny_purge: true,
+            duplicate_window: WORKLOADS_DUPLICATE_WINDOW,
             ..StreamSpec::new(
                 names::WORKLOADS,
                 "Workloads submitted and aborted, and their tasks' lifecycle",
