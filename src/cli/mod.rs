@@ -4,6 +4,7 @@
 //!   cluster (laptops, CI).
 //! - [`run`]: one service, for Kubernetes.
 //! - [`status`]: the cluster as the inventory sees it.
+//! - [`workload`]: `allot validate` and `allot submit` — check a workload spec, publish it once.
 //! - [`sim`]: trace-driven simulation of the scheduling policies (`allot sim`).
 //! - [`audit`]: the hash-chained archive of the decision log (`allot audit archive|verify`).
 //! - [`bench`]: benchmarks that need the real bus (`allot bench telemetry`).
@@ -28,6 +29,7 @@ pub mod settings;
 pub mod sim;
 pub mod status;
 pub mod up;
+pub mod workload;
 
 /// Allot: an elastic GPU service for shared GPU pools.
 #[derive(Debug, Parser)]
@@ -52,6 +54,10 @@ pub enum Command {
     Run(run::RunArgs),
     /// Show nodes, GPUs, health and utilization.
     Status(status::StatusArgs),
+    /// Check a workload spec (YAML or JSON) offline and list every problem.
+    Validate(workload::ValidateArgs),
+    /// Validate a workload spec and submit it, once per spec and run id (for CI).
+    Submit(workload::SubmitArgs),
     /// Replay a GPU-cluster trace through the scheduling core under several policies.
     Sim(sim::SimArgs),
     /// Rebuild the allocator's state from its journal and recompute every decision.
@@ -69,6 +75,9 @@ pub enum Command {
         /// Output folder.
         #[arg(long, default_value = allot_events::schema::DIR)]
         out: PathBuf,
+        /// Where the workload spec's schema goes.
+        #[arg(long, default_value = allot_events::schema::WORKLOAD_SPEC_FILE)]
+        spec_out: PathBuf,
     },
 }
 
@@ -106,17 +115,24 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Up(args) => up::up(args, &env).await,
         Command::Run(args) => run::run(args, &env).await,
         Command::Status(args) => status::status(args, &env).await,
+        Command::Validate(args) => workload::validate(args, &env),
+        Command::Submit(args) => workload::submit(args, &env).await,
         Command::Audit(cmd) => audit::audit(cmd, &env).await,
         Command::Bench(cmd) => bench::bench(cmd, &env).await,
         Command::Sim(args) => sim::sim(args),
         Command::Replay(args) => replay::replay(args).await,
         Command::Explain(args) => replay::explain(args).await,
-        Command::Schemas { out } => {
+        Command::Schemas { out, spec_out } => {
             allot_events::schema::write_all(&out)?;
+            std::fs::write(
+                &spec_out,
+                allot_events::schema::render(&allot_events::schema::workload_spec()),
+            )?;
             eprintln!(
-                "wrote {} schemas to {}",
+                "wrote {} schemas to {} and the workload spec's to {}",
                 allot_events::schema::all().len(),
-                out.display()
+                out.display(),
+                spec_out.display()
             );
             Ok(ExitCode::SUCCESS)
         }

@@ -4,5 +4,6 @@
 mod audit;
 mod inventory_crash;
 mod replay;
+mod submit;
 mod support;
 mod up_status;

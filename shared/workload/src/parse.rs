@@ -139,15 +139,22 @@ fn read_value(text: &str, format: Format) -> Result<Value, SpecProblem> {
             p.line_column = Some((e.line(), e.column()));
             p
         }),
-        Format::Yaml => yaml_serde::from_str(text).map_err(|e| {
-            let mut p = SpecProblem::new(
-                ProblemKind::Syntax,
-                "",
-                format!("not valid YAML: {}", strip_location(&e.to_string())),
-            );
-            p.line_column = e.location().map(|l| (l.line(), l.column()));
-            p
-        }),
+        Format::Yaml => {
+            let syntax = |e: yaml_serde::Error| {
+                let mut p = SpecProblem::new(
+                    ProblemKind::Syntax,
+                    "",
+                    format!("not valid YAML: {}", strip_location(&e.to_string())),
+                );
+                p.line_column = e.location().map(|l| (l.line(), l.column()));
+                p
+            };
+            // Merge keys (`<<: *trainer`) are applied first: gangs of identical members are
+            // written that way.
+            let mut yaml: yaml_serde::Value = yaml_serde::from_str(text).map_err(syntax)?;
+            yaml.apply_merge().map_err(syntax)?;
+            yaml_serde::from_value(yaml).map_err(syntax)
+        }
     }
 }
 

@@ -602,7 +602,8 @@ fn gangs(workload: &Workload, dag: Option<&Dag>, ctx: Context<'_>, out: &mut Vec
                 })
                 .map(|n| u64::from(n.count) * u64::from(n.gpus) * u64::from(WHOLE_GPU_MILLI))
                 .sum();
-            if need > have {
+            // When no node fits even one member, the members' own problems say why.
+            if have > 0 && need > have {
                 out.push(
                     SpecProblem::new(
                         ProblemKind::Unsatisfiable,

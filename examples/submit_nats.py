@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Submit an Allot workload from CI without the `allot` binary: publish the raw CloudEvent.
+
+    pip install nats-py pyyaml
+    python3 examples/submit_nats.py examples/train-eval.yaml --run-id "$CI_PIPELINE_ID" \
+        --nats nats://allot-nats:4222
+
+What it sends (see examples/README.md):
+  subject   allot.workload.submitted.<team>
+  headers   Nats-Msg-Id: <idempotency key>   (JetStream keeps one copy per key within the
+            WORKLOADS stream's duplicate window, one hour)
+  payload   a CloudEvents 1.0 structured-JSON event of type io.allot.workload.v1.submitted
+
+It does not validate the spec: run `allot validate FILE` where the binary is available. The
+idempotency key is SHA-256 over the spec (as canonical JSON) and the run id, so a retried CI job
+with the same spec and run id publishes the same key and is stored once. It is computed from
+this script's canonical JSON, which is not byte-for-byte `allot submit`'s: use one of the two
+submission paths per pipeline.
+"""
+
+import argparse
+import asyncio
+import datetime
+import getpass
+import hashlib
+import json
+import socket
+import sys
+import uuid
+
+import nats
+import yaml
+
+# The namespace of CloudEvent ids derived from idempotency keys (allot_workload::submit).
+EVENT_ID_NAMESPACE = uuid.UUID("6a1f9c2e-4b7d-4e21-9a83-5d0c7e14b2f6")
+
+
+def idempotency_key(spec: dict, run_id: str) -> str:
+    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    digest = hashlib.sha256()
+    digest.update(b"allot/v1 workload\n")
+    digest.update(canonical.encode())
+    digest.update(b"\n")
+    digest.update(run_id.encode())
+    return digest.hexdigest()
+
+
+def workload_id(spec: dict, key: str) -> str:
+    return f"{spec['metadata']['name']}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+
+
+def cloud_event(spec: dict, key: str, run_id: str, submitter: str) -> dict:
+    wid = workload_id(spec, key)
+    data = {"workload_id": wid, "idempotency_key": key, "submitter": submitter, "spec": spec}
+    if run_id:
+        data["run_id"] = run_id
+    return {
+        "specversion": "1.0",
+        # The same key gives the same id: a re-sent event is the same event.
+        "id": str(uuid.uuid5(EVENT_ID_NAMESPACE, key)),
+        "source": "/ci/submit_nats.py",
+        "type": "io.allot.workload.v1.submitted",
+        "time": datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z"),
+        "subject": wid,
+        "datacontenttype": "application/json",
+        "team": spec["metadata"]["team"],
+        "data": data,
+    }
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("file", help="workload spec, YAML or JSON")
+    parser.add_argument("--run-id", default="", help="the CI run submitting it")
+    parser.add_argument("--nats", default="nats://127.0.0.1:4222", help="NATS URL")
+    parser.add_argument("--submitter", default=f"{getpass.getuser()}@{socket.gethostname()}")
+    args = parser.parse_args()
+
+    with open(args.file, encoding="utf-8") as f:
+        spec = yaml.safe_load(f)  # JSON is YAML too; merge keys (<<: *anchor) are applied
+    key = idempotency_key(spec, args.run_id)
+    event = cloud_event(spec, key, args.run_id, args.submitter)
+    subject = f"allot.workload.submitted.{spec['metadata']['team']}"
+
+    nc = await nats.connect(args.nats, connect_timeout=2)
+    try:
+        js = nc.jetstream()
+        # Await the PubAck: a publish that was not acknowledged did not happen.
+        ack = await js.publish(
+            subject,
+            json.dumps(event).encode(),
+            timeout=5,
+            headers={"Nats-Msg-Id": key},
+        )
+    finally:
+        await nc.drain()
+    if ack.duplicate:
+        print(f"{event['subject']}: already submitted ({ack.stream} sequence {ack.seq})",
+              file=sys.stderr)
+    else:
+        print(f"{event['subject']}: stored as {ack.stream} sequence {ack.seq}", file=sys.stderr)
+    print(event["subject"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

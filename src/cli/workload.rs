@@ -1,0 +1,366 @@
+//! `allot validate` and `allot submit`: check a workload spec, then publish it, once, for CI.
+//!
+//! Exit codes: 0 valid (and submitted); 2 the spec was rejected (every problem is printed and
+//! nothing is published); 1 anything else (files, NATS, an unsupported flag).
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use clap::Args;
+
+use allot_bus::Publisher;
+use allot_bus::async_nats::jetstream::message::PublishMessage;
+use allot_inventory::{ClusterStatus, query};
+use allot_workload::submit::{self, Submission};
+use allot_workload::validate::Checked;
+use allot_workload::{ClusterShape, Context, Format, NodeShape, SpecProblem, TeamsConfig};
+
+use super::local;
+use super::settings::Lookup;
+
+/// The exit code of a rejected spec.
+pub const REJECTED: u8 = 2;
+
+/// Flags of `allot validate`.
+#[derive(Debug, Args)]
+pub struct ValidateArgs {
+    /// The workload spec: YAML, or JSON for a `.json` file; `-` reads standard input.
+    pub file: PathBuf,
+    /// Teams file (ALLOT_TEAMS_FILE; default `./teams.yaml` when it exists).
+    #[arg(long)]
+    pub teams: Option<PathBuf>,
+    /// Check requests against this cluster: NODESxGPUS[:MODEL][,…], e.g. `4x8:H100,2x4:L4`.
+    #[arg(long)]
+    pub cluster: Option<String>,
+}
+
+/// Flags of `allot submit`.
+#[derive(Debug, Args)]
+pub struct SubmitArgs {
+    /// The workload spec: YAML, or JSON for a `.json` file; `-` reads standard input.
+    pub file: PathBuf,
+    /// The CI run (or attempt) submitting it (ALLOT_RUN_ID): the same spec and run id are one
+    /// submission, however often they are sent.
+    #[arg(long)]
+    pub run_id: Option<String>,
+    /// Use this idempotency key instead of the hash of the spec and the run id.
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
+    /// Who submits, for the record (ALLOT_SUBMITTER; default `$USER@<hostname>`).
+    #[arg(long)]
+    pub submitter: Option<String>,
+    /// Teams file (ALLOT_TEAMS_FILE; default `./teams.yaml` when it exists).
+    #[arg(long)]
+    pub teams: Option<PathBuf>,
+    /// NATS URL (ALLOT_NATS_URL; default: ./.allot/nats.url, then nats://127.0.0.1:4222).
+    #[arg(long)]
+    pub nats: Option<String>,
+    /// Folder where `allot up` keeps its state (ALLOT_DATA_DIR).
+    #[arg(long)]
+    pub data_dir: Option<String>,
+    /// Wait until the workload finishes (not yet supported: needs the planner).
+    #[arg(long)]
+    pub wait: bool,
+    /// Stream stage progress (not yet supported: needs the planner).
+    #[arg(long)]
+    pub follow: bool,
+}
+
+/// `allot validate FILE`: every problem, or a one-line summary.
+pub fn validate(args: ValidateArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
+    let (text, format) = read_spec(&args.file)?;
+    let (teams, teams_note) = load_teams(args.teams.as_deref(), env)?;
+    let cluster = args.cluster.as_deref().map(offline_cluster).transpose()?;
+    let cluster_note = match &cluster {
+        Some(c) => format!("cluster {}", c.describe()),
+        None => "node capacity not checked (no --cluster)".to_owned(),
+    };
+    let ctx = Context {
+        teams: teams.as_ref(),
+        cluster: cluster.as_ref(),
+    };
+    match allot_workload::check(&text, format, ctx) {
+        Ok(checked) => {
+            println!(
+                "{}: valid — {}; checked against {teams_note}, {cluster_note}",
+                args.file.display(),
+                summary(&checked, teams.as_ref())
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(problems) => Ok(rejected(&args.file, &problems)),
+    }
+}
+
+/// `allot submit FILE`: validates (against the live inventory when it answers), publishes
+/// `WorkloadSubmitted` with `Nats-Msg-Id` = the idempotency key, awaits the PubAck, and prints
+/// the workload id on standard output.
+pub async fn submit(args: SubmitArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
+    if args.wait || args.follow {
+        bail!(
+            "{} is not yet supported: the planner service is not implemented",
+            if args.wait { "--wait" } else { "--follow" }
+        );
+    }
+    let (text, format) = read_spec(&args.file)?;
+    let (teams, teams_note) = load_teams(args.teams.as_deref(), env)?;
+    let run_id = args.run_id.clone().or_else(|| env("ALLOT_RUN_ID"));
+
+    let data_dir = args
+        .data_dir
+        .clone()
+        .or_else(|| env("ALLOT_DATA_DIR"))
+        .unwrap_or_else(|| ".allot".into());
+    let (url, origin) = local::discover_url(args.nats.as_deref(), env, Path::new(&data_dir));
+    let client = async_nats::ConnectOptions::new()
+        .name("allot-submit")
+        .connection_timeout(Duration::from_secs(2))
+        .connect(allot_bus::server_list(&url))
+        .await
+        .with_context(|| {
+            format!(
+                "NATS at {url} (from {origin}) is not reachable; nothing was submitted. Is `allot \
+                 up` running in this folder? (or pass --nats URL)"
+            )
+        })?;
+
+    let (cluster, cluster_note) = match live_cluster(&client).await {
+        Ok(c) if c.nodes.is_empty() => (
+            None,
+            "the inventory knows no nodes yet, so node capacity was not checked (static checks \
+             only)"
+                .to_owned(),
+        ),
+        Ok(c) => {
+            let note = format!("the live inventory ({})", c.describe());
+            (Some(c), note)
+        }
+        Err(why) => (
+            None,
+            format!("{why}, so node capacity was not checked (static checks only)"),
+        ),
+    };
+    let ctx = Context {
+        teams: teams.as_ref(),
+        cluster: cluster.as_ref(),
+    };
+    let checked = match allot_workload::check(&text, format, ctx) {
+        Ok(checked) => checked,
+        Err(problems) => {
+            eprintln!("checked against {teams_note}, {cluster_note}");
+            return Ok(rejected(&args.file, &problems));
+        }
+    };
+    let summary = summary(&checked, teams.as_ref());
+    let key = args
+        .idempotency_key
+        .clone()
+        .unwrap_or_else(|| submit::idempotency_key(&checked.workload, run_id.as_deref()));
+    let submitter = args
+        .submitter
+        .clone()
+        .or_else(|| env("ALLOT_SUBMITTER"))
+        .unwrap_or_else(|| default_submitter(env));
+    let Submission {
+        envelope,
+        msg_id,
+        workload_id,
+    } = submit::submission(
+        checked.workload,
+        key,
+        run_id,
+        submitter,
+        "/allot/cli",
+        chrono::Utc::now(),
+    );
+
+    let publisher = Publisher::new(client.clone(), "/allot/cli");
+    let message = PublishMessage::build()
+        .message_id(msg_id)
+        .payload(bytes::Bytes::from(envelope.to_json()));
+    let subject = envelope.nats_subject();
+    let published = publisher
+        .send_raw(subject.clone(), message)
+        .await?
+        .wait()
+        .await
+        .with_context(|| format!("publishing {workload_id}; it may not have been submitted"))?;
+    client.drain().await.ok();
+
+    if published.duplicate {
+        eprintln!(
+            "{workload_id}: already submitted (same spec and run id; {} kept the first, sequence \
+             {}); nothing new was stored",
+            published.stream, published.sequence
+        );
+    } else {
+        eprintln!(
+            "{workload_id}: submitted — {summary}; checked against {teams_note}, {cluster_note}; \
+             {subject} stored as {} sequence {}",
+            published.stream, published.sequence
+        );
+    }
+    println!("{workload_id}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The spec's text and format (`-` reads standard input, as YAML unless it starts with `{`).
+fn read_spec(path: &Path) -> anyhow::Result<(String, Format)> {
+    if path == Path::new("-") {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .context("reading the spec from standard input")?;
+        let format = if text.trim_start().starts_with('{') {
+            Format::Json
+        } else {
+            Format::Yaml
+        };
+        return Ok((text, format));
+    }
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the workload spec {}", path.display()))?;
+    Ok((text, Format::from_path(path)))
+}
+
+/// The teams file from `--teams`, `ALLOT_TEAMS_FILE` or `./teams.yaml`, and how to say what was
+/// checked.
+fn load_teams(
+    flag: Option<&Path>,
+    env: Lookup<'_>,
+) -> anyhow::Result<(Option<TeamsConfig>, String)> {
+    let path = flag
+        .map(Path::to_path_buf)
+        .or_else(|| env("ALLOT_TEAMS_FILE").map(PathBuf::from))
+        .or_else(|| Some(PathBuf::from("teams.yaml")).filter(|p| p.is_file()));
+    let Some(path) = path else {
+        return Ok((
+            None,
+            "no teams file (teams not checked, default priority classes)".to_owned(),
+        ));
+    };
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("reading the teams file {}", path.display()))?;
+    let teams = TeamsConfig::from_yaml(&text).with_context(|| path.display().to_string())?;
+    Ok((Some(teams), path.display().to_string()))
+}
+
+/// `--cluster 4x8:H100`: GPU memory from the models the simulator knows.
+fn offline_cluster(spec: &str) -> anyhow::Result<ClusterShape> {
+    let mut cluster = ClusterShape::parse(spec)?;
+    for node in &mut cluster.nodes {
+        if let Ok(model) = node.gpu_model.parse::<allot_collector::GpuModel>() {
+            node.gpu_memory_mib = model.memory_mib();
+        }
+    }
+    Ok(cluster)
+}
+
+/// The cluster as the inventory sees it, or why it could not be asked.
+async fn live_cluster(client: &async_nats::Client) -> Result<ClusterShape, String> {
+    let reply = tokio::time::timeout(
+        Duration::from_secs(3),
+        client.request(query::STATUS_SUBJECT, bytes::Bytes::new()),
+    )
+    .await
+    .map_err(|_| "the inventory did not answer within 3 s".to_owned())?
+    .map_err(|e| match e.kind() {
+        async_nats::RequestErrorKind::NoResponders => {
+            "the inventory service is not running".to_owned()
+        }
+        _ => format!("the inventory could not be asked ({e})"),
+    })?;
+    let status: ClusterStatus = serde_json::from_slice(&reply.payload)
+        .map_err(|e| format!("the inventory's answer could not be read ({e})"))?;
+    Ok(cluster_of(&status))
+}
+
+/// Node shapes from the inventory's status: every GPU counts, healthy or not (health changes;
+/// this asks what could *ever* run).
+pub fn cluster_of(status: &ClusterStatus) -> ClusterShape {
+    let mut cluster = ClusterShape::default();
+    for node in &status.nodes {
+        cluster.add(NodeShape {
+            count: 1,
+            gpus: node.gpus.len() as u32,
+            gpu_model: node
+                .gpus
+                .iter()
+                .find_map(|g| g.model.clone())
+                .unwrap_or_default(),
+            gpu_memory_mib: node
+                .gpus
+                .iter()
+                .filter_map(|g| g.memory_total_mib)
+                .min()
+                .unwrap_or(0),
+            cpu_milli: node.cpu_milli,
+            memory_mib: node.memory_mib,
+            mig: None,
+        });
+    }
+    cluster
+}
+
+/// `train-eval (team vision, priority standard = 100): 6 tasks (5 with GPUs), 1 gang, longest
+/// chain 3`.
+fn summary(checked: &Checked, teams: Option<&TeamsConfig>) -> String {
+    let w = &checked.workload;
+    let defaults = TeamsConfig::default();
+    let class = w
+        .metadata
+        .priority_class
+        .clone()
+        .unwrap_or_else(|| teams.unwrap_or(&defaults).default_priority_class.clone());
+    let tasks = w.spec.tasks.len();
+    let gpu_tasks = checked.requests.values().filter(|r| r.gpus > 0).count();
+    let gangs: std::collections::BTreeSet<&str> = w
+        .spec
+        .tasks
+        .iter()
+        .filter_map(|t| t.gang.as_deref())
+        .collect();
+    let depth = checked
+        .dag
+        .values()
+        .map(|f| f.critical_path_rank)
+        .max()
+        .unwrap_or(0);
+    format!(
+        "{} (team {}, priority {class} = {}): {tasks} task{} ({gpu_tasks} with GPUs), {} gang{}, \
+         longest chain {depth}",
+        w.metadata.name,
+        w.metadata.team,
+        checked.priority,
+        if tasks == 1 { "" } else { "s" },
+        gangs.len(),
+        if gangs.len() == 1 { "" } else { "s" },
+    )
+}
+
+/// Prints every problem and returns the rejected exit code.
+fn rejected(file: &Path, problems: &[SpecProblem]) -> ExitCode {
+    let mut err = std::io::stderr().lock();
+    let n = problems.len();
+    let _ = writeln!(
+        err,
+        "{}: rejected, {n} problem{}; nothing was submitted:",
+        file.display(),
+        if n == 1 { "" } else { "s" }
+    );
+    for p in problems {
+        let _ = writeln!(err, "  - {p}");
+    }
+    ExitCode::from(REJECTED)
+}
+
+fn default_submitter(env: Lookup<'_>) -> String {
+    let user = env("USER").unwrap_or_else(|| "unknown".into());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "localhost".into());
+    format!("{user}@{host}")
+}

@@ -1,0 +1,198 @@
+//! `allot submit` as a CI job runs it: against a real nats-server, retried, and with bad specs.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use allot_events::{AnyEvent, WorkloadEvent, decode};
+use allot_testkit::NatsServer;
+
+use crate::support::allot;
+
+fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples")
+        .join(name)
+}
+
+fn submit(dir: &Path, url: &str, file: &Path, run_id: &str) -> Output {
+    allot(dir)
+        .arg("submit")
+        .arg(file)
+        .args(["--run-id", run_id, "--nats", url, "--submitter", "ci@test"])
+        .arg("--teams")
+        .arg(example("teams.yaml"))
+        .output()
+        .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Every message in WORKLOADS: (subject, Nats-Msg-Id, decoded event).
+fn workloads(rt: &tokio::runtime::Runtime, url: &str) -> Vec<(String, String, AnyEvent)> {
+    rt.block_on(async {
+        let client = async_nats::connect(url).await.unwrap();
+        allot_testkit::streams::read_all(&client, allot_bus::streams::names::WORKLOADS)
+            .await
+            .into_iter()
+            .map(|m| {
+                let id = m
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get("Nats-Msg-Id"))
+                    .map(|v| v.to_string())
+                    .unwrap_or_default();
+                (m.subject.to_string(), id, decode(&m.payload).unwrap().data)
+            })
+            .collect()
+    })
+}
+
+#[test]
+fn a_retried_submission_is_stored_once_a_new_run_again_and_a_bad_spec_never() {
+    let server = NatsServer::start();
+    let url = server.url();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let client = async_nats::connect(&url).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        allot_bus::ensure_streams(&js, &allot_bus::catalog(1))
+            .await
+            .unwrap();
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let spec = example("train-eval.yaml");
+
+    // The first submission, then the same CI run retried: one workload, one stored event.
+    let first = submit(dir.path(), &url, &spec, "ci-1842");
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let id = text(&first.stdout).trim().to_owned();
+    assert!(
+        id.starts_with("train-eval-") && id.len() == "train-eval-".len() + 10,
+        "{id}"
+    );
+    let stderr = text(&first.stderr);
+    assert!(
+        stderr.contains("the inventory service is not running, so node capacity was not checked (static checks only)"),
+        "{stderr}"
+    );
+    let retried = submit(dir.path(), &url, &spec, "ci-1842");
+    assert!(retried.status.success(), "{}", text(&retried.stderr));
+    assert_eq!(
+        text(&retried.stdout).trim(),
+        id,
+        "a retry names the same workload"
+    );
+    assert!(
+        text(&retried.stderr).contains("already submitted"),
+        "{}",
+        text(&retried.stderr)
+    );
+    assert_eq!(workloads(&rt, &url).len(), 1);
+
+    // Another run of the same pipeline is another workload.
+    let second = submit(dir.path(), &url, &spec, "ci-1843");
+    assert!(second.status.success(), "{}", text(&second.stderr));
+    let second_id = text(&second.stdout).trim().to_owned();
+    assert_ne!(second_id, id);
+
+    let stored = workloads(&rt, &url);
+    assert_eq!(stored.len(), 2);
+    for ((subject, msg_id, event), (want_id, want_run)) in stored
+        .iter()
+        .zip([(&id, "ci-1842"), (&second_id, "ci-1843")])
+    {
+        assert_eq!(subject, "allot.workload.submitted.vision");
+        let AnyEvent::Workload(WorkloadEvent::Submitted(s)) = event else {
+            panic!("not a submission: {event:?}");
+        };
+        assert_eq!(&s.workload_id, want_id);
+        assert_eq!(s.run_id.as_deref(), Some(want_run));
+        assert_eq!(
+            msg_id, &s.idempotency_key,
+            "Nats-Msg-Id is the idempotency key"
+        );
+        assert_eq!(s.submitter, "ci@test");
+        assert_eq!(s.spec.spec.tasks.len(), 6);
+    }
+
+    // A cycle and an unknown field: rejected with both problems, exit 2, nothing published.
+    let bad = dir.path().join("bad.yaml");
+    let broken = std::fs::read_to_string(&spec)
+        .unwrap()
+        .replacen(
+            "      durationEstimate: 10m\n",
+            "      durationEstimate: 10m\n      after: [eval]\n",
+            1,
+        )
+        .replacen("deadline: 12h", "deadline: 12h\n      priority: 7", 1);
+    std::fs::write(&bad, broken).unwrap();
+    let rejected = submit(dir.path(), &url, &bad, "ci-1844");
+    assert_eq!(
+        rejected.status.code(),
+        Some(2),
+        "{}",
+        text(&rejected.stderr)
+    );
+    assert!(rejected.stdout.is_empty());
+    let stderr = text(&rejected.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "{}: rejected, 2 problems; nothing was submitted:\n  - spec.tasks[5].priority (task \"eval\"): unknown field \"priority\"; known fields: after, checkpoint, command, deadline, durationEstimate, gang, image, maxRuntime, name, resources, retry\n  - spec.tasks[0].after (task \"preprocess\"): dependency cycle: preprocess -> train-0 -> eval -> preprocess (each task waits for the one before it)\n",
+            bad.display()
+        )),
+        "{stderr}"
+    );
+    assert_eq!(workloads(&rt, &url).len(), 2, "nothing more was published");
+}
+
+#[test]
+fn validate_lists_every_problem_offline_and_summarizes_a_good_spec() {
+    let dir = tempfile::tempdir().unwrap();
+    let ok = allot(dir.path())
+        .arg("validate")
+        .arg(example("train-eval.yaml"))
+        .args(["--cluster", "4x8:H100"])
+        .output()
+        .unwrap();
+    assert!(ok.status.success(), "{}", text(&ok.stderr));
+    assert!(
+        text(&ok.stdout).contains(
+            "valid — train-eval (team vision, priority standard = 100): 6 tasks (5 with GPUs), 1 gang, longest chain 3; checked against no teams file (teams not checked, default priority classes), cluster 4x8:H100"
+        ),
+        "{}",
+        text(&ok.stdout)
+    );
+
+    let too_small = allot(dir.path())
+        .arg("validate")
+        .arg(example("train-eval.yaml"))
+        .args(["--cluster", "2x1:T4"])
+        .output()
+        .unwrap();
+    assert_eq!(too_small.status.code(), Some(2));
+    let stderr = text(&too_small.stderr);
+    assert!(
+        stderr.contains("  - spec.tasks[1].resources (task \"train-0\"): no node could ever run this task, which needs 1 GPU, 40960 MiB GPU memory, 8000m CPU, 65536 MiB memory: 2x1:T4: 15360 MiB per GPU\n"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn wait_and_follow_fail_clearly_until_the_planner_exists() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = allot(dir.path())
+        .arg("submit")
+        .arg(example("train-eval.yaml"))
+        .args(["--wait", "--nats", "nats://127.0.0.1:1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr)
+            .contains("--wait is not yet supported: the planner service is not implemented"),
+        "{}",
+        text(&out.stderr)
+    );
+}
