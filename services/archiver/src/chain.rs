@@ -584,9 +584,9 @@ pub fn verify_against(conn: &Connection, expect: &Expect) -> Result<Summary, Cha
         pinned: None,
     };
     while let Some(row) = rows.next().map_err(unreadable)? {
-        let record = read_ref(row);
+        // Named only when something is wrong: the happy path allocates nothing per record.
         let broken = |fault| ChainBreak {
-            record: Some(record.clone()),
+            record: Some(read_ref(row)),
             fault,
         };
         let position = int(row, 0, "position").map_err(broken)? as u64;

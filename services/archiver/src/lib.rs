@@ -265,7 +265,17 @@ async fn catch_up_with(
     let archiver = Archiver::new(open(&config.db_path)?, &config.durable)?;
     let mut progress = archiver.progress();
     let start = progress.borrow().clone();
-    if start.head >= stream_last {
+    if start.head > stream_last {
+        // The archive holds records the stream does not: another server, or a recreated stream.
+        return Err(Error::Refused {
+            stream: config.stream.clone(),
+            head: start.head,
+            reason: format!(
+                "the archive is ahead of the stream, which ends at seq {stream_last}: is this the server the archive was made from?"
+            ),
+        });
+    }
+    if start.head == stream_last {
         return Ok(CaughtUp {
             appended: 0,
             head: start.head,

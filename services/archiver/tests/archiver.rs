@@ -53,7 +53,7 @@ async fn catching_up_archives_every_message_in_order_and_a_second_pass_adds_noth
     let js = setup(&server).await;
     publish(&js, 1, 20).await;
     let dir = tempfile::tempdir().unwrap();
-    let config = Config::new(server.url(), dir.path().join("archive/decisions.db"));
+    let config = Config::new(server.url(), config_path(&dir));
 
     let first = catch_up(config.clone(), std::future::pending())
         .await
@@ -100,6 +100,28 @@ async fn catching_up_archives_every_message_in_order_and_a_second_pass_adds_noth
         Some((20, 20)),
         "the old head is still in the chain"
     );
+
+    // Pointed at another server, whose DECISIONS holds less than the archive, it refuses.
+    let other = NatsServer::start();
+    setup(&other).await;
+    let db_path = config_path(&dir);
+    let refused = catch_up(Config::new(other.url(), db_path), std::future::pending()).await;
+    assert!(
+        matches!(
+            refused,
+            Err(allot_archiver::Error::Refused { head: 25, .. })
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(
+        verify(&conn).unwrap().records,
+        25,
+        "the archive is untouched"
+    );
+}
+
+fn config_path(dir: &tempfile::TempDir) -> std::path::PathBuf {
+    dir.path().join("archive/decisions.db")
 }
 
 #[tokio::test]
