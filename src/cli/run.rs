@@ -34,6 +34,26 @@ pub enum Service {
     Inventory(InventoryArgs),
     /// The node agent: GPU telemetry from NVML or the simulator.
     Collector(CollectorArgs),
+    /// The allocator of one pool (run two or more: one leads, the others stand by).
+    Allocator(AllocatorArgs),
+}
+
+/// Flags of `allot run allocator`.
+#[derive(Debug, Args)]
+pub struct AllocatorArgs {
+    /// The pool it allocates (ALLOT_POOL; default: default).
+    #[arg(long)]
+    pub pool: Option<String>,
+    /// Scheduling policy (ALLOT_POLICY; default: allot).
+    #[arg(long)]
+    pub policy: Option<String>,
+    /// This instance's id in the lease and the journal (ALLOT_INSTANCE; default: the host name
+    /// and process id).
+    #[arg(long)]
+    pub instance: Option<String>,
+    /// How long the lease lives unrenewed: how soon a standby takes over (ALLOT_LEASE_TTL).
+    #[arg(long)]
+    pub lease_ttl: Option<String>,
 }
 
 /// Flags of `allot run inventory`.
@@ -97,8 +117,9 @@ pub async fn run(args: RunArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
         ));
     }
     let service = match &args.service {
-        Service::Inventory(a) => Ok(inventory_config(a, &url, &mut s)),
-        Service::Collector(a) => Err(collector_config(a, &url, &mut s)),
+        Service::Inventory(a) => Configured::Inventory(inventory_config(a, &url, &mut s)),
+        Service::Collector(a) => Configured::Collector(collector_config(a, &url, &mut s)),
+        Service::Allocator(a) => Configured::Allocator(allocator_config(a, &url, &mut s)),
     };
     s.finish()?;
     tracing::info!(nats = %url, from = %origin, "using NATS");
@@ -117,10 +138,39 @@ pub async fn run(args: RunArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
     let _ = admin.drain().await;
 
     match service {
-        Ok(config) => allot_inventory::run(config, shutdown).await?,
-        Err(config) => allot_collector::run(config, shutdown).await?,
+        Configured::Inventory(config) => allot_inventory::run(config, shutdown).await?,
+        Configured::Collector(config) => allot_collector::run(config, shutdown).await?,
+        Configured::Allocator(config) => allot_allocator::run(config, shutdown).await?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A service with its settings checked.
+enum Configured {
+    Inventory(allot_inventory::Config),
+    Collector(allot_collector::Config),
+    Allocator(allot_allocator::Config),
+}
+
+fn allocator_config(a: &AllocatorArgs, url: &str, s: &mut Settings<'_>) -> allot_allocator::Config {
+    let pool = s.string(a.pool.as_deref(), "ALLOT_POOL", "default");
+    if let Err(e) = allot_events::subject::validate_token("pool", &pool) {
+        s.problem(format!("--pool / ALLOT_POOL: {e}"));
+    }
+    let mut config = allot_allocator::Config::new(url, pool);
+    config.policy = s.string(a.policy.as_deref(), "ALLOT_POLICY", "allot");
+    if allot_sched::policy::by_name(&config.policy).is_none() {
+        s.problem(format!(
+            "--policy / ALLOT_POLICY: unknown policy {:?}; known: {}",
+            config.policy,
+            allot_sched::policy::NAMES.join(", ")
+        ));
+    }
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "allocator".into());
+    let default_instance = format!("{host}-{}", std::process::id());
+    config.instance = s.string(a.instance.as_deref(), "ALLOT_INSTANCE", &default_instance);
+    config.lease_ttl = s.duration(a.lease_ttl.as_deref(), "ALLOT_LEASE_TTL", config.lease_ttl);
+    config
 }
 
 fn inventory_config(a: &InventoryArgs, url: &str, s: &mut Settings<'_>) -> allot_inventory::Config {

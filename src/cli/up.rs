@@ -190,6 +190,23 @@ async fn run_services(
             )
         }
     });
+    // The allocator of the simulated pool (a standby would be a second one with another
+    // instance id; one is enough on a laptop).
+    let allocator = allot_allocator::Config {
+        instance: "allocator-up".into(),
+        ..allot_allocator::Config::new(url, "default")
+    };
+    services.spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            (
+                "allocator".into(),
+                allot_allocator::run(allocator, shutdown)
+                    .await
+                    .map_err(Into::into),
+            )
+        }
+    });
     for i in 1..=config.sim_nodes {
         let node = format!("node-{i}");
         let model = config.sim_models[(i as usize - 1) % config.sim_models.len()];

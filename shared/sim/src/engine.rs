@@ -158,8 +158,11 @@ pub struct Observer<'a> {
     pub decision: Option<&'a mut dyn FnMut(&Decision)>,
     /// Called with every input applied to the scheduler, its decisions and whether it was
     /// rejected: the run's journal (see `allot_sched::journal`).
-    pub journal: Option<&'a mut dyn FnMut(&Input, &[Decision], Option<&ApplyError>)>,
+    pub journal: Option<JournalSink<'a>>,
 }
+
+/// Receives every input applied, its decisions, and the error if it was rejected.
+pub type JournalSink<'a> = &'a mut dyn FnMut(&Input, &[Decision], Option<&ApplyError>);
 
 /// Applies `input`, appending its decisions to `out`, and hands it to the observer's journal.
 fn step(

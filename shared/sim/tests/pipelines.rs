@@ -171,6 +171,7 @@ fn run(
     let mut observer = Observer {
         progress: None,
         decision: Some(&mut record),
+        journal: None,
     };
     let result = allot_sim::run_scenario(scenario, policy, &SimConfig::default(), &mut observer)
         .expect("the simulation runs");
