@@ -20,7 +20,12 @@ pub const GROUPS_TRIED: usize = 16;
 /// A placement for every member (in the order given) and the tightest level they fit within,
 /// or `None` if the gang does not fit now.
 pub fn place(cluster: &mut Cluster, members: &[&TaskSpec]) -> Option<(Vec<Placement>, Level)> {
-    let demand: u64 = members.iter().map(|m| m.gpu_demand_milli()).sum();
+    // MIG members take instances, not the GPU capacity groups are sized by.
+    let demand: u64 = members
+        .iter()
+        .filter(|m| m.mig_profile.is_none())
+        .map(|m| m.gpu_demand_milli())
+        .sum();
     // Largest first: the hardest to fit decide whether the group will do.
     let mut order: Vec<usize> = (0..members.len()).collect();
     order.sort_by_key(|i| std::cmp::Reverse(members[*i].gpu_demand_milli()));

@@ -1068,7 +1068,12 @@ impl Scheduler {
                 gone.insert(*member);
             }
             released.push(group.into_iter().map(|m| (m, why.clone())).collect());
-            if self.policy.admits(&team, unit.demand, &self.quotas)
+            // Placing is the expensive step: try only once enough GPU capacity is free (MIG
+            // instances are not counted in it, so MIG units always try).
+            let enough = unit.specs.iter().any(|s| s.mig_profile.is_some())
+                || self.cluster.free_milli() >= unit.demand[quota::GPU];
+            if enough
+                && self.policy.admits(&team, unit.demand, &self.quotas)
                 && let Some(p) = self.place_unit(unit)
             {
                 found = Some(p);

@@ -40,12 +40,11 @@ const TASK_GPU_MEMORY: [u64; 5] = [8_192, 20_480, 40_960, 65_536, 98_304];
 const RACKS: usize = 3;
 const DOMAINS: usize = 2;
 
-/// Policies known to place without looking at GPU memory (FGD and best-fit packing; a scheduler
-/// bug pinned by `packing_policies_place_only_where_gpu_memory_fits` below). While
-/// [`ignores_gpu_memory`] says one still does, it runs the properties on scenarios without GPU
-/// memory. A policy that is fixed leaves this carve-out by itself; one not listed here that
-/// starts ignoring GPU memory fails the properties.
-const GPU_MEMORY_BLIND: [&str; 3] = ["bestfit", "fgd", "allot"];
+/// Policies known to place without looking at GPU memory: none since FGD and best-fit packing
+/// were fixed (`packing_policies_place_only_where_gpu_memory_fits` below). A policy listed here
+/// runs the properties on scenarios without GPU memory while [`ignores_gpu_memory`] says it
+/// still does; one not listed that starts ignoring GPU memory fails the properties.
+const GPU_MEMORY_BLIND: [&str; 0] = [];
 
 /// 32 cases by default: each case runs every policy, so a property sees 32 × 9 runs of up to 80
 /// tasks and gangs, a few seconds in debug. `PROPTEST_CASES` asks for more.
@@ -1842,9 +1841,9 @@ fn mismatches(cases: &[PassCase], policies: &[&str]) -> Vec<String> {
     wrong
 }
 
-/// KNOWN BUG: `bestfit` and `fgd` — and `allot`, once it places by FGD — place without looking
-/// at GPU memory. In `policy::packing`,
-/// `for_each_feasible` checks milli-GPU and host resources only, and `Choice::placement` books
+/// A bug these properties found (fixed): `bestfit` and `fgd` — and `allot`, placing by FGD —
+/// placed without looking at GPU memory. In `policy::packing`,
+/// `for_each_feasible` checked milli-GPU and host resources only, and `Choice::placement` booked
 /// no GPU memory — though `TaskSpec::gpu_memory_mib` says a fraction goes only to a GPU with that
 /// much memory free, and `NodeShare::gpu_memory_mib` that a whole GPU's share takes all of it.
 /// So they accept tasks no GPU has the memory for, over-commit a GPU's memory with fractions,
@@ -1854,7 +1853,6 @@ fn mismatches(cases: &[PassCase], policies: &[&str]) -> Vec<String> {
 /// as unplaceable); or the same node and a 1-GPU task, granted with 0 MiB booked. The cases run
 /// under every policy; those placing by best fit (`fifo` among them) pass them all.
 #[test]
-#[ignore = "known scheduler bug: bestfit and fgd (and allot placing by FGD) ignore GPU memory"]
 fn packing_policies_place_only_where_gpu_memory_fits() {
     let h100 = |gpus, memory| NodeSpec {
         gpu_memory_mib: memory,
@@ -1895,7 +1893,7 @@ fn packing_policies_place_only_where_gpu_memory_fits() {
     assert!(wrong.is_empty(), "{wrong:#?}");
 }
 
-/// KNOWN BUG: `gang::place` tries only the groups (nodes, NVLink domains, racks, the pool) whose
+/// A bug found by reading `gang.rs` (fixed): `gang::place` tried only the groups (nodes, NVLink domains, racks, the pool) whose
 /// GPUs have enough free milli-GPU for the whole gang (`gang::groups`), counting each MIG
 /// member's share of a GPU — but MIG instances are not drawn from the GPUs' free milli-GPU. So a
 /// gang with MIG members is refused at submission as unplaceable ("does not fit even on the idle
@@ -1903,7 +1901,6 @@ fn packing_policies_place_only_where_gpu_memory_fits() {
 /// it. Found by reading `gang.rs` (the properties take `gang::place` as the oracle of which
 /// gangs fit, as the scheduler does).
 #[test]
-#[ignore = "known scheduler bug: gangs with MIG members are refused"]
 fn gangs_with_mig_members_fit_where_their_instances_are() {
     let mig_node = |gpus| NodeSpec {
         mig: [("1g.10gb".to_owned(), 7)].into(),

@@ -53,7 +53,7 @@ impl Policy for BestFit {
             let free = node_free(node);
             let (fit, choice) = match request {
                 Request::Fraction(milli) => {
-                    let (gpu, gpu_free) = tightest_gpu(node, milli);
+                    let (gpu, gpu_free) = tightest_gpu(node, milli, task.gpu_memory_mib);
                     (
                         Fit {
                             node_free_after: free - u64::from(milli),
@@ -384,13 +384,21 @@ impl Policy for Fgd {
             for &(gpu_free, loss) in &losses[from..to] {
                 let (fit, choice) = match request {
                     Request::Fraction(milli) => {
-                        let gpu = node.gpu_free.iter().position(|f| *f == gpu_free);
+                        // Any GPU with this much free compute loses the same; it must also
+                        // have the memory.
+                        let gpu = (0..node.gpu_free.len()).find(|g| {
+                            node.gpu_free[*g] == gpu_free
+                                && node.gpu_fits(*g, milli, task.gpu_memory_mib)
+                        });
+                        let Some(gpu) = gpu else {
+                            continue;
+                        };
                         (
                             Fit {
                                 node_free_after: free - u64::from(milli),
                                 gpu_free_after: gpu_free - milli,
                             },
-                            Choice::Gpu(idx, gpu.unwrap_or(0) as u32),
+                            Choice::Gpu(idx, gpu as u32),
                         )
                     }
                     _ => (
@@ -505,17 +513,18 @@ enum Choice {
 
 impl Choice {
     fn placement(self, cluster: &Cluster, task: &TaskSpec) -> Placement {
-        let (node, gpus) = match self {
-            Self::Gpu(node, gpu) => (node, vec![(gpu, task.gpu_milli)]),
+        let (node, gpus, gpu_memory_mib) = match self {
+            Self::Gpu(node, gpu) => (node, vec![(gpu, task.gpu_milli)], task.gpu_memory_mib),
             Self::Node(node) => {
-                let gpus = cluster.node(node).free_gpus(task.gpus);
-                (node, gpus)
+                let state = cluster.node(node);
+                (node, state.free_gpus(task.gpus), state.spec.gpu_memory_mib)
             }
         };
         Placement {
             shares: vec![NodeShare {
                 node,
                 gpus,
+                gpu_memory_mib,
                 cpu_milli: task.cpu_milli,
                 memory_mib: task.memory_mib,
                 ..NodeShare::default()
@@ -549,7 +558,7 @@ fn for_each_feasible(
                 for free in gpus..=cluster.max_gpus(model) {
                     for idx in cluster.nodes_with_free(model, free) {
                         let node = cluster.node(idx);
-                        if host_fits(node) {
+                        if host_fits(node) && placement::fits_gpu_memory(node, task) {
                             visit(idx, node);
                         }
                     }
@@ -564,7 +573,8 @@ fn for_each_feasible(
             for (i, node) in cluster.nodes().iter().enumerate() {
                 let gpu_room = milli == 0
                     || (task.accepts(&node.spec.gpu_model)
-                        && node.gpu_free.iter().any(|f| *f >= milli));
+                        && (0..node.gpu_free.len())
+                            .any(|g| node.gpu_fits(g, milli, task.gpu_memory_mib)));
                 if node.schedulable && host_fits(node) && gpu_room {
                     visit(NodeIdx(i as u32), node);
                 }
@@ -595,11 +605,11 @@ fn node_free(node: &NodeState) -> u64 {
 
 /// The GPU with the smallest free share that still holds `milli` (lowest index on ties), and
 /// its free share.
-fn tightest_gpu(node: &NodeState, milli: u32) -> (u32, u32) {
+fn tightest_gpu(node: &NodeState, milli: u32, memory_mib: u64) -> (u32, u32) {
     node.gpu_free
         .iter()
         .enumerate()
-        .filter(|(_, f)| **f >= milli)
+        .filter(|(g, _)| node.gpu_fits(*g, milli, memory_mib))
         .min_by_key(|(i, f)| (**f, *i))
         .map(|(i, f)| (i as u32, *f))
         .unwrap_or((0, WHOLE_GPU_MILLI))
