@@ -36,6 +36,16 @@ pub enum Service {
     Collector(CollectorArgs),
     /// The allocator of one pool (run two or more: one leads, the others stand by).
     Allocator(AllocatorArgs),
+    /// The audit archiver: a hash-chained SQLite copy of the DECISIONS stream.
+    Archiver(ArchiverArgs),
+}
+
+/// Flags of `allot run archiver`.
+#[derive(Debug, Args)]
+pub struct ArchiverArgs {
+    /// The archive file (ALLOT_ARCHIVE; default: .allot/archive.db).
+    #[arg(long)]
+    pub db: Option<String>,
 }
 
 /// Flags of `allot run allocator`.
@@ -120,6 +130,10 @@ pub async fn run(args: RunArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
         Service::Inventory(a) => Configured::Inventory(inventory_config(a, &url, &mut s)),
         Service::Collector(a) => Configured::Collector(collector_config(a, &url, &mut s)),
         Service::Allocator(a) => Configured::Allocator(allocator_config(a, &url, &mut s)),
+        Service::Archiver(a) => Configured::Archiver(allot_archiver::Config::new(
+            url.clone(),
+            s.string(a.db.as_deref(), "ALLOT_ARCHIVE", ".allot/archive.db"),
+        )),
     };
     s.finish()?;
     tracing::info!(nats = %url, from = %origin, "using NATS");
@@ -141,6 +155,7 @@ pub async fn run(args: RunArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
         Configured::Inventory(config) => allot_inventory::run(config, shutdown).await?,
         Configured::Collector(config) => allot_collector::run(config, shutdown).await?,
         Configured::Allocator(config) => allot_allocator::run(config, shutdown).await?,
+        Configured::Archiver(config) => allot_archiver::run(config, shutdown).await?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -150,6 +165,7 @@ enum Configured {
     Inventory(allot_inventory::Config),
     Collector(allot_collector::Config),
     Allocator(allot_allocator::Config),
+    Archiver(allot_archiver::Config),
 }
 
 fn allocator_config(a: &AllocatorArgs, url: &str, s: &mut Settings<'_>) -> allot_allocator::Config {

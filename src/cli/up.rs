@@ -207,6 +207,19 @@ async fn run_services(
             )
         }
     });
+    // The audit archive: a hash-chained copy of the allocator's journal.
+    let archiver = allot_archiver::Config::new(url, config.data_dir.join("archive.db"));
+    services.spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            (
+                "archiver".into(),
+                allot_archiver::run(archiver, shutdown)
+                    .await
+                    .map_err(Into::into),
+            )
+        }
+    });
     for i in 1..=config.sim_nodes {
         let node = format!("node-{i}");
         let model = config.sim_models[(i as usize - 1) % config.sim_models.len()];
