@@ -19,9 +19,9 @@ use clap::Args;
 use allot_sched::journal::{self, Entry, Header, VerifyError};
 use allot_sched::{Decision, Input, TaskId, Time};
 
-/// Flags of `allot replay`.
+/// Where a journal is read from (one of the two).
 #[derive(Debug, Args)]
-pub struct ReplayArgs {
+pub struct JournalSource {
     /// The journal: a JSON-lines file as `allot sim --journal` writes it.
     #[arg(long, required_unless_present = "pool", conflicts_with = "pool")]
     pub journal: Option<PathBuf>,
@@ -31,6 +31,25 @@ pub struct ReplayArgs {
     /// NATS URL for --pool.
     #[arg(long, default_value = "nats://127.0.0.1:4222")]
     pub nats: String,
+}
+
+impl JournalSource {
+    /// The journal's header and entries.
+    async fn open(&self) -> anyhow::Result<(Header, Entries)> {
+        match (&self.journal, &self.pool) {
+            (Some(path), _) => open(path),
+            (None, Some(pool)) => from_stream(&self.nats, pool).await,
+            (None, None) => bail!("give --journal PATH or --pool POOL"),
+        }
+    }
+}
+
+/// Flags of `allot replay`.
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// Where the journal is.
+    #[command(flatten)]
+    pub source: JournalSource,
     /// Recompute every decision and stop at the first difference (exit 1).
     #[arg(long)]
     pub verify: bool,
@@ -48,15 +67,9 @@ pub struct ReplayArgs {
 pub struct ExplainArgs {
     /// The task's id (the number in `task-<id>`, or `task-<id>`).
     pub task: String,
-    /// The journal: a JSON-lines file as `allot sim --journal` writes it.
-    #[arg(long, required_unless_present = "pool", conflicts_with = "pool")]
-    pub journal: Option<PathBuf>,
-    /// The pool whose journal to read from the DECISIONS stream.
-    #[arg(long)]
-    pub pool: Option<String>,
-    /// NATS URL for --pool.
-    #[arg(long, default_value = "nats://127.0.0.1:4222")]
-    pub nats: String,
+    /// Where the journal is.
+    #[command(flatten)]
+    pub source: JournalSource,
 }
 
 /// Runs `allot replay`.
@@ -64,11 +77,7 @@ pub async fn replay(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     if !args.verify {
         bail!("nothing to do: add --verify to recompute and compare every decision");
     }
-    let (header, entries) = match (&args.journal, &args.pool) {
-        (Some(path), _) => open(path)?,
-        (None, Some(pool)) => from_stream(&args.nats, pool).await?,
-        (None, None) => bail!("give --journal PATH or --pool POOL"),
-    };
+    let (header, entries) = args.source.open().await?;
     let started = Instant::now();
     let mut bad_line: Option<anyhow::Error> = None;
     let entries = entries.map_while(|e| match e {
@@ -121,11 +130,7 @@ pub async fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         .parse()
         .with_context(|| format!("{:?} is not a task id (e.g. 42 or task-42)", args.task))?;
     let task = TaskId(id);
-    let (_, entries) = match (&args.journal, &args.pool) {
-        (Some(path), _) => open(path)?,
-        (None, Some(pool)) => from_stream(&args.nats, pool).await?,
-        (None, None) => bail!("give --journal PATH or --pool POOL"),
-    };
+    let (_, entries) = args.source.open().await?;
     let mut lines = 0;
     for entry in entries {
         let entry = entry?;
