@@ -4,7 +4,7 @@
 //! A consumer loads a [`Workload`], runs one transition, and saves the state and the
 //! transition's events (the outbox) in the transaction that also records its stream position
 //! (`allot_store::apply`), so state, position and what must be published commit together. The
-//! relay ([`crate::relay`]) publishes the outbox afterwards and deletes what the server
+//! relay (the crate's `relay` module) publishes the outbox afterwards and deletes what the server
 //! acknowledged; since each event's `Nats-Msg-Id` is derived from what it says, publishing one
 //! again after a crash is harmless.
 
