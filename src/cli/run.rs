@@ -38,6 +38,30 @@ pub enum Service {
     Allocator(AllocatorArgs),
     /// The audit archiver: a hash-chained SQLite copy of the DECISIONS stream.
     Archiver(ArchiverArgs),
+    /// The planner: runs workloads' DAGs, handing tasks to a pool's allocator as their
+    /// dependencies succeed.
+    Planner(PlannerArgs),
+}
+
+/// Flags of `allot run planner`.
+#[derive(Debug, Args)]
+pub struct PlannerArgs {
+    /// Folder for planner.db (ALLOT_DATA_DIR; default: .allot/planner).
+    #[arg(long)]
+    pub data_dir: Option<String>,
+    /// The pool tasks are handed to (ALLOT_POOL; default: default).
+    #[arg(long)]
+    pub pool: Option<String>,
+    /// Teams file submissions are checked against again (ALLOT_TEAMS_FILE; default: none, so
+    /// teams are not checked and the default priority classes apply).
+    #[arg(long)]
+    pub teams: Option<String>,
+    /// Durable consumer name prefix (ALLOT_CONSUMER_PREFIX; default: planner).
+    #[arg(long)]
+    pub consumer_prefix: Option<String>,
+    /// How long JetStream waits for an acknowledgement before redelivering (ALLOT_ACK_WAIT).
+    #[arg(long)]
+    pub ack_wait: Option<String>,
 }
 
 /// Flags of `allot run archiver`.
@@ -134,6 +158,7 @@ pub async fn run(args: RunArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
             url.clone(),
             s.string(a.db.as_deref(), "ALLOT_ARCHIVE", ".allot/archive.db"),
         )),
+        Service::Planner(a) => Configured::Planner(planner_config(a, &url, &mut s)),
     };
     s.finish()?;
     tracing::info!(nats = %url, from = %origin, "using NATS");
@@ -156,6 +181,7 @@ pub async fn run(args: RunArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
         Configured::Collector(config) => allot_collector::run(config, shutdown).await?,
         Configured::Allocator(config) => allot_allocator::run(config, shutdown).await?,
         Configured::Archiver(config) => allot_archiver::run(config, shutdown).await?,
+        Configured::Planner(config) => allot_planner::run(config, shutdown).await?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -166,6 +192,32 @@ enum Configured {
     Collector(allot_collector::Config),
     Allocator(allot_allocator::Config),
     Archiver(allot_archiver::Config),
+    Planner(allot_planner::Config),
+}
+
+fn planner_config(a: &PlannerArgs, url: &str, s: &mut Settings<'_>) -> allot_planner::Config {
+    let data_dir = s.string(a.data_dir.as_deref(), "ALLOT_DATA_DIR", ".allot/planner");
+    let mut config = allot_planner::Config::new(url, data_dir);
+    config.pool = s.string(a.pool.as_deref(), "ALLOT_POOL", "default");
+    if let Err(e) = allot_events::subject::validate_token("pool", &config.pool) {
+        s.problem(format!("--pool / ALLOT_POOL: {e}"));
+    }
+    if let Some(path) = s.optional(a.teams.as_deref(), "ALLOT_TEAMS_FILE") {
+        match std::fs::read_to_string(&path) {
+            Ok(text) => match allot_workload::TeamsConfig::from_yaml(&text) {
+                Ok(teams) => config.teams = Some(teams),
+                Err(e) => s.problem(format!("--teams / ALLOT_TEAMS_FILE: {path}: {e}")),
+            },
+            Err(e) => s.problem(format!("--teams / ALLOT_TEAMS_FILE: reading {path}: {e}")),
+        }
+    }
+    config.consumer_prefix = s.string(
+        a.consumer_prefix.as_deref(),
+        "ALLOT_CONSUMER_PREFIX",
+        "planner",
+    );
+    config.ack_wait = s.duration(a.ack_wait.as_deref(), "ALLOT_ACK_WAIT", config.ack_wait);
+    config
 }
 
 fn allocator_config(a: &AllocatorArgs, url: &str, s: &mut Settings<'_>) -> allot_allocator::Config {

@@ -207,6 +207,19 @@ async fn run_services(
             )
         }
     });
+    // The planner hands the pool's allocator each workload's tasks as their dependencies succeed.
+    let planner = allot_planner::Config::new(url, config.data_dir.join("planner"));
+    services.spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            (
+                "planner".into(),
+                allot_planner::run(planner, shutdown)
+                    .await
+                    .map_err(Into::into),
+            )
+        }
+    });
     // The audit archive: a hash-chained copy of the allocator's journal.
     let archiver = allot_archiver::Config::new(url, config.data_dir.join("archive.db"));
     services.spawn({

@@ -6,7 +6,12 @@
 //! | node unreachable / recovered (known node) | node not schedulable / schedulable |
 //! | task ready (its pool) | task submitted |
 //! | task checkpointed | task checkpointed |
-//! | task completed / failed | task finished |
+//! | task completed / failed / cancelled | task finished |
+//!
+//! A cancellation (the planner gave the task up: its workload was aborted or failed) ends the
+//! task like a completion, so its lease is released; one for a task that is not running is
+//! journalled as rejected and changes nothing (the planner cancels a queued task again when
+//! it is granted).
 //!
 //! Everything else concerns other services and becomes nothing. A node that registers again
 //! (its collector restarted) is already known and changes nothing; one that changes shape
@@ -48,6 +53,9 @@ pub fn input(pool: &str, scheduler: &Scheduler, event: &AnyEvent, at: Time) -> O
         AnyEvent::Task(TaskEvent::Failed(t)) if t.pool == pool => {
             Some(Input::TaskFinished { task: t.task, at })
         }
+        AnyEvent::Task(TaskEvent::Cancelled(t)) if t.pool == pool => {
+            Some(Input::TaskFinished { task: t.task, at })
+        }
         _ => None,
     }
 }
@@ -71,7 +79,7 @@ pub fn node_spec(r: &NodeRegistered) -> NodeSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use allot_events::task::{TaskCompleted, TaskReady};
+    use allot_events::task::{TaskCancelled, TaskCompleted, TaskReady};
     use allot_sched::{TaskId, TaskSpec};
     use allot_testkit::node;
 
@@ -137,6 +145,33 @@ mod tests {
                     task: TaskId(7),
                     at: 5,
                 }),
+            },
+            Case {
+                name: "a cancellation by the planner finishes the task, releasing its lease",
+                event: TaskEvent::Cancelled(TaskCancelled {
+                    pool: "p".into(),
+                    task: TaskId(7),
+                    workload: "w".into(),
+                    name: "train".into(),
+                    reason: "aborted by alice: wrong data".into(),
+                })
+                .into(),
+                want: Some(Input::TaskFinished {
+                    task: TaskId(7),
+                    at: 5,
+                }),
+            },
+            Case {
+                name: "another pool's cancellation is not ours",
+                event: TaskEvent::Cancelled(TaskCancelled {
+                    pool: "q".into(),
+                    task: TaskId(7),
+                    workload: "w".into(),
+                    name: "train".into(),
+                    reason: "aborted".into(),
+                })
+                .into(),
+                want: None,
             },
         ];
         for case in cases {

@@ -41,7 +41,8 @@ pub const TELEMETRY_ALL: &str = "allot.telemetry.>";
 pub const INVENTORY_ALL: &str = "allot.inventory.>";
 /// Every workload event (submitted, aborted, finished): `allot.workload.>`.
 pub const WORKLOAD_ALL: &str = "allot.workload.>";
-/// Every task lifecycle event (ready, preload, started, checkpointed, completed, failed):
+/// Every task lifecycle event (ready, preload, started, checkpointed, completed, failed,
+/// cancelled):
 /// `allot.task.>`.
 pub const TASK_ALL: &str = "allot.task.>";
 /// Every allocator journal entry and decision: `allot.alloc.>`.
@@ -79,6 +80,11 @@ pub fn workload_submitted(team: &str) -> String {
 /// `allot.workload.aborted.<team>`
 pub fn workload_aborted(team: &str) -> String {
     format!("allot.workload.aborted.{team}")
+}
+
+/// `allot.workload.finished.<team>`
+pub fn workload_finished(team: &str) -> String {
+    format!("allot.workload.finished.{team}")
 }
 
 /// `allot.task.<event>.<pool>`

@@ -1,5 +1,6 @@
-//! Tasks' lifecycle as the allocator sees it: a task is ready to run (from the planner), and
-//! it checkpointed, completed or failed (from the executor on its node).
+//! Tasks' lifecycle as the allocator sees it: a task is ready to run (from the planner), it
+//! checkpointed, completed or failed (from the executor on its node), or it was cancelled
+//! (from the planner, when its workload is aborted or failed).
 //!
 //! Task ids are the scheduler's ([`allot_sched::TaskId`]): the planner derives one per task of
 //! a workload and every later event names it.
@@ -26,6 +27,9 @@ domain_events! {
         Completed(TaskCompleted) = "completed",
         /// It exited with an error, or could not be started.
         Failed(TaskFailed) = "failed",
+        /// The planner gave it up (its workload was aborted or failed): the allocator releases
+        /// what it holds, and the executor stops it.
+        Cancelled(TaskCancelled) = "cancelled",
     }
 }
 
@@ -43,6 +47,7 @@ impl EventKind for TaskEvent {
             Self::Checkpointed(e) => e.pool.clone(),
             Self::Completed(e) => e.pool.clone(),
             Self::Failed(e) => e.pool.clone(),
+            Self::Cancelled(e) => e.pool.clone(),
         }
     }
     fn team(&self) -> Option<&str> {
@@ -102,5 +107,27 @@ pub struct TaskFailed {
     /// Where it ran.
     pub node: String,
     /// Why (exit status, signal, start error).
+    pub reason: String,
+}
+
+/// A task was cancelled by the planner while it held (or was about to be granted) resources.
+///
+/// Not a failure: nothing went wrong with the run, its workload no longer wants it. The
+/// allocator treats it as the end of the task (its lease is released, like a completion); the
+/// executor running it stops it. The planner publishes it for a task it believes running, and
+/// again for any later grant of a task it has cancelled, so a task that was still queued when
+/// it was cancelled is released as soon as it is granted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaskCancelled {
+    /// Its pool.
+    pub pool: String,
+    /// The task.
+    pub task: TaskId,
+    /// The workload it belongs to.
+    pub workload: String,
+    /// Its name in the workload.
+    pub name: String,
+    /// Why (`aborted by alice: wrong learning rate`, `task prep failed`).
     pub reason: String,
 }

@@ -253,6 +253,9 @@ domain_events! {
         Submitted(WorkloadSubmitted) = "submitted",
         /// An operator or the owner aborted a workload, or one of its tasks and what follows it.
         Aborted(WorkloadAborted) = "aborted",
+        /// The planner saw the workload to its end: every task succeeded, one failed for good,
+        /// or it was aborted.
+        Finished(WorkloadFinished) = "finished",
     }
 }
 
@@ -264,6 +267,7 @@ impl EventKind for WorkloadEvent {
         match self {
             Self::Submitted(e) => subject::workload_submitted(&e.spec.metadata.team),
             Self::Aborted(e) => subject::workload_aborted(&e.team),
+            Self::Finished(e) => subject::workload_finished(&e.team),
         }
     }
     fn entity(&self) -> String {
@@ -273,12 +277,14 @@ impl EventKind for WorkloadEvent {
                 Some(task) => format!("{}/{task}", e.workload_id),
                 None => e.workload_id.clone(),
             },
+            Self::Finished(e) => e.workload_id.clone(),
         }
     }
     fn team(&self) -> Option<&str> {
         match self {
             Self::Submitted(e) => Some(&e.spec.metadata.team),
             Self::Aborted(e) => Some(&e.team),
+            Self::Finished(e) => Some(&e.team),
         }
     }
 }
@@ -319,4 +325,33 @@ pub struct WorkloadAborted {
     pub reason: String,
     /// Who aborted it.
     pub by: String,
+}
+
+/// How a workload ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkloadOutcome {
+    /// Every task succeeded.
+    Succeeded,
+    /// A task failed on its last attempt; the tasks not yet done were cancelled.
+    Failed,
+    /// An operator or the owner aborted it (or one of its tasks).
+    Aborted,
+}
+
+/// A workload ended (published once, by the planner, with a `Nats-Msg-Id` derived from the
+/// workload id).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadFinished {
+    /// The workload's id.
+    pub workload_id: String,
+    /// The owning team (the subject's key).
+    pub team: String,
+    /// How it ended.
+    pub outcome: WorkloadOutcome,
+    /// What ended it, when it did not succeed (`task train failed after 3 attempts: exit
+    /// status 1`, `aborted by alice: wrong learning rate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }

@@ -7,11 +7,11 @@ use std::path::PathBuf;
 use allot_events::alloc::{Applied, LeaderElected, Source};
 use allot_events::inventory::{GpuHealth, GpuHealthChanged, NodeRecovered, NodeUnreachable};
 use allot_events::node::{GpuInfo, GpuSourceKind, HeartbeatSent, NodeRegistered};
-use allot_events::task::{TaskCheckpointed, TaskCompleted, TaskFailed, TaskReady};
+use allot_events::task::{TaskCancelled, TaskCheckpointed, TaskCompleted, TaskFailed, TaskReady};
 use allot_events::telemetry::{GpuSample, GpusSampled};
 use allot_events::workload::{
     ApiVersion, Checkpoint, Kind, Metadata, Quantity, Resources, Retry, Task, Workload,
-    WorkloadAborted, WorkloadSpec, WorkloadSubmitted,
+    WorkloadAborted, WorkloadFinished, WorkloadOutcome, WorkloadSpec, WorkloadSubmitted,
 };
 use allot_events::{AnyEvent, Envelope, schema};
 use allot_sched::{DagFacts, TaskId, TaskSpec};
@@ -166,6 +166,13 @@ fn samples() -> Vec<AnyEvent> {
             by: "alice".into(),
         }
         .into(),
+        WorkloadFinished {
+            workload_id: "train-eval-3f9a2c71d0".into(),
+            team: "vision".into(),
+            outcome: WorkloadOutcome::Failed,
+            reason: Some("task train failed after 3 attempts: exit status 3".into()),
+        }
+        .into(),
         TaskReady {
             pool: "default".into(),
             workload: "train-eval-3f9a2c71d0".into(),
@@ -190,6 +197,14 @@ fn samples() -> Vec<AnyEvent> {
             task: TaskId(7),
             node: "node-1".into(),
             reason: "exit status 3".into(),
+        }
+        .into(),
+        TaskCancelled {
+            pool: "default".into(),
+            task: TaskId(8),
+            workload: "train-eval-3f9a2c71d0".into(),
+            name: "eval".into(),
+            reason: "aborted by alice: wrong learning rate".into(),
         }
         .into(),
         LeaderElected {

@@ -1,0 +1,301 @@
+//! Applying bus events to the planner's state, exactly once: one handler type serves both
+//! durable consumers (WORKLOADS: submissions, aborts, completions, failures; DECISIONS: the
+//! allocators' journals, for grants and preemptions).
+//!
+//! Each message is applied in its own transaction with the consumer's position and the events
+//! its transition produced ([`crate::store`]); the handler makes no decision of its own beyond
+//! finding the workload a message is about and calling its [`crate::machine`] transition.
+
+use std::sync::Arc;
+
+use chrono::Utc;
+use tokio::sync::Notify;
+use tracing::{info, warn};
+
+use allot_bus::consumer::{Delivery, Handler, HandlerError, Outcome};
+use allot_events::alloc::Applied;
+use allot_events::task::{TaskCancelled, TaskReady};
+use allot_events::workload::{WorkloadFinished, WorkloadSubmitted};
+use allot_events::{AllocEvent, AnyEvent, Envelope, TaskEvent, WorkloadEvent};
+use allot_sched::{Decision, TaskId, Time};
+use allot_store::rusqlite::Connection;
+use allot_workload::TeamsConfig;
+
+use crate::machine::{Effect, Workload};
+use crate::plan::{event_id, plan};
+use crate::store::{self, StoreError};
+
+/// The `source` of the planner's events.
+pub const SOURCE: &str = "/allot/planner";
+
+/// Applies one consumer's messages to the planner's database.
+#[derive(Debug)]
+pub struct Planner {
+    conn: Connection,
+    consumer: String,
+    pool: String,
+    teams: Option<TeamsConfig>,
+    wake: Arc<Notify>,
+}
+
+impl Planner {
+    /// A handler writing through `conn`, recording its position under `consumer`, planning
+    /// workloads into `pool`, checking teams against `teams`, and waking the relay through
+    /// `wake` after each commit that queued events.
+    pub fn new(
+        conn: Connection,
+        consumer: String,
+        pool: String,
+        teams: Option<TeamsConfig>,
+        wake: Arc<Notify>,
+    ) -> Self {
+        Self {
+            conn,
+            consumer,
+            pool,
+            teams,
+            wake,
+        }
+    }
+}
+
+impl Handler for Planner {
+    fn resume_after(&mut self) -> Result<Option<u64>, HandlerError> {
+        let position = allot_store::position(&self.conn, &self.consumer)
+            .map_err(|e| HandlerError(format!("planner database: {e}")))?;
+        Ok(Some(position.unwrap_or(0)))
+    }
+
+    async fn handle(&mut self, batch: &[Delivery]) -> Result<Vec<Outcome>, HandlerError> {
+        let mut outcomes = Vec::with_capacity(batch.len());
+        let mut queued = false;
+        for d in batch {
+            let mut outcome = Outcome::Handled;
+            let (pool, teams) = (&self.pool, self.teams.as_ref());
+            allot_store::apply(&mut self.conn, &self.consumer, d.stream_sequence, |c| {
+                let step = step(c, pool, teams, d)?;
+                queued |= step.queued;
+                outcome = step.outcome;
+                Ok::<_, StoreError>(())
+            })
+            .map_err(|e| HandlerError(format!("planner database: {e}")))?;
+            outcomes.push(outcome);
+        }
+        if queued {
+            self.wake.notify_one();
+        }
+        Ok(outcomes)
+    }
+}
+
+/// What applying one message did.
+struct Step {
+    outcome: Outcome,
+    queued: bool,
+}
+
+impl Step {
+    fn handled(queued: bool) -> Self {
+        Self {
+            outcome: Outcome::Handled,
+            queued,
+        }
+    }
+    fn rejected(why: String) -> Self {
+        Self {
+            outcome: Outcome::Rejected(why),
+            queued: false,
+        }
+    }
+}
+
+/// Applies one message inside the caller's transaction.
+fn step(
+    c: &Connection,
+    pool: &str,
+    teams: Option<&TeamsConfig>,
+    d: &Delivery,
+) -> Result<Step, StoreError> {
+    let at = d.published.timestamp_millis().max(0) as Time;
+    match &d.event.data {
+        AnyEvent::Workload(WorkloadEvent::Submitted(s)) => submitted(c, pool, teams, s, d),
+        AnyEvent::Workload(WorkloadEvent::Aborted(a)) => {
+            let Some(mut w) = store::load(c, &a.workload_id)? else {
+                return Ok(Step::rejected(format!(
+                    "abort of unknown workload {}",
+                    a.workload_id
+                )));
+            };
+            match w.abort(a.task.as_deref(), &a.by, &a.reason) {
+                Ok(effects) => {
+                    info!(workload.id = %w.id, task = ?a.task, by = %a.by, "workload aborted");
+                    commit(c, &w, effects)
+                }
+                Err(e) => Ok(Step::rejected(e.to_string())),
+            }
+        }
+        AnyEvent::Task(TaskEvent::Completed(t)) => {
+            on_attempt(c, t.task, true, |w, name, attempt| {
+                w.completed(name, attempt)
+            })
+        }
+        AnyEvent::Task(TaskEvent::Failed(t)) => on_attempt(c, t.task, true, |w, name, attempt| {
+            w.failed(name, attempt, &t.reason, at)
+        }),
+        AnyEvent::Alloc(AllocEvent::Applied(Applied { entry, .. })) => {
+            let mut queued = false;
+            for decision in &entry.decisions {
+                let step = match decision {
+                    Decision::Granted { task, lease, .. } => {
+                        on_attempt(c, *task, false, |w, name, attempt| {
+                            w.granted(name, attempt, *lease)
+                        })?
+                    }
+                    Decision::Preempted { task, .. } => {
+                        on_attempt(c, *task, false, |w, name, attempt| {
+                            w.preempted(name, attempt)
+                        })?
+                    }
+                    Decision::Waiting { .. } | Decision::Released { .. } => continue,
+                };
+                queued |= step.queued;
+            }
+            Ok(Step::handled(queued))
+        }
+        // Not the planner's (its own events, other task events): nothing to do.
+        _ => Ok(Step::handled(false)),
+    }
+}
+
+fn submitted(
+    c: &Connection,
+    pool: &str,
+    teams: Option<&TeamsConfig>,
+    s: &WorkloadSubmitted,
+    d: &Delivery,
+) -> Result<Step, StoreError> {
+    if store::known(c, &s.workload_id)? {
+        // The same submission again (a CI retry after the duplicate window): already planned.
+        return Ok(Step::handled(false));
+    }
+    let mut w = match plan(s, pool, teams) {
+        Ok(w) => w,
+        Err(why) => {
+            warn!(workload.id = %s.workload_id, reason = %why, "submission rejected");
+            return Ok(Step::rejected(why));
+        }
+    };
+    let effects = w.start();
+    let received = serde_json::to_string(s).expect("an event serializes");
+    store::insert(c, &w, &received, d.stream_sequence)?;
+    info!(workload.id = %w.id, tasks = w.tasks.len(), "workload planned");
+    emit(c, &w, effects)?;
+    Ok(Step::handled(true))
+}
+
+/// Runs `transition` on the workload that attempt `id` belongs to, if it is one of the
+/// planner's; `ends` says the event ends the attempt (recorded, so a late grant of a run that
+/// already ended is not mistaken for one nobody wants).
+fn on_attempt(
+    c: &Connection,
+    id: TaskId,
+    ends: bool,
+    transition: impl FnOnce(&mut Workload, &str, u32) -> Vec<Effect>,
+) -> Result<Step, StoreError> {
+    let Some(attempt) = store::attempt(c, id)? else {
+        return Ok(Step::handled(false));
+    };
+    if attempt.ended {
+        return Ok(Step::handled(false));
+    }
+    if ends {
+        store::ended(c, id)?;
+    }
+    let Some(mut w) = store::load(c, &attempt.workload)? else {
+        return Err(StoreError::Corrupt(format!(
+            "{id} belongs to workload {}, which is not stored",
+            attempt.workload
+        )));
+    };
+    let effects = transition(&mut w, &attempt.name, attempt.attempt);
+    commit(c, &w, effects)
+}
+
+/// Saves `w` and queues its effects.
+fn commit(c: &Connection, w: &Workload, effects: Vec<Effect>) -> Result<Step, StoreError> {
+    store::save(c, w)?;
+    let queued = !effects.is_empty();
+    emit(c, w, effects)?;
+    Ok(Step::handled(queued))
+}
+
+/// Puts each effect's event in the outbox, with an id derived from what it says.
+fn emit(c: &Connection, w: &Workload, effects: Vec<Effect>) -> Result<(), StoreError> {
+    for effect in effects {
+        let (key, not_before, event): (String, Time, AnyEvent) = match effect {
+            Effect::Ready {
+                task,
+                attempt,
+                spec,
+                not_before,
+            } => {
+                info!(workload.id = %w.id, task = %task, attempt, task.id = %spec.id, "task ready");
+                (
+                    format!("ready/{}/{attempt}", spec.id.0),
+                    not_before,
+                    TaskReady {
+                        pool: w.pool.clone(),
+                        workload: w.id.clone(),
+                        name: task,
+                        task: spec,
+                    }
+                    .into(),
+                )
+            }
+            Effect::Cancel {
+                task,
+                id,
+                lease,
+                reason,
+            } => {
+                info!(workload.id = %w.id, task = %task, task.id = %id, reason = %reason, "task cancelled");
+                (
+                    format!("cancelled/{}/{}", id.0, lease.map_or(0, |l| l.0 + 1)),
+                    0,
+                    TaskCancelled {
+                        pool: w.pool.clone(),
+                        task: id,
+                        workload: w.id.clone(),
+                        name: task,
+                        reason,
+                    }
+                    .into(),
+                )
+            }
+            Effect::Finished { outcome, reason } => {
+                info!(workload.id = %w.id, outcome = ?outcome, reason = ?reason, "workload finished");
+                (
+                    format!("finished/{}", w.id),
+                    0,
+                    WorkloadFinished {
+                        workload_id: w.id.clone(),
+                        team: w.team.clone(),
+                        outcome,
+                        reason,
+                    }
+                    .into(),
+                )
+            }
+        };
+        let mut envelope = Envelope::at(SOURCE, event, Utc::now());
+        envelope.id = event_id(&key);
+        store::enqueue(
+            c,
+            not_before,
+            &envelope.nats_subject(),
+            &envelope.id.to_string(),
+            &envelope.to_json(),
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,230 @@
+//! The planner service: runs each workload's DAG — hands tasks to the allocator as their
+//! dependencies succeed, retries failed runs, cancels what an abort or a final failure leaves
+//! behind, and announces when a workload is finished.
+//!
+//! # Layout
+//!
+//! - [`plan`]: a submission → the workload's state. The spec is validated again with
+//!   `allot-workload` (a raw submission can come from any NATS client; an invalid one is
+//!   dead-lettered with every problem), and each task becomes an [`allot_sched::TaskSpec`]:
+//!   team, priority from the class, resources, gang `<workload>/<gang>` of all its members, DAG
+//!   facts (dependents, critical-path rank, from the petgraph DAG), predicted duration from
+//!   `durationEstimate`, checkpoint interval, max runtime. Task ids and event ids are derived,
+//!   never random, so replaying after a crash names the same things.
+//! - [`machine`]: the DAG state machine, pure: task states `waiting → ready → running →
+//!   succeeded | failed | cancelled`, and the [`machine::Effect`]s of each transition (task
+//!   ready, task cancelled, workload finished).
+//! - [`store`]: the SQLite tables (workloads, tasks, attempts, outbox).
+//! - `consume`: the consumers' handler — finds the workload a message is about, runs its
+//!   transition, and commits the state, the effects (into the outbox) and the stream position
+//!   in one transaction (`allot_store::apply`), so nothing is applied twice.
+//! - `relay`: publishes the outbox, each event when due (a retry waits out its backoff).
+//!
+//! # What it consumes and publishes
+//!
+//! | consumes | to learn |
+//! |---|---|
+//! | WORKLOADS `allot.workload.submitted.>` | new workloads (a known id is a no-op) |
+//! | WORKLOADS `allot.workload.aborted.>` | aborts of a workload, or of one task and what follows it |
+//! | WORKLOADS `allot.task.completed.*`, `allot.task.failed.*` | runs that ended |
+//! | DECISIONS `allot.alloc.*.journal` | grants (ready → running) and preemptions (running → ready) |
+//!
+//! It publishes `TaskReady` (pool from [`Config::pool`]) for each task whose dependencies all
+//! succeeded, `TaskCancelled` for each run it gives up while it holds resources, and
+//! `WorkloadFinished` (succeeded, failed or aborted) once per workload. Every event's id and
+//! `Nats-Msg-Id` is a UUIDv5 of what it says (`ready/<task id>/<attempt>`,
+//! `cancelled/<task id>/<lease>`, `finished/<workload>`).
+//!
+//! # Attempts, retries and cancellation
+//!
+//! The scheduler refuses a task id it has seen, so **every attempt has its own id**:
+//! [`plan::task_id`]`(workload, task, attempt)`. A failed run with attempts left is published
+//! again as attempt n+1 once `backoff × 2^(n-1)` has passed since the failure (the server's
+//! timestamp of the failure event); a gang member's failure retries its whole gang (the other
+//! members' runs are cancelled) as gang `<workload>/<gang>#<n+1>`. After the last attempt the
+//! task fails, every task not done is cancelled, and the workload finishes as failed.
+//!
+//! An abort cancels the workload's tasks (or one task, its dependents and their gang mates)
+//! that are not done. A running one gets a `TaskCancelled`, which the allocator treats as the
+//! end of the run (its lease is released) and the executor as a stop order. One that is only
+//! ready — queued in the allocator — cannot be withdrawn from the scheduler (it has no such
+//! input), so it is cancelled when its grant appears in the journal: the planner cancels
+//! every grant of a run it no longer wants. The run's place in the queue is the cost.
+//!
+//! # Not done yet
+//!
+//! - TODO(look-ahead): `TaskPreload` — when a running task's predecessor is predicted (from
+//!   `durationEstimate`, later the predictor) to finish within a configurable window, publish
+//!   `TaskPreload` for the tasks it unblocks so the allocator can reserve GPUs and the
+//!   executor warm the next stage. Needs the event, an allocator input that reserves without
+//!   granting, and a timer in the relay's style driven by grant times from the journal.
+//! - Deadlines are validated but not passed to the scheduler (`TaskSpec` has no deadline).
+//! - A scheduler input that withdraws a queued task would release cancelled tasks at once
+//!   rather than at their grant.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use tokio::sync::Notify;
+use tracing::Instrument;
+
+use allot_bus::consumer::{ConsumerRunner, ConsumerSpec};
+use allot_bus::streams::names;
+use allot_bus::{BusError, ConnectConfig, Publisher};
+use allot_workload::TeamsConfig;
+
+mod consume;
+pub mod machine;
+pub mod plan;
+mod relay;
+pub mod store;
+
+pub use consume::Planner;
+
+/// The planner's settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// NATS URL(s).
+    pub nats_url: String,
+    /// Folder for `planner.db`.
+    pub data_dir: PathBuf,
+    /// The pool tasks are handed to (one allocator leads each pool).
+    pub pool: String,
+    /// The teams file submissions are checked against; `None`: teams are not checked and the
+    /// default priority classes apply.
+    pub teams: Option<TeamsConfig>,
+    /// Prefix of the durable consumers' names (`<prefix>-workloads`, `<prefix>-decisions`),
+    /// also the keys of their positions.
+    pub consumer_prefix: String,
+    /// How long the server waits for an acknowledgement before redelivering.
+    pub ack_wait: Duration,
+}
+
+impl Config {
+    /// Defaults: pool `default`, no teams file, consumers `planner-*`, 30 s ack wait.
+    pub fn new(nats_url: impl Into<String>, data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            nats_url: nats_url.into(),
+            data_dir: data_dir.into(),
+            pool: "default".into(),
+            teams: None,
+            consumer_prefix: "planner".into(),
+            ack_wait: Duration::from_secs(30),
+        }
+    }
+
+    /// The database file.
+    pub fn db_path(&self) -> PathBuf {
+        self.data_dir.join("planner.db")
+    }
+}
+
+/// Why the planner stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// NATS or JetStream failed.
+    #[error(transparent)]
+    Bus(#[from] BusError),
+    /// The database could not be opened.
+    #[error(transparent)]
+    Store(#[from] allot_store::StoreError),
+    /// The pool name cannot be a subject token.
+    #[error(transparent)]
+    Pool(#[from] allot_events::subject::InvalidToken),
+    /// A task panicked.
+    #[error("planner task failed: {0}")]
+    Task(String),
+}
+
+/// Runs the planner until `shutdown` completes: two durable consumers and the outbox relay,
+/// each with its own SQLite connection.
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    allot_events::subject::validate_token("pool", &config.pool)?;
+    let shutdown = shutdown.boxed().shared();
+    let client = allot_bus::connect(
+        &ConnectConfig::new(&config.nats_url, "allot-planner"),
+        shutdown.clone(),
+    )
+    .await?;
+    let open = || allot_store::open(&config.db_path(), store::MIGRATIONS);
+    let wake = Arc::new(Notify::new());
+    tracing::info!(db = %config.db_path().display(), pool = %config.pool, "planner started");
+
+    let consumer = |stream: &str, suffix: &str, filter: &[&str]| {
+        let durable = format!("{}-{suffix}", config.consumer_prefix);
+        let spec = ConsumerSpec {
+            filter_subjects: filter.iter().map(|s| (*s).to_owned()).collect(),
+            ack_wait: config.ack_wait,
+            ..ConsumerSpec::new(stream, durable.clone())
+        };
+        let handler = Planner::new(
+            open()?,
+            durable,
+            config.pool.clone(),
+            config.teams.clone(),
+            wake.clone(),
+        );
+        Ok::<_, Error>(ConsumerRunner::new(client.clone(), spec, handler))
+    };
+    let workloads = consumer(
+        names::WORKLOADS,
+        "workloads",
+        &[
+            "allot.workload.submitted.>",
+            "allot.workload.aborted.>",
+            "allot.task.completed.*",
+            "allot.task.failed.*",
+        ],
+    )?;
+    let decisions = consumer(names::DECISIONS, "decisions", &["allot.alloc.*.journal"])?;
+    let relay = relay::Relay {
+        conn: open()?,
+        publisher: Publisher::new(client.clone(), consume::SOURCE),
+        wake,
+    };
+
+    let tasks = vec![
+        tokio::spawn(
+            workloads
+                .run(shutdown.clone())
+                .map(|r| r.map(drop).map_err(Error::from))
+                .instrument(tracing::info_span!("consumer", stream = names::WORKLOADS)),
+        ),
+        tokio::spawn(
+            decisions
+                .run(shutdown.clone())
+                .map(|r| r.map(drop).map_err(Error::from))
+                .instrument(tracing::info_span!("consumer", stream = names::DECISIONS)),
+        ),
+        tokio::spawn(
+            relay
+                .run(shutdown.clone())
+                .map(Ok)
+                .instrument(tracing::info_span!("relay")),
+        ),
+    ];
+    let mut result = Ok(());
+    for task in futures::future::join_all(tasks).await {
+        let outcome = task.map_err(|e| Error::Task(e.to_string())).and_then(|r| r);
+        if let Err(e) = outcome {
+            tracing::error!(error = %e, "planner task stopped with an error");
+            if result.is_ok() {
+                result = Err(e);
+            }
+        }
+    }
+    if tokio::time::timeout(Duration::from_secs(5), client.drain())
+        .await
+        .is_err()
+    {
+        tracing::warn!("draining the NATS connection timed out");
+    }
+    tracing::info!("planner stopped");
+    result
+}

@@ -1,0 +1,120 @@
+//! From a submitted spec to the planner's state: validation again (a raw submission may come
+//! from any NATS client), each task's [`TaskSpec`], and the ids of its attempts.
+
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use allot_events::workload::WorkloadSubmitted;
+use allot_sched::{Gang, TaskId, TaskSpec, Time};
+use allot_workload::quantity;
+use allot_workload::{Context, Format, TeamsConfig};
+
+use crate::machine::{Task, TaskStatus, Workload, WorkloadStatus};
+
+/// The id of attempt `attempt` (from 1) of task `task` of workload `workload`: the first 53
+/// bits of SHA-256(`<workload>/<task>/<attempt>`).
+///
+/// One id per attempt, because the scheduler never accepts an id twice (a retry is a new
+/// task to it); stable, so a planner that crashed and replays its events derives the same
+/// ids. 53 bits, so the id survives any JSON reader (JavaScript and `jq` read numbers as
+/// doubles); a collision needs tens of millions of live tasks to become likely.
+pub fn task_id(workload: &str, task: &str, attempt: u32) -> TaskId {
+    let digest = Sha256::digest(format!("{workload}/{task}/{attempt}").as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    TaskId(u64::from_be_bytes(first) >> 11)
+}
+
+/// The namespace of the planner's event ids (UUIDv5), which are also their `Nats-Msg-Id`s.
+pub const EVENT_ID_NAMESPACE: Uuid = Uuid::from_u128(0x2c4e_81b3_95d0_4f6a_8e17_c03b_5a9d_e2f4);
+
+/// The event id (and `Nats-Msg-Id`) of the planner's event named `key`
+/// (`ready/<task id>/<attempt>`, `cancelled/<task id>/<lease>`, `finished/<workload>`): the
+/// same event, re-published after a crash, is stored once.
+pub fn event_id(key: &str) -> Uuid {
+    Uuid::new_v5(&EVENT_ID_NAMESPACE, key.as_bytes())
+}
+
+/// Checks a submission as `allot validate` would (without the cluster: the allocator parks what
+/// no node can hold) and builds its state, every task waiting; or says, precisely, why not.
+pub fn plan(
+    submitted: &WorkloadSubmitted,
+    pool: &str,
+    teams: Option<&TeamsConfig>,
+) -> Result<Workload, String> {
+    let id = &submitted.workload_id;
+    allot_events::subject::validate_token("workload id", id).map_err(|e| e.to_string())?;
+    // Through the text, so a raw submission gets every check a CLI one does (the schema's too).
+    let text = serde_json::to_string(&submitted.spec).map_err(|e| e.to_string())?;
+    let ctx = Context {
+        teams,
+        cluster: None,
+    };
+    let checked = allot_workload::check(&text, Format::Json, ctx).map_err(|problems| {
+        let all: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        format!("invalid workload {id}: {}", all.join("; "))
+    })?;
+    let spec = &checked.workload;
+    let team = &spec.metadata.team;
+    let gang_sizes = |gang: &str| {
+        spec.spec
+            .tasks
+            .iter()
+            .filter(|t| t.gang.as_deref() == Some(gang))
+            .count() as u32
+    };
+    let ms = |text: &Option<String>| -> Option<Time> {
+        // Validated already: every duration parses.
+        text.as_deref()
+            .and_then(|d| quantity::duration(d).ok())
+            .map(|d| d.as_millis() as Time)
+    };
+    let tasks = spec
+        .spec
+        .tasks
+        .iter()
+        .map(|t| {
+            let request = &checked.requests[&t.name];
+            let mut template = TaskSpec::new(0, team.clone(), request.gpus);
+            template.priority = checked.priority;
+            template.gpu_milli = request.gpu_milli;
+            template.gpu_models.clone_from(&request.gpu_models);
+            template.gpu_memory_mib = request.gpu_memory_mib;
+            template.mig_profile.clone_from(&request.mig_profile);
+            template.cpu_milli = request.cpu_milli;
+            template.memory_mib = request.memory_mib;
+            template.gang = t.gang.as_ref().map(|g| Gang {
+                name: format!("{id}/{g}"),
+                size: gang_sizes(g),
+            });
+            template.dag = checked.dag[&t.name];
+            template.predicted_duration = ms(&t.duration_estimate);
+            template.checkpoint_every = t
+                .checkpoint
+                .as_ref()
+                .filter(|c| c.supported)
+                .and_then(|c| ms(&c.interval));
+            template.max_runtime = ms(&t.max_runtime);
+            let retry = t.retry.as_ref();
+            Task {
+                name: t.name.clone(),
+                after: t.after.clone(),
+                gang: t.gang.clone(),
+                status: TaskStatus::Waiting,
+                attempt: 1,
+                max_attempts: retry.map_or(1, |r| r.max_attempts),
+                backoff: retry.and_then(|r| ms(&r.backoff)).unwrap_or(0),
+                template,
+                reason: None,
+            }
+        })
+        .collect();
+    Ok(Workload {
+        id: id.clone(),
+        team: team.clone(),
+        pool: pool.to_owned(),
+        status: WorkloadStatus::Running,
+        reason: None,
+        tasks,
+    })
+}

@@ -1,0 +1,331 @@
+//! The planner's tables: workloads, their tasks, the ids of every attempt, and the outbox of
+//! events to publish.
+//!
+//! A consumer loads a [`Workload`], runs one transition, and saves the state and the
+//! transition's events (the outbox) in the transaction that also records its stream position
+//! (`allot_store::apply`), so state, position and what must be published commit together. The
+//! relay (the crate's `relay` module) publishes the outbox afterwards and deletes what the server
+//! acknowledged; since each event's `Nats-Msg-Id` is derived from what it says, publishing one
+//! again after a crash is harmless.
+
+use allot_sched::{TaskId, TaskSpec, Time};
+use allot_store::rusqlite::{self, Connection, OptionalExtension, params};
+
+use crate::machine::{Task, TaskStatus, Workload, WorkloadStatus};
+
+/// The planner's schema, in order. Never edit a shipped migration: add one.
+pub const MIGRATIONS: &[&str] = &["
+CREATE TABLE workloads (
+    id       TEXT PRIMARY KEY,
+    team     TEXT NOT NULL,
+    pool     TEXT NOT NULL,
+    status   TEXT NOT NULL,            -- running | succeeded | failed | aborted
+    reason   TEXT,
+    spec     TEXT NOT NULL,            -- the WorkloadSubmitted event as received (JSON)
+    received INTEGER NOT NULL          -- its WORKLOADS stream sequence
+) STRICT;
+
+CREATE TABLE tasks (
+    workload     TEXT NOT NULL REFERENCES workloads (id),
+    name         TEXT NOT NULL,
+    position     INTEGER NOT NULL,     -- order in the spec
+    after        TEXT NOT NULL,        -- JSON array of task names
+    gang         TEXT,
+    status       TEXT NOT NULL,        -- waiting | ready | running | succeeded | failed | cancelled
+    attempt      INTEGER NOT NULL,
+    max_attempts INTEGER NOT NULL,
+    backoff_ms   INTEGER NOT NULL,
+    template     TEXT NOT NULL,        -- TaskSpec JSON of the current attempt, id aside
+    reason       TEXT,
+    PRIMARY KEY (workload, name)
+) STRICT;
+
+-- Every attempt's scheduler id, to map task events and decisions back to tasks.
+CREATE TABLE attempts (
+    task_id  INTEGER PRIMARY KEY,      -- TaskId (53 bits, fits)
+    workload TEXT NOT NULL,
+    name     TEXT NOT NULL,
+    attempt  INTEGER NOT NULL,
+    ended    INTEGER NOT NULL DEFAULT 0 -- its completion or failure was seen
+) STRICT;
+
+-- Events to publish, in order, each not before its time (a retry's backoff).
+CREATE TABLE outbox (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    not_before_ms INTEGER NOT NULL,
+    subject       TEXT NOT NULL,
+    msg_id        TEXT NOT NULL,
+    payload       BLOB NOT NULL
+) STRICT;
+CREATE INDEX outbox_due ON outbox (not_before_ms, id);
+"];
+
+/// Why the state could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// SQLite failed.
+    #[error(transparent)]
+    Sqlite(#[from] rusqlite::Error),
+    /// A row holds what this build cannot read (written by a newer one, or edited).
+    #[error("planner database: {0}")]
+    Corrupt(String),
+}
+
+/// Whether workload `id` is known.
+pub fn known(conn: &Connection, id: &str) -> Result<bool, rusqlite::Error> {
+    conn.query_row("SELECT 1 FROM workloads WHERE id = ?1", [id], |_| Ok(()))
+        .optional()
+        .map(|r| r.is_some())
+}
+
+/// Stores a new workload (with the submission event as received, and its stream sequence).
+pub fn insert(
+    conn: &Connection,
+    workload: &Workload,
+    submitted: &str,
+    seq: u64,
+) -> Result<(), StoreError> {
+    conn.execute(
+        "INSERT INTO workloads (id, team, pool, status, reason, spec, received)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        params![
+            workload.id,
+            workload.team,
+            workload.pool,
+            workload.status.as_str(),
+            workload.reason,
+            submitted,
+            seq as i64
+        ],
+    )?;
+    save(conn, workload)
+}
+
+/// Writes `workload`'s state over what is stored, and records the ids of its current attempts.
+pub fn save(conn: &Connection, workload: &Workload) -> Result<(), StoreError> {
+    conn.execute(
+        "UPDATE workloads SET status = ?2, reason = ?3 WHERE id = ?1",
+        params![workload.id, workload.status.as_str(), workload.reason],
+    )?;
+    let mut task = conn.prepare_cached(
+        "INSERT INTO tasks (workload, name, position, after, gang, status, attempt, max_attempts,
+                            backoff_ms, template, reason)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+         ON CONFLICT (workload, name) DO UPDATE SET
+            status = excluded.status, attempt = excluded.attempt,
+            template = excluded.template, reason = excluded.reason",
+    )?;
+    let mut attempt = conn.prepare_cached(
+        "INSERT INTO attempts (task_id, workload, name, attempt) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (task_id) DO NOTHING",
+    )?;
+    for (position, t) in workload.tasks.iter().enumerate() {
+        task.execute(params![
+            workload.id,
+            t.name,
+            position as i64,
+            json(&t.after),
+            t.gang,
+            t.status.as_str(),
+            t.attempt,
+            t.max_attempts,
+            t.backoff as i64,
+            json(&t.template),
+            t.reason,
+        ])?;
+        let id = crate::plan::task_id(&workload.id, &t.name, t.attempt);
+        attempt.execute(params![id.0 as i64, workload.id, t.name, t.attempt])?;
+    }
+    Ok(())
+}
+
+/// Our own plain data as JSON (names, a `TaskSpec`), which cannot fail to serialize.
+fn json(value: &impl serde::Serialize) -> String {
+    serde_json::to_string(value).expect("plain data serializes")
+}
+
+/// Loads workload `id`, if known.
+pub fn load(conn: &Connection, id: &str) -> Result<Option<Workload>, StoreError> {
+    let row = conn
+        .query_row(
+            "SELECT team, pool, status, reason FROM workloads WHERE id = ?1",
+            [id],
+            |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, Option<String>>(3)?,
+                ))
+            },
+        )
+        .optional()?;
+    let Some((team, pool, status, reason)) = row else {
+        return Ok(None);
+    };
+    let corrupt = |what: String| StoreError::Corrupt(format!("workload {id}: {what}"));
+    let status =
+        WorkloadStatus::parse(&status).ok_or_else(|| corrupt(format!("status {status:?}")))?;
+    let mut stmt = conn.prepare_cached(
+        "SELECT name, after, gang, status, attempt, max_attempts, backoff_ms, template, reason
+         FROM tasks WHERE workload = ?1 ORDER BY position",
+    )?;
+    let rows = stmt.query_map([id], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, Option<String>>(2)?,
+            r.get::<_, String>(3)?,
+            r.get::<_, u32>(4)?,
+            r.get::<_, u32>(5)?,
+            r.get::<_, i64>(6)?,
+            r.get::<_, String>(7)?,
+            r.get::<_, Option<String>>(8)?,
+        ))
+    })?;
+    let mut tasks = Vec::new();
+    for row in rows {
+        let (name, after, gang, status, attempt, max_attempts, backoff, template, reason) = row?;
+        let after: Vec<String> =
+            serde_json::from_str(&after).map_err(|e| corrupt(format!("{name}.after: {e}")))?;
+        let template: TaskSpec = serde_json::from_str(&template)
+            .map_err(|e| corrupt(format!("{name}.template: {e}")))?;
+        let status = TaskStatus::parse(&status)
+            .ok_or_else(|| corrupt(format!("{name}.status {status:?}")))?;
+        tasks.push(Task {
+            name,
+            after,
+            gang,
+            status,
+            attempt,
+            max_attempts,
+            backoff: backoff as Time,
+            template,
+            reason,
+        });
+    }
+    Ok(Some(Workload {
+        id: id.to_owned(),
+        team,
+        pool,
+        status,
+        reason,
+        tasks,
+    }))
+}
+
+/// One attempt of a task, as [`attempt`] finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    /// The workload.
+    pub workload: String,
+    /// The task's name.
+    pub name: String,
+    /// Which attempt.
+    pub attempt: u32,
+    /// Its completion or failure was seen.
+    pub ended: bool,
+}
+
+/// The attempt whose scheduler id is `id`, if it is one of the planner's.
+pub fn attempt(conn: &Connection, id: TaskId) -> Result<Option<Attempt>, rusqlite::Error> {
+    conn.query_row(
+        "SELECT workload, name, attempt, ended FROM attempts WHERE task_id = ?1",
+        [id.0 as i64],
+        |r| {
+            Ok(Attempt {
+                workload: r.get(0)?,
+                name: r.get(1)?,
+                attempt: r.get(2)?,
+                ended: r.get(3)?,
+            })
+        },
+    )
+    .optional()
+}
+
+/// Records that attempt `id` ended (completed or failed).
+pub fn ended(conn: &Connection, id: TaskId) -> Result<(), rusqlite::Error> {
+    conn.execute(
+        "UPDATE attempts SET ended = 1 WHERE task_id = ?1",
+        [id.0 as i64],
+    )?;
+    Ok(())
+}
+
+/// An event waiting in the outbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    /// Its row.
+    pub id: i64,
+    /// Subject to publish on.
+    pub subject: String,
+    /// `Nats-Msg-Id`.
+    pub msg_id: String,
+    /// The CloudEvent.
+    pub payload: Vec<u8>,
+}
+
+/// Adds an event to the outbox, to be published not before `not_before` (ms since the epoch).
+pub fn enqueue(
+    conn: &Connection,
+    not_before: Time,
+    subject: &str,
+    msg_id: &str,
+    payload: &[u8],
+) -> Result<(), rusqlite::Error> {
+    conn.execute(
+        "INSERT INTO outbox (not_before_ms, subject, msg_id, payload) VALUES (?1, ?2, ?3, ?4)",
+        params![not_before as i64, subject, msg_id, payload],
+    )?;
+    Ok(())
+}
+
+/// Up to `limit` events due at `now`, oldest first, and when the next one not yet due is.
+pub fn due(
+    conn: &Connection,
+    now: Time,
+    limit: usize,
+) -> Result<(Vec<Outgoing>, Option<Time>), rusqlite::Error> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id, subject, msg_id, payload FROM outbox WHERE not_before_ms <= ?1
+         ORDER BY not_before_ms, id LIMIT ?2",
+    )?;
+    let due = stmt
+        .query_map(params![now as i64, limit as i64], |r| {
+            Ok(Outgoing {
+                id: r.get(0)?,
+                subject: r.get(1)?,
+                msg_id: r.get(2)?,
+                payload: r.get(3)?,
+            })
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    let next = conn
+        .query_row(
+            "SELECT MIN(not_before_ms) FROM outbox WHERE not_before_ms > ?1",
+            [now as i64],
+            |r| r.get::<_, Option<i64>>(0),
+        )?
+        .map(|t| t as Time);
+    Ok((due, next))
+}
+
+/// Removes a published event from the outbox.
+pub fn sent(conn: &Connection, id: i64) -> Result<(), rusqlite::Error> {
+    conn.execute("DELETE FROM outbox WHERE id = ?1", [id])?;
+    Ok(())
+}
+
+/// A workload's tasks as `(name, status, attempt)`, in the spec's order (for tests and status
+/// queries).
+pub fn task_statuses(
+    conn: &Connection,
+    workload: &str,
+) -> Result<Vec<(String, String, u32)>, rusqlite::Error> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT name, status, attempt FROM tasks WHERE workload = ?1 ORDER BY position",
+    )?;
+    stmt.query_map([workload], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect()
+}

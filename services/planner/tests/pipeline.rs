@@ -1,0 +1,538 @@
+//! The planner against a real nats-server, with the allocator running in-process and a fake
+//! executor that reads grants from the journal and reports each run's end: pipelines run
+//! stage by stage, failures are retried and then fail the workload, an abort releases GPUs,
+//! and a submission seen twice is planned once.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, consumer::DeliverPolicy};
+use futures::StreamExt;
+
+use allot_allocator::journal;
+use allot_bus::{Publisher, catalog, ensure_streams};
+use allot_events::task::{TaskCompleted, TaskFailed};
+use allot_events::workload::{Workload, WorkloadAborted, WorkloadOutcome};
+use allot_events::{AllocEvent, AnyEvent, NodeEvent, TaskEvent, WorkloadEvent, decode};
+use allot_planner::plan::task_id;
+use allot_sched::journal::Entry;
+use allot_sched::{Decision, Input, TaskId};
+use allot_testkit::{NatsServer, node};
+use allot_workload::{Context, Format};
+
+const POOL: &str = "default";
+
+/// CPU preprocessing → a gang of two 2-GPU trainers → a 1-GPU evaluation.
+const PIPELINE: &str = r#"
+apiVersion: allot/v1
+kind: Workload
+metadata: {name: train-eval, team: vision}
+spec:
+  tasks:
+    - name: preprocess
+      resources: {cpu: "4", memory: 8Gi}
+      command: [python, prep.py]
+    - name: train-0
+      resources: {gpus: 2, cpu: "4"}
+      command: [torchrun, train.py]
+      after: [preprocess]
+      gang: train
+    - name: train-1
+      resources: {gpus: 2, cpu: "4"}
+      command: [torchrun, train.py]
+      after: [preprocess]
+      gang: train
+    - name: eval
+      resources: {gpus: 1}
+      command: [python, eval.py]
+      after: [train-0, train-1]
+"#;
+
+/// A step that keeps failing, retried once, and a GPU step after it.
+const FLAKY: &str = r#"
+apiVersion: allot/v1
+kind: Workload
+metadata: {name: flaky, team: vision}
+spec:
+  tasks:
+    - name: prep
+      resources: {cpu: "1"}
+      command: [python, prep.py]
+      retry: {maxAttempts: 2, backoff: 10ms}
+    - name: train
+      resources: {gpus: 1}
+      command: [python, train.py]
+      after: [prep]
+"#;
+
+/// What the fake executor does with a run it was granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Run {
+    Complete,
+    Fail,
+    /// Keep running (until cancelled).
+    Hold,
+}
+
+fn workload(text: &str) -> Workload {
+    allot_workload::check(text, Format::Yaml, Context::default())
+        .expect("a valid spec")
+        .workload
+}
+
+/// A running cluster: nats-server, one 4-GPU node in the pool, the allocator and the planner.
+struct Harness {
+    _server: NatsServer,
+    _data: tempfile::TempDir,
+    rt: tokio::runtime::Runtime,
+    js: jetstream::Context,
+    publisher: Publisher,
+    db: std::path::PathBuf,
+}
+
+impl Harness {
+    fn start() -> Harness {
+        let server = NatsServer::start();
+        let url = server.url();
+        let data = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (js, publisher) = rt.block_on(async {
+            let client = async_nats::connect(&url).await.unwrap();
+            let js = jetstream::new(client.clone());
+            ensure_streams(&js, &catalog(1)).await.unwrap();
+            let publisher = Publisher::new(client, "/test");
+            let n1 = node("n1").gpus(4).pool(POOL).registered();
+            publisher.publish(NodeEvent::Registered(n1)).await.unwrap();
+            (js, publisher)
+        });
+        let allocator = allot_allocator::Config {
+            policy: "fifo".into(),
+            instance: "a".into(),
+            lease_ttl: Duration::from_secs(2),
+            pass_interval: Duration::from_millis(200),
+            ..allot_allocator::Config::new(&url, POOL)
+        };
+        rt.spawn(async move {
+            allot_allocator::run(allocator, std::future::pending())
+                .await
+                .unwrap();
+        });
+        let planner = allot_planner::Config::new(&url, data.path());
+        let db = planner.db_path();
+        rt.spawn(async move {
+            allot_planner::run(planner, std::future::pending())
+                .await
+                .unwrap();
+        });
+        Harness {
+            _server: server,
+            _data: data,
+            rt,
+            js,
+            publisher,
+            db,
+        }
+    }
+
+    /// Submits `workload` as `allot submit` would; returns its id.
+    fn submit(&self, workload: Workload) -> String {
+        let key = allot_workload::submit::idempotency_key(&workload, None);
+        let submission = allot_workload::submit::submission(
+            workload,
+            key,
+            None,
+            "ci@test".into(),
+            "/test",
+            chrono::Utc::now(),
+        );
+        self.rt.block_on(async {
+            self.publisher
+                .publish_envelope(&submission.envelope)
+                .await
+                .unwrap()
+        });
+        submission.workload_id
+    }
+
+    /// Runs a fake executor: every new grant of the workload's tasks is handled by `run`
+    /// (task name, attempt); completions and failures are published as a node would.
+    fn executor(
+        &self,
+        workload: &str,
+        names: &[&str],
+        run: impl Fn(&str, u32) -> Run + Send + 'static,
+    ) {
+        let ids: BTreeMap<TaskId, (String, u32)> = names
+            .iter()
+            .flat_map(|n| (1..=5).map(move |a| (task_id(workload, n, a), ((*n).to_owned(), a))))
+            .collect();
+        let (js, publisher) = (self.js.clone(), self.publisher.clone());
+        self.rt.spawn(async move {
+            let mut seen = BTreeSet::new();
+            loop {
+                for (task, _) in grants(&entries(&js).await) {
+                    let Some((name, attempt)) = ids.get(&task) else {
+                        continue;
+                    };
+                    if !seen.insert(task) {
+                        continue;
+                    }
+                    let event = match run(name, *attempt) {
+                        Run::Complete => TaskEvent::Completed(TaskCompleted {
+                            pool: POOL.into(),
+                            task,
+                            node: "n1".into(),
+                        }),
+                        Run::Fail => TaskEvent::Failed(TaskFailed {
+                            pool: POOL.into(),
+                            task,
+                            node: "n1".into(),
+                            reason: "exit status 1".into(),
+                        }),
+                        Run::Hold => continue,
+                    };
+                    publisher.publish(event).await.unwrap();
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+    }
+
+    /// Every event on `filter` in the WORKLOADS stream.
+    fn workload_stream(&self, filter: &str) -> Vec<AnyEvent> {
+        self.rt.block_on(read(&self.js, "WORKLOADS", filter))
+    }
+
+    /// Waits (up to 30 s) for the workload's `WorkloadFinished` and returns its outcome.
+    fn finished(&self, workload: &str) -> Option<WorkloadOutcome> {
+        self.until(|h| {
+            h.workload_stream("allot.workload.finished.>")
+                .into_iter()
+                .find_map(|e| match e {
+                    AnyEvent::Workload(WorkloadEvent::Finished(f)) if f.workload_id == workload => {
+                        Some(f.outcome)
+                    }
+                    _ => None,
+                })
+        })
+    }
+
+    /// The journal's entries.
+    fn journal(&self) -> Vec<Entry> {
+        self.rt.block_on(entries(&self.js))
+    }
+
+    /// The planner's view of a workload's tasks: `name:status#attempt`.
+    fn tasks(&self, workload: &str) -> String {
+        let conn = allot_store::rusqlite::Connection::open(&self.db).unwrap();
+        allot_planner::store::task_statuses(&conn, workload)
+            .unwrap()
+            .into_iter()
+            .map(|(n, s, a)| format!("{n}:{s}#{a}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// Polls `check` until it gives something, for up to 30 s.
+    fn until<T>(&self, check: impl Fn(&Harness) -> Option<T>) -> Option<T> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(t) = check(self) {
+                return Some(t);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+async fn entries(js: &jetstream::Context) -> Vec<Entry> {
+    journal::read(js, POOL)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|(_, e)| match e {
+            AllocEvent::Applied(a) => Some(a.entry),
+            AllocEvent::LeaderElected(_) => None,
+        })
+        .collect()
+}
+
+/// Grants in journal order, with whether each holds GPUs.
+fn grants(entries: &[Entry]) -> Vec<(TaskId, bool)> {
+    entries
+        .iter()
+        .flat_map(|e| &e.decisions)
+        .filter_map(|d| match d {
+            Decision::Granted {
+                task, placement, ..
+            } => Some((*task, placement.shares.iter().any(|s| !s.gpus.is_empty()))),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Position in the journal of each (decision kind, task) that happened.
+fn timeline(entries: &[Entry]) -> Vec<(&'static str, TaskId)> {
+    entries
+        .iter()
+        .flat_map(|e| &e.decisions)
+        .filter_map(|d| match d {
+            Decision::Granted { task, .. } => Some(("granted", *task)),
+            Decision::Released { task, .. } => Some(("released", *task)),
+            Decision::Preempted { task, .. } => Some(("preempted", *task)),
+            Decision::Waiting { .. } => None,
+        })
+        .collect()
+}
+
+/// Every message on `filter` in `stream`, as stored.
+async fn read_raw(js: &jetstream::Context, stream: &str, filter: &str) -> Vec<jetstream::Message> {
+    let mut stream = js.get_stream(stream).await.unwrap();
+    if stream.info().await.unwrap().state.messages == 0 {
+        return Vec::new();
+    }
+    let consumer = stream
+        .create_consumer(jetstream::consumer::pull::OrderedConfig {
+            filter_subject: filter.into(),
+            deliver_policy: DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut messages = consumer.messages().await.unwrap();
+    let mut out = Vec::new();
+    // The ordered consumer has no end: what is stored arrives at once, then nothing.
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(200), messages.next()).await
+    {
+        out.push(m.unwrap());
+    }
+    out
+}
+
+async fn read(js: &jetstream::Context, stream: &str, filter: &str) -> Vec<AnyEvent> {
+    read_raw(js, stream, filter)
+        .await
+        .into_iter()
+        .map(|m| decode(&m.payload).unwrap().data)
+        .collect()
+}
+
+fn ready_names(h: &Harness, workload: &str) -> Vec<(String, TaskId)> {
+    h.workload_stream("allot.task.ready.>")
+        .into_iter()
+        .filter_map(|e| match e {
+            AnyEvent::Task(TaskEvent::Ready(r)) if r.workload == workload => {
+                Some((r.name, r.task.id))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_pipeline_runs_stage_by_stage_and_holds_no_gpu_while_only_its_cpu_stage_runs() {
+    let h = Harness::start();
+    let id = h.submit(workload(PIPELINE));
+    let names = ["preprocess", "train-0", "train-1", "eval"];
+    h.executor(&id, &names, |_, _| Run::Complete);
+
+    assert_eq!(h.finished(&id), Some(WorkloadOutcome::Succeeded));
+    assert_eq!(
+        h.tasks(&id),
+        "preprocess:succeeded#1 train-0:succeeded#1 train-1:succeeded#1 eval:succeeded#1"
+    );
+    let t = |name: &str| task_id(&id, name, 1);
+    let journal = h.journal();
+    let line = timeline(&journal);
+    let at = |kind: &str, name: &str| {
+        line.iter()
+            .position(|(k, task)| *k == kind && *task == t(name))
+            .unwrap_or_else(|| panic!("no {kind} for {name}: {line:?}"))
+    };
+    // Stages in order: each starts only after what it waits for was released.
+    assert!(at("released", "preprocess") < at("granted", "train-0"));
+    assert!(at("released", "preprocess") < at("granted", "train-1"));
+    assert!(at("released", "train-0") < at("granted", "eval"));
+    assert!(at("released", "train-1") < at("granted", "eval"));
+    // No GPU granted to the workload before its CPU stage was done.
+    let ours: BTreeSet<TaskId> = names.iter().map(|n| t(n)).collect();
+    let prep_done = at("released", "preprocess");
+    let early_gpu: Vec<_> = line[..prep_done]
+        .iter()
+        .filter(|(k, task)| *k == "granted" && ours.contains(task))
+        .filter(|(_, task)| grants(&journal).iter().any(|(g, gpus)| g == task && *gpus))
+        .collect();
+    assert!(
+        early_gpu.is_empty(),
+        "GPUs granted during preprocessing: {early_gpu:?}"
+    );
+    // The allocator saw the DAG's facts: preprocess leads the longest chain.
+    let specs: BTreeMap<TaskId, allot_sched::TaskSpec> = journal
+        .iter()
+        .filter_map(|e| match &e.input {
+            Input::TaskSubmitted { task, .. } => Some((task.id, task.clone())),
+            _ => None,
+        })
+        .collect();
+    let prep = &specs[&t("preprocess")];
+    assert_eq!(
+        (prep.gpus, prep.dag.dependents, prep.dag.critical_path_rank),
+        (0, 3, 3)
+    );
+    let gang = specs[&t("train-0")].gang.clone().unwrap();
+    assert_eq!((gang.name, gang.size), (format!("{id}/train"), 2));
+}
+
+#[test]
+fn a_failing_task_is_retried_then_fails_the_workload_and_cancels_what_follows() {
+    let h = Harness::start();
+    let id = h.submit(workload(FLAKY));
+    h.executor(&id, &["prep", "train"], |name, _| match name {
+        "prep" => Run::Fail,
+        _ => Run::Complete,
+    });
+
+    assert_eq!(h.finished(&id), Some(WorkloadOutcome::Failed));
+    assert_eq!(h.tasks(&id), "prep:failed#2 train:cancelled#1");
+    let granted: Vec<TaskId> = grants(&h.journal()).into_iter().map(|(t, _)| t).collect();
+    assert_eq!(
+        granted,
+        [task_id(&id, "prep", 1), task_id(&id, "prep", 2)],
+        "two attempts of prep ran, each under its own id; train never did"
+    );
+    let ready: Vec<String> = ready_names(&h, &id).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(ready, ["prep", "prep"]);
+}
+
+#[test]
+fn an_abort_during_training_releases_the_gpus_and_cancels_evaluation() {
+    let h = Harness::start();
+    let id = h.submit(workload(PIPELINE));
+    let names = ["preprocess", "train-0", "train-1", "eval"];
+    h.executor(&id, &names, |name, _| match name {
+        "preprocess" => Run::Complete,
+        _ => Run::Hold,
+    });
+    let training = [task_id(&id, "train-0", 1), task_id(&id, "train-1", 1)];
+    let both_granted = h.until(|h| {
+        let granted: BTreeSet<TaskId> = grants(&h.journal()).into_iter().map(|(t, _)| t).collect();
+        training.iter().all(|t| granted.contains(t)).then_some(())
+    });
+    assert!(both_granted.is_some(), "training started");
+    // The planner must have read the grants too before the abort means "running": wait for it.
+    h.until(|h| h.tasks(&id).contains("train-1:running").then_some(()));
+
+    h.rt.block_on(async {
+        h.publisher
+            .publish(WorkloadAborted {
+                workload_id: id.clone(),
+                team: "vision".into(),
+                task: None,
+                reason: "wrong learning rate".into(),
+                by: "alice".into(),
+            })
+            .await
+            .unwrap()
+    });
+
+    assert_eq!(h.finished(&id), Some(WorkloadOutcome::Aborted));
+    let released = h.until(|h| {
+        let line = timeline(&h.journal());
+        training
+            .iter()
+            .all(|t| line.contains(&("released", *t)))
+            .then_some(line)
+    });
+    assert!(released.is_some(), "both trainers' GPUs were released");
+    assert_eq!(
+        h.tasks(&id),
+        "preprocess:succeeded#1 train-0:cancelled#1 train-1:cancelled#1 eval:cancelled#1"
+    );
+    let granted: Vec<TaskId> = grants(&h.journal()).into_iter().map(|(t, _)| t).collect();
+    assert!(
+        !granted.contains(&task_id(&id, "eval", 1)),
+        "eval never ran"
+    );
+    let cancelled: BTreeSet<TaskId> = h
+        .workload_stream("allot.task.cancelled.>")
+        .into_iter()
+        .filter_map(|e| match e {
+            AnyEvent::Task(TaskEvent::Cancelled(c)) => Some(c.task),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(cancelled, BTreeSet::from(training));
+}
+
+#[test]
+fn a_submission_seen_twice_is_planned_once_and_an_invalid_one_is_dead_lettered() {
+    let h = Harness::start();
+    let spec = workload(FLAKY);
+    let id = h.submit(spec.clone());
+    // The same submission under another message id (past the duplicate window, or from a
+    // client that does not set one): the server stores it, the planner knows the workload.
+    let again = h.submit_with_fresh_id(spec);
+    assert_eq!(again, id);
+    h.executor(&id, &["prep", "train"], |_, _| Run::Complete);
+    assert_eq!(h.finished(&id), Some(WorkloadOutcome::Succeeded));
+    let ready: Vec<String> = ready_names(&h, &id).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(ready, ["prep", "train"], "each task handed over once");
+
+    // A raw submission with a cycle never reaches the allocator; its dead letter says why.
+    let mut cyclic = workload(FLAKY);
+    cyclic.metadata.name = "cyclic".into();
+    cyclic.spec.tasks[0].after = vec!["train".into()];
+    let bad = h.submit(cyclic);
+    let letter = h.until(|h| h.rt.block_on(dead_letter_reason(&h.js)));
+    let letter = letter.expect("a dead letter");
+    assert!(
+        letter.contains("cycle") && letter.contains(&bad),
+        "{letter}"
+    );
+    assert!(ready_names(&h, &bad).is_empty());
+}
+
+impl Harness {
+    fn submit_with_fresh_id(&self, workload: Workload) -> String {
+        let key = allot_workload::submit::idempotency_key(&workload, None);
+        let mut submission = allot_workload::submit::submission(
+            workload,
+            key,
+            None,
+            "ci@test".into(),
+            "/test",
+            chrono::Utc::now(),
+        );
+        submission.envelope.id = uuid::Uuid::now_v7();
+        self.rt.block_on(async {
+            let published = self
+                .publisher
+                .publish_envelope(&submission.envelope)
+                .await
+                .unwrap();
+            assert!(!published.duplicate, "stored again");
+        });
+        submission.workload_id
+    }
+}
+
+/// The reason of the first dead-lettered submission, if there is one.
+async fn dead_letter_reason(js: &jetstream::Context) -> Option<String> {
+    let letters = read_raw(
+        js,
+        "DEADLETTER",
+        "allot.deadletter.allot.workload.submitted.>",
+    )
+    .await;
+    let headers = letters.first()?.headers.clone()?;
+    headers
+        .get(allot_bus::headers::ERROR)
+        .map(|v| v.to_string())
+}
