@@ -104,6 +104,7 @@ mod tests {
             workload: "w".into(),
             name: "train".into(),
             task: TaskSpec::new(7, "vision", 2),
+            run: Default::default(),
         };
         let cases = [
             Case {

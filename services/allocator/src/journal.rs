@@ -13,10 +13,10 @@ use bytes::Bytes;
 use futures::StreamExt;
 
 use allot_bus::{PublishError, Publisher};
-use allot_events::alloc::{Applied, LeaderElected, Source};
+use allot_events::alloc::{Applied, Dispatch, Launch, LeaderElected, NodeGrant, Source};
 use allot_events::{AllocEvent, AnyEvent, Envelope, decode, subject};
 use allot_sched::journal::{self, Entry};
-use allot_sched::{ApplyError, Input, Scheduler, TaskId, TaskSpec, Time};
+use allot_sched::{ApplyError, Decision, Input, Scheduler, TaskId, TaskSpec, Time};
 
 /// The journal cannot be read or continued.
 #[derive(Debug, thiserror::Error)]
@@ -155,6 +155,8 @@ pub struct Journal {
     last: u64,
     /// Entries so far (the last entry's `seq`).
     entries: u64,
+    /// How each task the scheduler holds runs, to dispatch its grants.
+    launches: HashMap<TaskId, Launch>,
 }
 
 impl Journal {
@@ -184,6 +186,7 @@ impl Journal {
             subject: subject::alloc_journal(pool),
             last: events.last().map_or(0, |(seq, _)| *seq),
             entries: 0,
+            launches: HashMap::new(),
         };
         for (_, event) in events {
             match event {
@@ -213,6 +216,12 @@ impl Journal {
                         });
                     }
                     journal.entries = seq;
+                    if let (Input::TaskSubmitted { task, .. }, Some(launch)) =
+                        (&a.entry.input, a.launch)
+                    {
+                        journal.launches.insert(task.id, launch);
+                    }
+                    journal.forget_released(&a.entry);
                     if let Some(at) = a.entry.input.at() {
                         rebuilt.last_at = rebuilt.last_at.max(at);
                     }
@@ -243,23 +252,80 @@ impl Journal {
         self.append(event).await
     }
 
-    /// Applies `input` to `scheduler` and journals it (with the message it came from);
-    /// returns the entry and, if the scheduler rejected the input, why.
+    /// Applies `input` to `scheduler` and journals it (with the message it came from and, for
+    /// a submitted task, how it runs); returns the entry and, if the scheduler rejected the
+    /// input, why.
     pub async fn apply(
         &mut self,
         scheduler: &mut Scheduler,
         input: Input,
         source: Option<Source>,
+        launch: Option<Launch>,
     ) -> Result<(Entry, Option<ApplyError>), JournalError> {
+        if let (Input::TaskSubmitted { task, .. }, Some(launch)) = (&input, &launch) {
+            self.launches.insert(task.id, launch.clone());
+        }
         let (entry, error) = journal::apply_typed(scheduler, self.entries + 1, input);
+        let dispatch = self.dispatch(scheduler, &entry);
         self.append(AllocEvent::Applied(Applied {
             pool: self.pool.clone(),
             source,
             entry: entry.clone(),
+            launch,
+            dispatch,
         }))
         .await?;
         self.entries += 1;
+        self.forget_released(&entry);
         Ok((entry, error))
+    }
+
+    /// The executors' orders for the grants among `entry`'s decisions: node names instead of
+    /// the scheduler's node indices, and the launch the task was submitted with (a task
+    /// submitted without one — by a test, or before launches were journalled — runs nothing
+    /// but a simulation of its estimate).
+    fn dispatch(&self, scheduler: &Scheduler, entry: &Entry) -> Vec<Dispatch> {
+        entry
+            .decisions
+            .iter()
+            .filter_map(|d| match d {
+                Decision::Granted {
+                    task,
+                    lease,
+                    placement,
+                    ..
+                } => Some(Dispatch {
+                    task: *task,
+                    lease: *lease,
+                    launch: self.launches.get(task).cloned().unwrap_or_else(|| Launch {
+                        workload: String::new(),
+                        name: task.to_string(),
+                        run: Default::default(),
+                    }),
+                    nodes: placement
+                        .shares
+                        .iter()
+                        .map(|share| NodeGrant {
+                            node: scheduler.cluster().node(share.node).spec.name.clone(),
+                            gpus: share.gpus.clone(),
+                            mig: share.mig.clone(),
+                            cpu_milli: share.cpu_milli,
+                            memory_mib: share.memory_mib,
+                        })
+                        .collect(),
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Drops the launches of tasks whose leases `entry` released for good.
+    fn forget_released(&mut self, entry: &Entry) {
+        for d in &entry.decisions {
+            if let Decision::Released { task, .. } = d {
+                self.launches.remove(task);
+            }
+        }
     }
 
     /// Runs a scheduling pass at `at`; journals it only if it decided something (see the
@@ -269,13 +335,17 @@ impl Journal {
         if entry.decisions.is_empty() && entry.rejected.is_none() {
             return Ok(());
         }
+        let dispatch = self.dispatch(scheduler, &entry);
         self.append(AllocEvent::Applied(Applied {
             pool: self.pool.clone(),
             source: None,
-            entry,
+            entry: entry.clone(),
+            launch: None,
+            dispatch,
         }))
         .await?;
         self.entries += 1;
+        self.forget_released(&entry);
         Ok(())
     }
 

@@ -18,7 +18,8 @@ use tracing::{info, warn};
 use allot_bus::consumer::{ConsumerRunner, ConsumerSpec, Delivery, Handler, HandlerError, Outcome};
 use allot_bus::streams::{self, names};
 use allot_bus::{ConnectConfig, Publisher};
-use allot_events::alloc::Source;
+use allot_events::alloc::{Launch, Source};
+use allot_events::{AnyEvent, TaskEvent};
 use allot_sched::{Input, Scheduler, TaskId, TaskSpec, Time};
 
 use crate::journal::{Journal, JournalError, Rebuilt};
@@ -165,9 +166,17 @@ impl Leading<'_> {
                         Input::TaskSubmitted { task, .. } => Some(task.clone()),
                         _ => None,
                     };
+                    let launch = match &d.event.data {
+                        AnyEvent::Task(TaskEvent::Ready(t)) => Some(Launch {
+                            workload: t.workload.clone(),
+                            name: t.name.clone(),
+                            run: t.run.clone(),
+                        }),
+                        _ => None,
+                    };
                     let (_, error) = self
                         .journal
-                        .apply(&mut self.scheduler, input, Some(source))
+                        .apply(&mut self.scheduler, input, Some(source), launch)
                         .await?;
                     if let Some(task) = submitted
                         && error.as_ref().is_some_and(crate::journal::parks)
@@ -200,7 +209,10 @@ impl Leading<'_> {
                 task: task.clone(),
                 at,
             };
-            let (_, error) = self.journal.apply(&mut self.scheduler, input, None).await?;
+            let (_, error) = self
+                .journal
+                .apply(&mut self.scheduler, input, None, None)
+                .await?;
             if error.as_ref().is_some_and(crate::journal::parks) {
                 self.parked.insert(id, task);
             }
@@ -239,7 +251,7 @@ async fn lead(
                 team: team.clone(),
                 quota: *quota,
             };
-            journal.apply(&mut scheduler, input, None).await?;
+            journal.apply(&mut scheduler, input, None, None).await?;
         }
     }
     let mut leading = Leading {

@@ -32,6 +32,7 @@ fn ready(id: u64, gpus: u32) -> TaskEvent {
         workload: "w".into(),
         name: format!("t{id}"),
         task: TaskSpec::new(id, "vision", gpus),
+        run: Default::default(),
     })
 }
 
@@ -221,7 +222,12 @@ fn a_deposed_leaders_append_is_rejected() {
         let mut scheduler =
             allot_sched::Scheduler::new(allot_sched::policy::by_name("fifo").unwrap());
         let err = old
-            .apply(&mut scheduler, allot_sched::Input::Schedule { at: 1 }, None)
+            .apply(
+                &mut scheduler,
+                allot_sched::Input::Schedule { at: 1 },
+                None,
+                None,
+            )
             .await
             .unwrap_err();
         assert!(matches!(err, JournalError::Deposed { .. }), "{err}");

@@ -246,6 +246,7 @@ fn emit(c: &Connection, w: &Workload, effects: Vec<Effect>) -> Result<(), StoreE
                     TaskReady {
                         pool: w.pool.clone(),
                         workload: w.id.clone(),
+                        run: w.run_spec(&task, attempt),
                         name: task,
                         task: spec,
                     }

@@ -23,6 +23,7 @@
 
 use std::collections::BTreeSet;
 
+use allot_events::task::RunSpec;
 use allot_events::workload::WorkloadOutcome;
 use allot_sched::{Gang, LeaseId, TaskId, TaskSpec, Time};
 
@@ -103,6 +104,8 @@ pub struct Task {
     pub backoff: Time,
     /// What the current attempt asks of the scheduler; its `id` is filled in per attempt.
     pub template: TaskSpec,
+    /// How an executor runs it; its `attempt` is filled in per attempt.
+    pub run: RunSpec,
     /// Why it failed or was cancelled.
     pub reason: Option<String>,
 }
@@ -213,6 +216,13 @@ impl Workload {
     }
 
     /// The spec of `task`'s current attempt.
+    /// How attempt `attempt` of the task called `name` runs.
+    pub fn run_spec(&self, name: &str, attempt: u32) -> RunSpec {
+        let mut run = self.task(name).map(|t| t.run.clone()).unwrap_or_default();
+        run.attempt = attempt;
+        run
+    }
+
     fn spec(&self, i: usize) -> TaskSpec {
         let t = &self.tasks[i];
         let mut spec = t.template.clone();

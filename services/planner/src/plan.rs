@@ -4,6 +4,7 @@
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
+use allot_events::task::RunSpec;
 use allot_events::workload::WorkloadSubmitted;
 use allot_sched::{Gang, TaskId, TaskSpec, Time};
 use allot_workload::quantity;
@@ -95,6 +96,15 @@ pub fn plan(
                 .filter(|c| c.supported)
                 .and_then(|c| ms(&c.interval));
             template.max_runtime = ms(&t.max_runtime);
+            let run = RunSpec {
+                attempt: 0,
+                command: t.command.clone(),
+                image: t.image.clone(),
+                duration_ms: template.predicted_duration,
+                checkpoint: t.checkpoint.as_ref().is_some_and(|c| c.supported),
+                checkpoint_every_ms: template.checkpoint_every,
+                max_runtime_ms: template.max_runtime,
+            };
             let retry = t.retry.as_ref();
             Task {
                 name: t.name.clone(),
@@ -105,6 +115,7 @@ pub fn plan(
                 max_attempts: retry.map_or(1, |r| r.max_attempts),
                 backoff: retry.and_then(|r| ms(&r.backoff)).unwrap_or(0),
                 template,
+                run,
                 reason: None,
             }
         })

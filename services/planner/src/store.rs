@@ -8,6 +8,7 @@
 //! acknowledged; since each event's `Nats-Msg-Id` is derived from what it says, publishing one
 //! again after a crash is harmless.
 
+use allot_events::task::RunSpec;
 use allot_sched::{TaskId, TaskSpec, Time};
 use allot_store::rusqlite::{self, Connection, OptionalExtension, params};
 
@@ -36,6 +37,7 @@ CREATE TABLE tasks (
     max_attempts INTEGER NOT NULL,
     backoff_ms   INTEGER NOT NULL,
     template     TEXT NOT NULL,        -- TaskSpec JSON of the current attempt, id aside
+    run          TEXT NOT NULL,        -- RunSpec JSON (how executors run it), attempt aside
     reason       TEXT,
     PRIMARY KEY (workload, name)
 ) STRICT;
@@ -109,8 +111,8 @@ pub fn save(conn: &Connection, workload: &Workload) -> Result<(), StoreError> {
     )?;
     let mut task = conn.prepare_cached(
         "INSERT INTO tasks (workload, name, position, after, gang, status, attempt, max_attempts,
-                            backoff_ms, template, reason)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+                            backoff_ms, template, run, reason)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
          ON CONFLICT (workload, name) DO UPDATE SET
             status = excluded.status, attempt = excluded.attempt,
             template = excluded.template, reason = excluded.reason",
@@ -131,6 +133,7 @@ pub fn save(conn: &Connection, workload: &Workload) -> Result<(), StoreError> {
             t.max_attempts,
             t.backoff as i64,
             json(&t.template),
+            json(&t.run),
             t.reason,
         ])?;
         let id = crate::plan::task_id(&workload.id, &t.name, t.attempt);
@@ -167,7 +170,8 @@ pub fn load(conn: &Connection, id: &str) -> Result<Option<Workload>, StoreError>
     let status =
         WorkloadStatus::parse(&status).ok_or_else(|| corrupt(format!("status {status:?}")))?;
     let mut stmt = conn.prepare_cached(
-        "SELECT name, after, gang, status, attempt, max_attempts, backoff_ms, template, reason
+        "SELECT name, after, gang, status, attempt, max_attempts, backoff_ms, template, run,
+                reason
          FROM tasks WHERE workload = ?1 ORDER BY position",
     )?;
     let rows = stmt.query_map([id], |r| {
@@ -180,16 +184,20 @@ pub fn load(conn: &Connection, id: &str) -> Result<Option<Workload>, StoreError>
             r.get::<_, u32>(5)?,
             r.get::<_, i64>(6)?,
             r.get::<_, String>(7)?,
-            r.get::<_, Option<String>>(8)?,
+            r.get::<_, String>(8)?,
+            r.get::<_, Option<String>>(9)?,
         ))
     })?;
     let mut tasks = Vec::new();
     for row in rows {
-        let (name, after, gang, status, attempt, max_attempts, backoff, template, reason) = row?;
+        let (name, after, gang, status, attempt, max_attempts, backoff, template, run, reason) =
+            row?;
         let after: Vec<String> =
             serde_json::from_str(&after).map_err(|e| corrupt(format!("{name}.after: {e}")))?;
         let template: TaskSpec = serde_json::from_str(&template)
             .map_err(|e| corrupt(format!("{name}.template: {e}")))?;
+        let run: RunSpec =
+            serde_json::from_str(&run).map_err(|e| corrupt(format!("{name}.run: {e}")))?;
         let status = TaskStatus::parse(&status)
             .ok_or_else(|| corrupt(format!("{name}.status {status:?}")))?;
         tasks.push(Task {
@@ -201,6 +209,7 @@ pub fn load(conn: &Connection, id: &str) -> Result<Option<Workload>, StoreError>
             max_attempts,
             backoff: backoff as Time,
             template,
+            run,
             reason,
         });
     }

@@ -10,6 +10,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use allot_sched::journal::Entry;
+use allot_sched::{LeaseId, TaskId};
+
+use crate::task::RunSpec;
 
 use crate::envelope::EventKind;
 use crate::subject;
@@ -81,4 +84,55 @@ pub struct Applied {
     pub source: Option<Source>,
     /// The input and its decisions.
     pub entry: Entry,
+    /// For a task submitted from a ready event: how it runs (kept to dispatch its grants,
+    /// also after a change of leader).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch: Option<Launch>,
+    /// One per grant among the decisions: what runs where, for the executors of the nodes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dispatch: Vec<Dispatch>,
+}
+
+/// A task as its executor knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Launch {
+    /// The workload it belongs to.
+    pub workload: String,
+    /// Its name in the workload.
+    pub name: String,
+    /// How it runs.
+    pub run: RunSpec,
+}
+
+/// A grant, resolved to node names for the executors.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Dispatch {
+    /// The task.
+    pub task: TaskId,
+    /// Its lease.
+    pub lease: LeaseId,
+    /// What to run.
+    pub launch: Launch,
+    /// Its share of each node it spans (a gang member spans one node).
+    pub nodes: Vec<NodeGrant>,
+}
+
+/// A task's share of one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeGrant {
+    /// The node.
+    pub node: String,
+    /// `(GPU index, milli-GPU)` pairs: the GPUs it may use and how much of each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<(u32, u32)>,
+    /// A MIG instance of this profile, for MIG tasks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<String>,
+    /// CPU, millicores.
+    pub cpu_milli: u64,
+    /// Memory, MiB.
+    pub memory_mib: u64,
 }

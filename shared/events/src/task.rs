@@ -8,7 +8,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use allot_sched::{TaskId, TaskSpec};
+use allot_sched::{LeaseId, TaskId, TaskSpec};
 
 use crate::envelope::EventKind;
 use crate::subject;
@@ -21,6 +21,11 @@ domain_events! {
     pub enum TaskEvent in "task" {
         /// Its dependencies succeeded: the allocator may schedule it.
         Ready(TaskReady) = "ready",
+        /// A predecessor is expected to finish soon: the allocator may hold room for it and the
+        /// executor may warm it (pull its image), but it must not start yet.
+        Preload(TaskPreload) = "preload",
+        /// An executor started a granted run.
+        Started(TaskStarted) = "started",
         /// It wrote a checkpoint: a preemption from now on loses only what follows.
         Checkpointed(TaskCheckpointed) = "checkpointed",
         /// It exited successfully.
@@ -30,6 +35,8 @@ domain_events! {
         /// The planner gave it up (its workload was aborted or failed): the allocator releases
         /// what it holds, and the executor stops it.
         Cancelled(TaskCancelled) = "cancelled",
+        /// An executor stopped a run because it was preempted or cancelled.
+        Stopped(TaskStopped) = "stopped",
     }
 }
 
@@ -44,6 +51,9 @@ impl EventKind for TaskEvent {
     fn entity(&self) -> String {
         match self {
             Self::Ready(e) => e.pool.clone(),
+            Self::Preload(e) => e.pool.clone(),
+            Self::Started(e) => e.pool.clone(),
+            Self::Stopped(e) => e.pool.clone(),
             Self::Checkpointed(e) => e.pool.clone(),
             Self::Completed(e) => e.pool.clone(),
             Self::Failed(e) => e.pool.clone(),
@@ -70,6 +80,107 @@ pub struct TaskReady {
     pub name: String,
     /// What the scheduler is asked to place.
     pub task: TaskSpec,
+    /// How an executor runs it.
+    #[serde(default)]
+    pub run: RunSpec,
+}
+
+/// How an executor runs a task: what the workload spec says about the program, carried from the
+/// planner through the allocator's journal to the node that is granted the task.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunSpec {
+    /// Which attempt this is (from 1); a retry is a new task with a new id.
+    #[serde(default)]
+    pub attempt: u32,
+    /// The program and its arguments (argv; no shell).
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// The container image, if the spec names one (process executors run on the host).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The spec's duration estimate, ms: how long a simulated executor runs it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    /// The task saves its state on SIGTERM and resumes from it.
+    #[serde(default)]
+    pub checkpoint: bool,
+    /// How often it checkpoints while running, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_every_ms: Option<u64>,
+    /// Its usage limit, ms: a run that lasts longer is stopped and fails.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_runtime_ms: Option<u64>,
+}
+
+/// A waiting task whose predecessors are expected to finish within the planner's look-ahead
+/// window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaskPreload {
+    /// The pool that will run it.
+    pub pool: String,
+    /// The workload it belongs to.
+    pub workload: String,
+    /// Its name in the workload.
+    pub name: String,
+    /// What the scheduler will be asked to place.
+    pub task: TaskSpec,
+    /// When the planner expects it to become ready (ms since the Unix epoch).
+    pub expected_at: u64,
+}
+
+/// An executor started a run of a granted task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaskStarted {
+    /// Its pool.
+    pub pool: String,
+    /// The task.
+    pub task: TaskId,
+    /// The node it runs on.
+    pub node: String,
+    /// The lease it runs under.
+    pub lease: LeaseId,
+    /// The workload it belongs to.
+    pub workload: String,
+    /// Its name in the workload.
+    pub name: String,
+    /// How: `simulated` or `process <pid>`.
+    pub how: String,
+    /// Where its output goes, if anywhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log: Option<String>,
+}
+
+/// Why an executor stopped a run it did not see end by itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StopCause {
+    /// The allocator preempted it; it is queued again.
+    Preempted,
+    /// Its lease was released while it ran (the planner cancelled it).
+    Cancelled,
+}
+
+/// An executor stopped a run: SIGTERM, then SIGKILL if the grace period ran out.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaskStopped {
+    /// Its pool.
+    pub pool: String,
+    /// The task.
+    pub task: TaskId,
+    /// The node it ran on.
+    pub node: String,
+    /// Why it was stopped.
+    pub cause: StopCause,
+    /// It checkpointed before exiting (its next run resumes from there).
+    pub checkpointed: bool,
+    /// It had to be killed: it did not exit within the grace period.
+    pub killed: bool,
+    /// How long the run lasted, ms.
+    pub ran_ms: u64,
 }
 
 /// A running task checkpointed.

@@ -4,17 +4,20 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use allot_events::alloc::{Applied, LeaderElected, Source};
+use allot_events::alloc::{Applied, Dispatch, Launch, LeaderElected, NodeGrant, Source};
 use allot_events::inventory::{GpuHealth, GpuHealthChanged, NodeRecovered, NodeUnreachable};
 use allot_events::node::{GpuInfo, GpuSourceKind, HeartbeatSent, NodeRegistered};
-use allot_events::task::{TaskCancelled, TaskCheckpointed, TaskCompleted, TaskFailed, TaskReady};
+use allot_events::task::{
+    RunSpec, StopCause, TaskCancelled, TaskCheckpointed, TaskCompleted, TaskFailed, TaskPreload,
+    TaskReady, TaskStarted, TaskStopped,
+};
 use allot_events::telemetry::{GpuSample, GpusSampled};
 use allot_events::workload::{
     ApiVersion, Checkpoint, Kind, Metadata, Quantity, Resources, Retry, Task, Workload,
     WorkloadAborted, WorkloadFinished, WorkloadOutcome, WorkloadSpec, WorkloadSubmitted,
 };
 use allot_events::{AnyEvent, Envelope, schema};
-use allot_sched::{DagFacts, TaskId, TaskSpec};
+use allot_sched::{DagFacts, LeaseId, TaskId, TaskSpec};
 
 fn schema_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -178,6 +181,36 @@ fn samples() -> Vec<AnyEvent> {
             workload: "train-eval-3f9a2c71d0".into(),
             name: "train".into(),
             task: train_task(),
+            run: run_spec(),
+        }
+        .into(),
+        TaskPreload {
+            pool: "default".into(),
+            workload: "train-eval-3f9a2c71d0".into(),
+            name: "train".into(),
+            task: train_task(),
+            expected_at: 1_795_000_000_000,
+        }
+        .into(),
+        TaskStarted {
+            pool: "default".into(),
+            task: TaskId(7),
+            node: "node-1".into(),
+            lease: LeaseId(5),
+            workload: "train-eval-3f9a2c71d0".into(),
+            name: "train".into(),
+            how: "process 4242".into(),
+            log: Some("/var/lib/allot/logs/train-eval-3f9a2c71d0/train-1.log".into()),
+        }
+        .into(),
+        TaskStopped {
+            pool: "default".into(),
+            task: TaskId(7),
+            node: "node-1".into(),
+            cause: StopCause::Preempted,
+            checkpointed: true,
+            killed: false,
+            ran_ms: 1_800_000,
         }
         .into(),
         TaskCheckpointed {
@@ -222,6 +255,23 @@ fn samples() -> Vec<AnyEvent> {
                 sequence: 9,
             }),
             entry: journal_entry(),
+            launch: None,
+            dispatch: vec![Dispatch {
+                task: TaskId(7),
+                lease: LeaseId(5),
+                launch: Launch {
+                    workload: "train-eval-3f9a2c71d0".into(),
+                    name: "train".into(),
+                    run: run_spec(),
+                },
+                nodes: vec![NodeGrant {
+                    node: "node-1".into(),
+                    gpus: vec![(0, 1000), (1, 1000)],
+                    mig: None,
+                    cpu_milli: 16_000,
+                    memory_mib: 65_536,
+                }],
+            }],
         }
         .into(),
     ]
@@ -243,6 +293,19 @@ fn train_task() -> TaskSpec {
     t.checkpoint_every = Some(900_000);
     t.max_runtime = Some(21_600_000);
     t
+}
+
+/// How the training step runs.
+fn run_spec() -> RunSpec {
+    RunSpec {
+        attempt: 1,
+        command: vec!["torchrun".into(), "train.py".into()],
+        image: Some("registry.example.com/vision/train:1.4".into()),
+        duration_ms: Some(7_200_000),
+        checkpoint: true,
+        checkpoint_every_ms: Some(900_000),
+        max_runtime_ms: Some(21_600_000),
+    }
 }
 
 /// A pass that granted, preempted and made one wait.

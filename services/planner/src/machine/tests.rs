@@ -16,6 +16,7 @@ fn task(name: &str) -> Fixture {
         max_attempts: 1,
         backoff: 0,
         template: TaskSpec::new(0, "vision", 1),
+        run: RunSpec::default(),
         reason: None,
     })
 }
