@@ -22,6 +22,7 @@
 //! `allot_bus::ensure_streams(…, &allot_bus::catalog(…))` first. Until the streams exist the
 //! registration is retried with backoff.
 
+pub mod executor;
 pub mod host;
 pub mod nvml;
 pub mod sim;
@@ -39,6 +40,7 @@ use allot_events::telemetry::GpusSampled;
 use tokio::time::MissedTickBehavior;
 use tracing::Instrument;
 
+pub use executor::{ExecutorConfig, ProcessRuns, Runs, SimulatedRuns};
 pub use host::HostCapacity;
 pub use nvml::NvmlSource;
 pub use sim::{GpuModel, SimFault, SimLoad, SimSpec, SimulatedSource};
@@ -70,12 +72,14 @@ pub struct Config {
     pub heartbeat_interval: Duration,
     /// Time between telemetry samples.
     pub telemetry_interval: Duration,
+    /// Whether and how the node runs the tasks granted to it.
+    pub executor: ExecutorConfig,
 }
 
 impl Config {
     /// A config for node `node` talking to `nats_url`, with the defaults: pool `default`, no
     /// rack, this machine's host name, `auto` source, the default simulated node, a heartbeat
-    /// every 5 s and a sample every 10 s.
+    /// every 5 s, a sample every 10 s, and no executor.
     pub fn new(nats_url: impl Into<String>, node: impl Into<String>) -> Self {
         Self {
             nats_url: nats_url.into(),
@@ -87,6 +91,7 @@ impl Config {
             sim: SimSpec::default(),
             heartbeat_interval: Duration::from_secs(5),
             telemetry_interval: Duration::from_secs(10),
+            executor: ExecutorConfig::default(),
         }
     }
 
@@ -222,6 +227,17 @@ async fn serve(
         Err(e) => return Err(e.into()),
     };
     let publisher = Publisher::new(client.clone(), format!("/allot/collector/{}", config.node));
+    let (stop_executor, executor_stopped) = tokio::sync::watch::channel(false);
+    let executor = tokio::spawn(
+        executor::run(
+            client.clone(),
+            config.node.clone(),
+            config.pool.clone(),
+            config.executor.clone(),
+            executor_stopped,
+        )
+        .in_current_span(),
+    );
 
     Collector {
         publisher,
@@ -235,6 +251,13 @@ async fn serve(
     .run()
     .await;
 
+    let _ = stop_executor.send(true);
+    match executor.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "the executor failed"),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => {}
+    }
     match tokio::time::timeout(DRAIN_GRACE, client.drain()).await {
         Ok(Ok(())) => tracing::info!("collector stopped"),
         Ok(Err(e)) => tracing::warn!(error = %e, "draining the NATS connection failed"),

@@ -1,0 +1,533 @@
+//! The executor: runs on every node what the allocator granted it, and reports each run's life.
+//!
+//! It reads the pool's journal (`allot.alloc.<pool>.journal`), where every grant carries a
+//! [`Dispatch`](allot_events::alloc::Dispatch): the task's command and the nodes and GPUs it
+//! was given. For every grant with a share on this node it starts a run; for every preemption
+//! or release of a run still here it stops it. Runs are [`simulated`] (the simulated cluster of
+//! `allot up`) or real [`process`]es. It publishes, on `allot.task.<event>.<pool>`:
+//!
+//! | when | event |
+//! |---|---|
+//! | a run started | `TaskStarted` (how, and its log file) |
+//! | it touched its checkpoint file / a simulated checkpoint fell due | `TaskCheckpointed` |
+//! | it exited 0 | `TaskCompleted` (rank 0 of a task spanning nodes) |
+//! | it exited otherwise, could not start, or ran past its max runtime | `TaskFailed` (any rank) |
+//! | it was preempted or cancelled and stopped | `TaskStopped` (checkpointed? killed?) |
+//!
+//! # Exactly once
+//!
+//! The runs it started and the journal position are in SQLite ([`state`]), committed together.
+//! A run's end is recorded before it is published, under an event id derived from the node and
+//! the lease, and deleted after: redelivered journal entries start nothing twice, and an end
+//! published twice after a crash is stored once. When the executor starts, runs left on record
+//! are settled: an unpublished end is published; a simulated run resumes from its last
+//! checkpoint; a process run (whose process cannot be re-attached) is killed if it still
+//! exists and reported failed, so the planner retries it.
+//!
+//! # Layout
+//!
+//! - [`orders`]: which journal entries start or stop what on this node (pure).
+//! - [`run`]: what a run is told and reports. [`simulated`] and [`process`]: the two ways to run.
+//! - [`state`]: the SQLite store.
+
+pub mod orders;
+pub mod process;
+pub mod run;
+pub mod simulated;
+pub mod state;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_nats::jetstream::{self, consumer::DeliverPolicy};
+use futures::StreamExt;
+use tokio::sync::{mpsc, oneshot, watch};
+use uuid::Uuid;
+
+use allot_bus::Publisher;
+use allot_bus::streams::names;
+use allot_events::task::{
+    TaskCheckpointed, TaskCompleted, TaskFailed, TaskStarted, TaskStopped,
+};
+use allot_events::{AllocEvent, AnyEvent, TaskEvent, decode, subject};
+use allot_sched::LeaseId;
+use allot_store::StoreError;
+
+use orders::Order;
+use run::{End, Report, Reporter, RunContext, Stop};
+use state::{State, StoredRun};
+
+pub use process::ProcessRuns;
+pub use simulated::SimulatedRuns;
+
+/// The namespace of the executor's end-event ids (UUIDv5 of `<node>/<lease>/end`).
+const END_ID_NAMESPACE: Uuid = Uuid::from_u128(0x6b1f_0c2e_7d34_4a85_9e60_d2a7_3c18_f4b9);
+/// How long shutdown waits for runs to stop before leaving them to the next start.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+/// Longest wait between two attempts to publish an event or open the journal.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// Journal messages read without anything to record before the position is recorded anyway.
+const POSITION_EVERY: u64 = 256;
+
+/// How the executor runs tasks.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Runs {
+    /// Nothing runs: the node only reports (a node whose tasks another system starts).
+    Off,
+    /// Runs are simulated.
+    Simulated(SimulatedRuns),
+    /// Runs are processes on this host.
+    Process(ProcessRuns),
+}
+
+/// The executor's configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecutorConfig {
+    /// How tasks run.
+    pub runs: Runs,
+    /// Its SQLite database; `None`: in memory (nothing survives a restart).
+    pub state: Option<PathBuf>,
+}
+
+impl Default for ExecutorConfig {
+    /// Off.
+    fn default() -> Self {
+        Self {
+            runs: Runs::Off,
+            state: None,
+        }
+    }
+}
+
+/// Why the executor stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecutorError {
+    /// Its database failed.
+    #[error("executor state: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// A run in progress.
+#[derive(Debug)]
+struct Running {
+    stored: StoredRun,
+    stop: Option<oneshot::Sender<Stop>>,
+}
+
+/// The executor of one node.
+struct Executor {
+    node: String,
+    pool: String,
+    runs: Runs,
+    publisher: Publisher,
+    state: State,
+    running: BTreeMap<LeaseId, Running>,
+    tx: mpsc::UnboundedSender<(LeaseId, Report)>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Runs the executor of `node` until `stop` turns true.
+pub async fn run(
+    client: async_nats::Client,
+    node: String,
+    pool: String,
+    config: ExecutorConfig,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), ExecutorError> {
+    if config.runs == Runs::Off {
+        return Ok(());
+    }
+    let began = SystemTime::now();
+    let state = State::open(config.state.as_deref())?;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let publisher = Publisher::new(client.clone(), format!("/allot/executor/{node}"));
+    let mut ex = Executor {
+        node,
+        pool,
+        runs: config.runs,
+        publisher,
+        state,
+        running: BTreeMap::new(),
+        tx,
+    };
+    ex.settle_left_runs(&mut stop).await?;
+    let js = jetstream::new(client);
+    // Without a recorded position, read from a little before this start: no grant for this
+    // node can precede its registration, which follows.
+    let deliver = match ex.state.position()? {
+        Some(seq) => DeliverPolicy::ByStartSequence {
+            start_sequence: seq + 1,
+        },
+        None => DeliverPolicy::ByStartTime {
+            start_time: (began - Duration::from_secs(5)).into(),
+        },
+    };
+    let Some(mut messages) = open_journal(&js, &ex.pool, deliver, &mut stop).await else {
+        return Ok(());
+    };
+    tracing::info!(runs = ?ex.runs, "executor reading the journal");
+    let mut unrecorded = 0u64;
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.changed() => break,
+            Some((lease, report)) = rx.recv() => ex.report(lease, report, &mut stop).await?,
+            message = messages.next() => {
+                let Some(message) = message else { break };
+                let message = match message {
+                    Ok(m) => m,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reading the journal failed; retrying");
+                        continue;
+                    }
+                };
+                let Ok(info) = message.info() else { continue };
+                let seq = info.stream_sequence;
+                let applied = match decode(&message.payload) {
+                    Ok(envelope) => match envelope.data {
+                        AnyEvent::Alloc(AllocEvent::Applied(a)) => a,
+                        _ => continue,
+                    },
+                    Err(e) => {
+                        tracing::warn!(sequence = seq, error = %e, "unreadable journal entry skipped");
+                        continue;
+                    }
+                };
+                let orders = orders::orders(&ex.node, &applied, &ex.running);
+                if orders.is_empty() {
+                    unrecorded += 1;
+                    if unrecorded >= POSITION_EVERY {
+                        ex.state.set_position(seq)?;
+                        unrecorded = 0;
+                    }
+                } else {
+                    ex.obey(seq, orders)?;
+                    unrecorded = 0;
+                }
+            }
+        }
+    }
+    ex.shutdown(&mut rx).await;
+    Ok(())
+}
+
+/// Opens an ordered consumer on the pool's journal, retrying until the stream exists; `None`
+/// if stopped first.
+async fn open_journal(
+    js: &jetstream::Context,
+    pool: &str,
+    deliver: DeliverPolicy,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<jetstream::consumer::pull::Ordered> {
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        let opened = async {
+            js.get_stream(names::DECISIONS)
+                .await
+                .map_err(|e| e.to_string())?
+                .create_consumer(jetstream::consumer::pull::OrderedConfig {
+                    filter_subject: subject::alloc_journal(pool),
+                    deliver_policy: deliver,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| e.to_string())?
+                .messages()
+                .await
+                .map_err(|e| e.to_string())
+        }
+        .await;
+        match opened {
+            Ok(messages) => return Some(messages),
+            Err(why) => {
+                let wait = allot_bus::connect::backoff(attempt, MAX_BACKOFF);
+                tracing::warn!(attempt, error = %why, "opening the journal failed; retrying");
+                tokio::select! {
+                    _ = stop.changed() => return None,
+                    () = tokio::time::sleep(wait) => {}
+                }
+            }
+        }
+    }
+}
+
+impl Executor {
+    /// Settles the runs a previous executor left on record (see the module docs).
+    async fn settle_left_runs(
+        &mut self,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<(), ExecutorError> {
+        for stored in self.state.runs()? {
+            let lease = stored.dispatch.lease;
+            if let Some(outcome) = &stored.outcome {
+                match decode(outcome.as_bytes()) {
+                    Ok(envelope) => self.publish(envelope, stop).await,
+                    Err(e) => tracing::error!(lease = lease.0, error = %e, "a recorded end is unreadable; dropped"),
+                }
+                self.state.forget(lease)?;
+                continue;
+            }
+            match &self.runs {
+                Runs::Simulated(_) => {
+                    tracing::info!(lease = lease.0, task = %stored.dispatch.task, "resuming a simulated run");
+                    self.spawn(stored)?;
+                }
+                _ => {
+                    if let Some(pid) = stored.pid {
+                        process::signal_group(pid, nix::sys::signal::Signal::SIGKILL);
+                    }
+                    let event = TaskEvent::Failed(TaskFailed {
+                        pool: self.pool.clone(),
+                        task: stored.dispatch.task,
+                        node: self.node.clone(),
+                        reason: "the executor restarted while it ran; the run was lost".into(),
+                    });
+                    self.end(lease, Some(event.into()), stop).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Carries out what the journal message at `seq` ordered.
+    fn obey(&mut self, seq: u64, orders: Vec<Order>) -> Result<(), ExecutorError> {
+        let mut started = Vec::new();
+        for order in orders {
+            match order {
+                Order::Stop { lease, cause } => {
+                    if let Some(stop) = self.running.get_mut(&lease).and_then(|r| r.stop.take()) {
+                        tracing::info!(lease = lease.0, ?cause, "stopping a run");
+                        let _ = stop.send(Stop::Cause(cause));
+                    }
+                }
+                Order::Start {
+                    dispatch,
+                    share,
+                    rank,
+                } => started.push(StoredRun {
+                    dispatch,
+                    share,
+                    rank,
+                    started_ms: now_ms(),
+                    pid: None,
+                    outcome: None,
+                }),
+            }
+        }
+        self.state.started(seq, &started)?;
+        for stored in started {
+            tracing::info!(
+                task = %stored.dispatch.task,
+                name = %stored.dispatch.launch.name,
+                workload = %stored.dispatch.launch.workload,
+                lease = stored.dispatch.lease.0,
+                "starting a run"
+            );
+            self.spawn(stored)?;
+        }
+        Ok(())
+    }
+
+    /// Starts a run.
+    fn spawn(&mut self, stored: StoredRun) -> Result<(), ExecutorError> {
+        let lease = stored.dispatch.lease;
+        let ctx = RunContext {
+            node: self.node.clone(),
+            dispatch: stored.dispatch.clone(),
+            share: stored.share.clone(),
+            rank: stored.rank,
+            progress_ms: self.state.progress(stored.dispatch.task)?,
+        };
+        let (stop_tx, stop_rx) = oneshot::channel();
+        let reporter = Reporter::new(lease, self.tx.clone());
+        match &self.runs {
+            Runs::Simulated(sim) => {
+                let sim = *sim;
+                tokio::spawn(async move { sim.run(ctx, stop_rx, reporter).await });
+            }
+            Runs::Process(p) => {
+                let p = p.clone();
+                tokio::spawn(async move { p.run(ctx, stop_rx, reporter).await });
+            }
+            Runs::Off => return Ok(()),
+        }
+        self.running.insert(
+            lease,
+            Running {
+                stored,
+                stop: Some(stop_tx),
+            },
+        );
+        Ok(())
+    }
+
+    /// Acts on a run's report.
+    async fn report(
+        &mut self,
+        lease: LeaseId,
+        report: Report,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<(), ExecutorError> {
+        let Some(run) = self.running.get(&lease) else {
+            return Ok(());
+        };
+        let stored = run.stored.clone();
+        let d = &stored.dispatch;
+        let (task, rank) = (d.task, stored.rank);
+        match report {
+            Report::Started { how, log, pid } => {
+                if let Some(pid) = pid {
+                    self.state.set_pid(lease, pid)?;
+                }
+                let event = TaskEvent::Started(TaskStarted {
+                    pool: self.pool.clone(),
+                    task,
+                    node: self.node.clone(),
+                    lease,
+                    workload: d.launch.workload.clone(),
+                    name: d.launch.name.clone(),
+                    how,
+                    log,
+                });
+                self.publish(self.publisher.envelope(event), stop).await;
+            }
+            Report::Checkpointed { progress_ms } => {
+                if let Some(done) = progress_ms {
+                    self.state.set_progress(task, done)?;
+                }
+                if rank == 0 {
+                    let event = TaskEvent::Checkpointed(TaskCheckpointed {
+                        pool: self.pool.clone(),
+                        task,
+                        node: self.node.clone(),
+                    });
+                    self.publish(self.publisher.envelope(event), stop).await;
+                }
+            }
+            Report::Ended(end) => {
+                let ran_ms = now_ms().saturating_sub(stored.started_ms);
+                let event = match end {
+                    End::Abandoned => {
+                        self.running.remove(&lease);
+                        return Ok(());
+                    }
+                    End::Completed => {
+                        self.state.forget_progress(task)?;
+                        (rank == 0).then(|| {
+                            TaskEvent::Completed(TaskCompleted {
+                                pool: self.pool.clone(),
+                                task,
+                                node: self.node.clone(),
+                            })
+                        })
+                    }
+                    End::Failed(reason) => Some(TaskEvent::Failed(TaskFailed {
+                        pool: self.pool.clone(),
+                        task,
+                        node: self.node.clone(),
+                        reason,
+                    })),
+                    End::Stopped {
+                        cause,
+                        checkpointed,
+                        killed,
+                        progress_ms,
+                    } => {
+                        if let Some(done) = progress_ms {
+                            self.state.set_progress(task, done)?;
+                        }
+                        (rank == 0).then(|| {
+                            TaskEvent::Stopped(TaskStopped {
+                                pool: self.pool.clone(),
+                                task,
+                                node: self.node.clone(),
+                                cause,
+                                checkpointed,
+                                killed,
+                                ran_ms,
+                            })
+                        })
+                    }
+                };
+                self.end(lease, event.map(Into::into), stop).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Records, publishes and forgets the end of the run under `lease`.
+    async fn end(
+        &mut self,
+        lease: LeaseId,
+        event: Option<AnyEvent>,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<(), ExecutorError> {
+        if let Some(event) = event {
+            // Under an id of its own, stable across restarts: published twice, stored once.
+            let mut envelope = self.publisher.envelope(event);
+            envelope.id = Uuid::new_v5(
+                &END_ID_NAMESPACE,
+                format!("{}/{}/end", self.node, lease.0).as_bytes(),
+            );
+            self.state
+                .set_outcome(lease, &String::from_utf8_lossy(&envelope.to_json()))?;
+            self.publish(envelope, stop).await;
+        }
+        self.state.forget(lease)?;
+        self.running.remove(&lease);
+        Ok(())
+    }
+
+    /// Publishes `envelope`, retrying with backoff until it is acknowledged or the executor
+    /// stops (an end not published by then stays on record for the next start).
+    async fn publish(&self, envelope: allot_events::Envelope, stop: &mut watch::Receiver<bool>) {
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            match self.publisher.publish_envelope(&envelope).await {
+                Ok(_) => return,
+                Err(e) => {
+                    let wait = allot_bus::connect::backoff(attempt, MAX_BACKOFF);
+                    tracing::warn!(attempt, error = %e, event = %envelope.ty, "publishing failed; retrying");
+                    tokio::select! {
+                        _ = stop.changed() => return,
+                        () = tokio::time::sleep(wait) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stops every run for shutdown and waits (briefly) for them; they stay on record.
+    async fn shutdown(mut self, rx: &mut mpsc::UnboundedReceiver<(LeaseId, Report)>) {
+        for run in self.running.values_mut() {
+            if let Some(stop) = run.stop.take() {
+                let _ = stop.send(Stop::Shutdown);
+            }
+        }
+        let grace = match &self.runs {
+            Runs::Process(p) => p.grace + SHUTDOWN_GRACE,
+            _ => SHUTDOWN_GRACE,
+        };
+        let deadline = tokio::time::Instant::now() + grace;
+        while !self.running.is_empty() {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some((lease, Report::Ended(_)))) => {
+                    self.running.remove(&lease);
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+        if !self.running.is_empty() {
+            tracing::warn!(runs = self.running.len(), "runs still stopping at shutdown");
+        }
+    }
+}

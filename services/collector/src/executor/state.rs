@@ -1,0 +1,275 @@
+//! The executor's state in SQLite: the runs it started and has not yet reported the end of, how
+//! far each simulated task got (its last checkpoint), and how far it read the journal.
+//!
+//! A run's end is written here before it is published and deleted after: an executor that
+//! crashes in between publishes the same event again after its restart, under the same event
+//! id, and JetStream drops the copy.
+
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+
+use allot_events::alloc::{Dispatch, NodeGrant};
+use allot_sched::{LeaseId, TaskId};
+use allot_store::rusqlite::{Connection, OptionalExtension, params};
+use allot_store::{StoreError, rusqlite};
+
+/// The schema; never edit a shipped script, add one.
+const MIGRATIONS: &[&str] = &["
+CREATE TABLE runs (
+    lease      INTEGER PRIMARY KEY,
+    task       INTEGER NOT NULL,
+    dispatch   TEXT NOT NULL,          -- the grant (Dispatch JSON)
+    share      TEXT NOT NULL,          -- this node's share (NodeGrant JSON)
+    rank       INTEGER NOT NULL,
+    started_ms INTEGER NOT NULL,       -- wall clock, ms since the epoch
+    pid        INTEGER,                -- the process group leader, for process runs
+    outcome    TEXT                    -- the end event (AnyEvent JSON) once known, until published
+) STRICT;
+
+-- Work done by a simulated task at its last checkpoint, ms of run time.
+CREATE TABLE progress (
+    task    INTEGER PRIMARY KEY,
+    done_ms INTEGER NOT NULL
+) STRICT;
+"];
+
+/// The consumer name positions are recorded under.
+const CONSUMER: &str = "journal";
+
+/// A run as stored.
+#[derive(Debug, Clone)]
+pub struct StoredRun {
+    /// The grant.
+    pub dispatch: Dispatch,
+    /// This node's share.
+    pub share: NodeGrant,
+    /// This node's rank among the grant's nodes.
+    pub rank: usize,
+    /// When it started, ms since the epoch.
+    pub started_ms: u64,
+    /// Its process group, for process runs.
+    pub pid: Option<u32>,
+    /// Its end event, if known and not yet published.
+    pub outcome: Option<String>,
+}
+
+/// The executor's database.
+#[derive(Debug)]
+pub struct State {
+    // A mutex so the executor (which awaits publishes while holding `&State`) stays `Sync`;
+    // only its loop uses it, so it is never contended.
+    conn: Mutex<Connection>,
+}
+
+fn json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).expect("plain data serializes")
+}
+
+impl State {
+    /// Opens (or creates) the database at `path`; `None`: in memory, for an executor that keeps
+    /// nothing across restarts.
+    pub fn open(path: Option<&Path>) -> Result<State, StoreError> {
+        let conn = match path {
+            Some(p) => allot_store::open(p, MIGRATIONS)?,
+            None => allot_store::open_in_memory(MIGRATIONS)?,
+        };
+        Ok(State {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn conn(&self) -> MutexGuard<'_, Connection> {
+        // A panic while holding it left nothing half-written: SQLite rolled back.
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The journal position read up to, if any.
+    pub fn position(&self) -> Result<Option<u64>, StoreError> {
+        Ok(allot_store::position(&self.conn(), CONSUMER)?)
+    }
+
+    /// Records that the journal was read up to `seq`.
+    pub fn set_position(&self, seq: u64) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        allot_store::record_position(&tx, CONSUMER, seq)?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Records runs started by the journal message at `seq`, and the position, in one
+    /// transaction.
+    pub fn started(&self, seq: u64, runs: &[StoredRun]) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        for run in runs {
+            tx.execute(
+                "INSERT OR IGNORE INTO runs (lease, task, dispatch, share, rank, started_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![
+                    run.dispatch.lease.0 as i64,
+                    run.dispatch.task.0 as i64,
+                    json(&run.dispatch),
+                    json(&run.share),
+                    run.rank as i64,
+                    run.started_ms as i64,
+                ],
+            )?;
+        }
+        allot_store::record_position(&tx, CONSUMER, seq)?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Records the process group of a run.
+    pub fn set_pid(&self, lease: LeaseId, pid: u32) -> Result<(), StoreError> {
+        self.conn().execute(
+            "UPDATE runs SET pid = ?2 WHERE lease = ?1",
+            params![lease.0 as i64, i64::from(pid)],
+        )?;
+        Ok(())
+    }
+
+    /// Records a run's end event before it is published.
+    pub fn set_outcome(&self, lease: LeaseId, event: &str) -> Result<(), StoreError> {
+        self.conn().execute(
+            "UPDATE runs SET outcome = ?2 WHERE lease = ?1",
+            params![lease.0 as i64, event],
+        )?;
+        Ok(())
+    }
+
+    /// Forgets a run whose end was published (or that needs no report).
+    pub fn forget(&self, lease: LeaseId) -> Result<(), StoreError> {
+        self.conn()
+            .execute("DELETE FROM runs WHERE lease = ?1", [lease.0 as i64])?;
+        Ok(())
+    }
+
+    /// Every stored run, by lease.
+    pub fn runs(&self) -> Result<Vec<StoredRun>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT dispatch, share, rank, started_ms, pid, outcome FROM runs ORDER BY lease",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, i64>(3)?,
+                r.get::<_, Option<i64>>(4)?,
+                r.get::<_, Option<String>>(5)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (dispatch, share, rank, started_ms, pid, outcome) = row?;
+            let corrupt = |e: serde_json::Error| {
+                StoreError::Sqlite(rusqlite::Error::FromSqlConversionFailure(
+                    0,
+                    rusqlite::types::Type::Text,
+                    Box::new(e),
+                ))
+            };
+            out.push(StoredRun {
+                dispatch: serde_json::from_str(&dispatch).map_err(corrupt)?,
+                share: serde_json::from_str(&share).map_err(corrupt)?,
+                rank: rank as usize,
+                started_ms: started_ms as u64,
+                pid: pid.map(|p| p as u32),
+                outcome,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Work a simulated task had done at its last checkpoint, ms.
+    pub fn progress(&self, task: TaskId) -> Result<u64, StoreError> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT done_ms FROM progress WHERE task = ?1",
+                [task.0 as i64],
+                |r| r.get::<_, i64>(0),
+            )
+            .optional()?
+            .map_or(0, |d| d as u64))
+    }
+
+    /// Records a simulated task's checkpoint.
+    pub fn set_progress(&self, task: TaskId, done_ms: u64) -> Result<(), StoreError> {
+        self.conn().execute(
+            "INSERT INTO progress (task, done_ms) VALUES (?1, ?2)
+             ON CONFLICT (task) DO UPDATE SET done_ms = excluded.done_ms",
+            params![task.0 as i64, done_ms as i64],
+        )?;
+        Ok(())
+    }
+
+    /// Forgets a finished task's progress.
+    pub fn forget_progress(&self, task: TaskId) -> Result<(), StoreError> {
+        self.conn()
+            .execute("DELETE FROM progress WHERE task = ?1", [task.0 as i64])?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use allot_events::alloc::Launch;
+
+    fn run(lease: u64) -> StoredRun {
+        let share = NodeGrant {
+            node: "n1".into(),
+            gpus: vec![(1, 1000)],
+            mig: None,
+            cpu_milli: 0,
+            memory_mib: 0,
+        };
+        StoredRun {
+            dispatch: Dispatch {
+                task: TaskId(lease + 100),
+                lease: LeaseId(lease),
+                launch: Launch {
+                    workload: "w".into(),
+                    name: "t".into(),
+                    run: Default::default(),
+                },
+                nodes: vec![share.clone()],
+            },
+            share,
+            rank: 0,
+            started_ms: 5,
+            pid: None,
+            outcome: None,
+        }
+    }
+
+    #[test]
+    fn runs_survive_a_reopen_with_their_position_pid_and_outcome() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("executor.db");
+        {
+            let s = State::open(Some(&path)).unwrap();
+            assert_eq!(s.position().unwrap(), None);
+            s.started(7, &[run(1), run(2)]).unwrap();
+            s.set_pid(LeaseId(1), 4242).unwrap();
+            s.set_outcome(LeaseId(2), "{}").unwrap();
+            s.set_progress(TaskId(101), 900).unwrap();
+            // A redelivered start is recorded once.
+            s.started(7, &[run(1)]).unwrap();
+        }
+        let s = State::open(Some(&path)).unwrap();
+        assert_eq!(s.position().unwrap(), Some(7));
+        let runs = s.runs().unwrap();
+        assert_eq!(runs.len(), 2);
+        assert_eq!(runs[0].pid, Some(4242));
+        assert_eq!(runs[1].outcome.as_deref(), Some("{}"));
+        assert_eq!(s.progress(TaskId(101)).unwrap(), 900);
+        assert_eq!(s.progress(TaskId(102)).unwrap(), 0);
+        s.forget(LeaseId(1)).unwrap();
+        assert_eq!(s.runs().unwrap().len(), 1);
+    }
+}
