@@ -19,6 +19,7 @@ use clap::{Parser, Subcommand};
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 
+pub mod abort;
 pub mod audit;
 pub mod bench;
 pub mod local;
@@ -58,6 +59,8 @@ pub enum Command {
     Validate(workload::ValidateArgs),
     /// Validate a workload spec and submit it, once per spec and run id (for CI).
     Submit(workload::SubmitArgs),
+    /// Stop a workload, or one of its stages: running tasks stop, downstream tasks are cancelled.
+    Abort(abort::AbortArgs),
     /// Replay a GPU-cluster trace through the scheduling core under several policies.
     Sim(sim::SimArgs),
     /// Rebuild the allocator's state from its journal and recompute every decision.
@@ -117,6 +120,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Status(args) => status::status(args, &env).await,
         Command::Validate(args) => workload::validate(args, &env),
         Command::Submit(args) => workload::submit(args, &env).await,
+        Command::Abort(args) => abort::abort(args, &env).await,
         Command::Audit(cmd) => audit::audit(cmd, &env).await,
         Command::Bench(cmd) => bench::bench(cmd, &env).await,
         Command::Sim(args) => sim::sim(args),

@@ -137,6 +137,20 @@ pub struct CollectorArgs {
     /// Telemetry interval (ALLOT_TELEMETRY_INTERVAL).
     #[arg(long)]
     pub telemetry_interval: Option<String>,
+    /// How granted tasks run: `process` (their command on this host), `sim` (simulated for
+    /// their duration estimate) or `off` (ALLOT_EXECUTOR; default: `sim` on a simulated GPU
+    /// source, else `process`).
+    #[arg(long)]
+    pub executor: Option<String>,
+    /// Task time per wall time of simulated runs (ALLOT_SIM_SPEEDUP).
+    #[arg(long)]
+    pub sim_speedup: Option<String>,
+    /// Time between SIGTERM and SIGKILL when a run is stopped (ALLOT_STOP_GRACE).
+    #[arg(long)]
+    pub stop_grace: Option<String>,
+    /// Folder for the executor's state, task logs and checkpoints (ALLOT_DATA_DIR).
+    #[arg(long)]
+    pub data_dir: Option<String>,
 }
 
 /// Runs one service until SIGINT/SIGTERM.
@@ -296,6 +310,52 @@ fn collector_config(a: &CollectorArgs, url: &str, s: &mut Settings<'_>) -> allot
             SourceChoice::Auto
         }
     };
+    let default_executor = if source == SourceChoice::Simulated {
+        "sim"
+    } else {
+        "process"
+    };
+    let data_dir = std::path::PathBuf::from(s.string(
+        a.data_dir.as_deref(),
+        "ALLOT_DATA_DIR",
+        ".allot/collector",
+    ));
+    let speedup = s.parse(a.sim_speedup.as_deref(), "ALLOT_SIM_SPEEDUP", 60.0f64);
+    if !(speedup.is_finite() && speedup > 0.0) {
+        s.problem(format!(
+            "--sim-speedup / ALLOT_SIM_SPEEDUP: {speedup}; use a number above 0"
+        ));
+    }
+    let grace = s.duration(
+        a.stop_grace.as_deref(),
+        "ALLOT_STOP_GRACE",
+        Duration::from_secs(30),
+    );
+    let runs = match s
+        .string(a.executor.as_deref(), "ALLOT_EXECUTOR", default_executor)
+        .as_str()
+    {
+        "off" => allot_collector::Runs::Off,
+        "sim" | "simulated" => allot_collector::Runs::Simulated(allot_collector::SimulatedRuns {
+            speedup,
+            ..allot_collector::SimulatedRuns::default()
+        }),
+        "process" => allot_collector::Runs::Process(allot_collector::ProcessRuns {
+            log_dir: data_dir.join("logs"),
+            checkpoint_dir: data_dir.join("checkpoints"),
+            grace,
+        }),
+        other => {
+            s.problem(format!(
+                "--executor / ALLOT_EXECUTOR: {other:?}; use process, sim or off"
+            ));
+            allot_collector::Runs::Off
+        }
+    };
+    let executor = allot_collector::ExecutorConfig {
+        runs,
+        state: Some(data_dir.join("executor.db")),
+    };
     let model = s.string(a.sim_model.as_deref(), "ALLOT_SIM_MODEL", "H100");
     let model = model.parse::<GpuModel>().unwrap_or_else(|e| {
         s.problem(format!("--sim-model / ALLOT_SIM_MODEL: {e}"));
@@ -323,5 +383,6 @@ fn collector_config(a: &CollectorArgs, url: &str, s: &mut Settings<'_>) -> allot
             "ALLOT_TELEMETRY_INTERVAL",
             Duration::from_secs(10),
         ),
+        executor,
     }
 }

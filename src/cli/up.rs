@@ -46,6 +46,26 @@ pub struct UpArgs {
     /// Heartbeats a node may miss before it is unreachable (ALLOT_MISSED_HEARTBEATS).
     #[arg(long)]
     pub missed_heartbeats: Option<String>,
+    /// How the simulated nodes run granted tasks: `sim` (for their duration estimate, sped
+    /// up) or `process` (their command, on this machine) (ALLOT_EXECUTOR).
+    #[arg(long)]
+    pub executor: Option<String>,
+    /// Task time per wall time of simulated runs: 60 runs a 45m estimate in 45 s
+    /// (ALLOT_SIM_SPEEDUP).
+    #[arg(long)]
+    pub sim_speedup: Option<String>,
+}
+
+/// How `allot up`'s nodes run tasks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ExecutorKind {
+    /// Simulated runs, `speedup` times faster than their estimates.
+    Simulated {
+        /// Task time per wall time.
+        speedup: f64,
+    },
+    /// Real processes on this machine.
+    Process,
 }
 
 /// The validated configuration of `allot up`.
@@ -60,6 +80,7 @@ pub struct UpConfig {
     pub heartbeat_interval: Duration,
     pub telemetry_interval: Duration,
     pub missed_heartbeats: u32,
+    pub executor: ExecutorKind,
 }
 
 impl UpConfig {
@@ -111,6 +132,25 @@ impl UpConfig {
                 "--sim-nodes / ALLOT_SIM_NODES: {sim_nodes} nodes; use at most 2000"
             ));
         }
+        let speedup = s.parse(args.sim_speedup.as_deref(), "ALLOT_SIM_SPEEDUP", 60.0f64);
+        if !(speedup.is_finite() && speedup > 0.0) {
+            s.problem(format!(
+                "--sim-speedup / ALLOT_SIM_SPEEDUP: {speedup}; use a number above 0"
+            ));
+        }
+        let executor = match s
+            .string(args.executor.as_deref(), "ALLOT_EXECUTOR", "sim")
+            .as_str()
+        {
+            "sim" | "simulated" => ExecutorKind::Simulated { speedup },
+            "process" => ExecutorKind::Process,
+            other => {
+                s.problem(format!(
+                    "--executor / ALLOT_EXECUTOR: {other:?}; use sim or process"
+                ));
+                ExecutorKind::Simulated { speedup }
+            }
+        };
         if missed_heartbeats == 0 {
             s.problem("--missed-heartbeats / ALLOT_MISSED_HEARTBEATS: must be at least 1");
         }
@@ -125,6 +165,7 @@ impl UpConfig {
             heartbeat_interval,
             telemetry_interval,
             missed_heartbeats,
+            executor,
         })
     }
 }
@@ -251,6 +292,7 @@ async fn run_services(
             },
             heartbeat_interval: config.heartbeat_interval,
             telemetry_interval: config.telemetry_interval,
+            executor: executor_config(config, &node),
         };
         let shutdown = shutdown.clone();
         services.spawn(async move {
@@ -306,6 +348,28 @@ async fn run_services(
     Ok(code)
 }
 
+/// The executor of simulated node `node`: its state, logs and checkpoints under the data folder.
+fn executor_config(config: &UpConfig, node: &str) -> allot_collector::ExecutorConfig {
+    let dir = config.data_dir.join("executor");
+    let runs = match config.executor {
+        ExecutorKind::Simulated { speedup } => {
+            allot_collector::Runs::Simulated(allot_collector::SimulatedRuns {
+                speedup,
+                ..allot_collector::SimulatedRuns::default()
+            })
+        }
+        ExecutorKind::Process => allot_collector::Runs::Process(allot_collector::ProcessRuns {
+            log_dir: dir.join("logs"),
+            checkpoint_dir: dir.join("checkpoints"),
+            grace: Duration::from_secs(10),
+        }),
+    };
+    allot_collector::ExecutorConfig {
+        runs,
+        state: Some(dir.join(format!("{node}.db"))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -321,6 +385,8 @@ mod tests {
             heartbeat_interval: None,
             telemetry_interval: None,
             missed_heartbeats: None,
+            executor: None,
+            sim_speedup: None,
         }
     }
 

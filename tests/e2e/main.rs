@@ -3,6 +3,7 @@
 
 mod audit;
 mod inventory_crash;
+mod pipelines;
 mod replay;
 mod submit;
 mod support;

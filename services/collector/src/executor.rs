@@ -47,9 +47,7 @@ use uuid::Uuid;
 
 use allot_bus::Publisher;
 use allot_bus::streams::names;
-use allot_events::task::{
-    TaskCheckpointed, TaskCompleted, TaskFailed, TaskStarted, TaskStopped,
-};
+use allot_events::task::{TaskCheckpointed, TaskCompleted, TaskFailed, TaskStarted, TaskStopped};
 use allot_events::{AllocEvent, AnyEvent, TaskEvent, decode, subject};
 use allot_sched::LeaseId;
 use allot_store::StoreError;
@@ -269,7 +267,9 @@ impl Executor {
             if let Some(outcome) = &stored.outcome {
                 match decode(outcome.as_bytes()) {
                     Ok(envelope) => self.publish(envelope, stop).await,
-                    Err(e) => tracing::error!(lease = lease.0, error = %e, "a recorded end is unreadable; dropped"),
+                    Err(e) => {
+                        tracing::error!(lease = lease.0, error = %e, "a recorded end is unreadable; dropped")
+                    }
                 }
                 self.state.forget(lease)?;
                 continue;

@@ -126,6 +126,12 @@ fn step(
                     a.workload_id
                 )));
             };
+            if a.team != w.team {
+                return Ok(Step::rejected(format!(
+                    "abort of workload {} by team {}: it belongs to team {}",
+                    a.workload_id, a.team, w.team
+                )));
+            }
             match w.abort(a.task.as_deref(), &a.by, &a.reason) {
                 Ok(effects) => {
                     info!(workload.id = %w.id, task = ?a.task, by = %a.by, "workload aborted");

@@ -19,6 +19,9 @@ use allot_events::task::StopCause;
 use allot_sched::{Decision, LeaseId};
 
 /// One thing for the executor to do.
+// Orders are made and carried out one journal entry at a time: boxing the big variant would
+// buy nothing but an allocation.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Order {
     /// Start a run of this grant as rank `rank` of its nodes.

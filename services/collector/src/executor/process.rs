@@ -100,7 +100,12 @@ impl ProcessRuns {
         ))
     }
 
-    fn command(&self, ctx: &RunContext, log: &Path, checkpoint_dir: &Path) -> std::io::Result<Command> {
+    fn command(
+        &self,
+        ctx: &RunContext,
+        log: &Path,
+        checkpoint_dir: &Path,
+    ) -> std::io::Result<Command> {
         let launch = &ctx.dispatch.launch;
         let Some((program, args)) = launch.run.command.split_first() else {
             return Err(std::io::Error::new(
@@ -267,7 +272,8 @@ mod tests {
     async fn go(runs: ProcessRuns, run: RunSpec, stop: Option<Stop>) -> Vec<Report> {
         let (report, mut reports) = Reporter::for_test();
         let (tx, rx) = oneshot::channel();
-        let task = tokio::spawn(async move { runs.run(RunContext::for_test(run, 0), rx, report).await });
+        let task =
+            tokio::spawn(async move { runs.run(RunContext::for_test(run, 0), rx, report).await });
         let mut out = Vec::new();
         let mut tx = Some(tx);
         while let Some(r) = reports.recv().await {
@@ -312,7 +318,10 @@ mod tests {
         };
         assert!(log.ends_with("logs/train-eval-1/train.1.3.log"), "{log}");
         let text = std::fs::read_to_string(log).unwrap();
-        assert_eq!(text.trim(), "gpus=2,3 milli=1000,1000 task=train attempt=1 rank=0");
+        assert_eq!(
+            text.trim(),
+            "gpus=2,3 milli=1000,1000 task=train attempt=1 rank=0"
+        );
     }
 
     #[tokio::test]

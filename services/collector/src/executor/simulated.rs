@@ -170,7 +170,10 @@ mod tests {
             })
             .collect();
         assert_eq!(checkpoints, vec![240_000, 480_000]);
-        assert!(matches!(reports.last(), Some(Report::Ended(End::Completed))));
+        assert!(matches!(
+            reports.last(),
+            Some(Report::Ended(End::Completed))
+        ));
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,0 +1,737 @@
+//! Pipelines end to end, every service its own `allot run` process against a real
+//! nats-server: the planner, the allocator (two, where one is killed), and one collector per
+//! simulated node whose executor runs each task's command as a real process. What users see:
+//! stages run in order and hold GPUs only when they need them, a critical workload preempts a
+//! batch one that then resumes from its checkpoint, an abort stops training and cancels
+//! evaluation, and killing the allocator's leader and the planner mid-run loses nothing.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::Duration;
+
+use allot_events::alloc::Applied;
+use allot_events::task::{StopCause, TaskStarted, TaskStopped};
+use allot_events::workload::{WorkloadFinished, WorkloadOutcome};
+use allot_events::{AllocEvent, AnyEvent, TaskEvent, WorkloadEvent, decode};
+use allot_sched::{Decision, LeaseId, TaskId};
+use allot_testkit::NatsServer;
+
+use crate::support::{allot, log_of, spawn_logged, wait_for};
+
+/// How long a workload may take before a test gives up (the tasks themselves take seconds).
+const PATIENCE: Duration = Duration::from_secs(120);
+
+/// A cluster of `allot run` processes.
+struct Cluster {
+    server: NatsServer,
+    dir: tempfile::TempDir,
+    rt: tokio::runtime::Runtime,
+    client: async_nats::Client,
+    procs: BTreeMap<String, Child>,
+}
+
+impl Cluster {
+    /// nats-server, the planner, allocator `a1`, and a collector per `(node, gpus)`.
+    fn start(nodes: &[(&str, u32)]) -> Cluster {
+        let server = NatsServer::start();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let client = rt.block_on(async {
+            let client = async_nats::connect(server.url()).await.unwrap();
+            let js = async_nats::jetstream::new(client.clone());
+            allot_bus::ensure_streams(&js, &allot_bus::catalog(1))
+                .await
+                .unwrap();
+            client
+        });
+        let mut cluster = Cluster {
+            server,
+            dir: tempfile::tempdir().unwrap(),
+            rt,
+            client,
+            procs: BTreeMap::new(),
+        };
+        cluster.planner();
+        cluster.allocator("a1");
+        for (node, gpus) in nodes {
+            let data = cluster.path(node);
+            cluster.spawn(
+                &format!("collector-{node}"),
+                &[
+                    "collector",
+                    "--node",
+                    node,
+                    "--gpu-source",
+                    "sim",
+                    "--sim-gpus",
+                    &gpus.to_string(),
+                    "--executor",
+                    "process",
+                    "--stop-grace",
+                    "3s",
+                    "--heartbeat-interval",
+                    "1s",
+                    "--data-dir",
+                    data.to_str().unwrap(),
+                ],
+            );
+        }
+        cluster
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Starts `allot run <args>` as process `name`.
+    fn spawn(&mut self, name: &str, args: &[&str]) {
+        let mut cmd = allot(self.dir.path());
+        cmd.env("ALLOT_NATS_URL", self.server.url())
+            .arg("run")
+            .args(args);
+        let child = spawn_logged(cmd, self.dir.path(), name);
+        self.procs.insert(name.to_owned(), child);
+    }
+
+    fn planner(&mut self) {
+        let data = self.path("planner");
+        self.spawn(
+            "planner",
+            &["planner", "--data-dir", data.to_str().unwrap()],
+        );
+    }
+
+    fn allocator(&mut self, instance: &str) {
+        self.spawn(
+            &format!("allocator-{instance}"),
+            &[
+                "allocator",
+                "--instance",
+                instance,
+                "--policy",
+                "allot",
+                "--lease-ttl",
+                "2s",
+            ],
+        );
+    }
+
+    /// SIGKILL: no goodbye, no lease release.
+    fn kill(&mut self, name: &str) {
+        let mut child = self.procs.remove(name).expect("a process of that name");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// Submits `spec` with `allot submit`; its workload id.
+    fn submit(&self, name: &str, spec: &str) -> String {
+        let file = self.path(&format!("{name}.yaml"));
+        std::fs::write(&file, spec).unwrap();
+        let out = allot(self.dir.path())
+            .arg("submit")
+            .arg(&file)
+            .args(["--nats", &self.server.url(), "--submitter", "ci@test"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "submit failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// Every event in `stream`, decoded.
+    fn events(&self, stream: &str) -> Vec<AnyEvent> {
+        self.rt.block_on(async {
+            allot_testkit::streams::read_all(&self.client, stream)
+                .await
+                .into_iter()
+                .map(|m| decode(&m.payload).unwrap().data)
+                .collect()
+        })
+    }
+
+    /// The WORKLOADS stream's task events and workload events.
+    fn workloads(&self) -> Vec<AnyEvent> {
+        self.events(allot_bus::streams::names::WORKLOADS)
+    }
+
+    /// The pool's journal entries, in order.
+    fn journal(&self) -> Vec<Applied> {
+        self.events(allot_bus::streams::names::DECISIONS)
+            .into_iter()
+            .filter_map(|e| match e {
+                AnyEvent::Alloc(AllocEvent::Applied(a)) => Some(a),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Waits until `workload` finishes; how.
+    fn finished(&self, workload: &str) -> WorkloadFinished {
+        wait_for(PATIENCE, || {
+            self.workloads().into_iter().find_map(|e| match e {
+                AnyEvent::Workload(WorkloadEvent::Finished(f)) if f.workload_id == workload => {
+                    Some(f)
+                }
+                _ => None,
+            })
+        })
+        .unwrap_or_else(|| panic!("{workload} did not finish\n{}", self.logs()))
+    }
+
+    /// Waits until `n` runs of `workload` whose names start with `prefix` have started.
+    fn started(&self, workload: &str, prefix: &str, n: usize) -> Vec<TaskStarted> {
+        wait_for(PATIENCE, || {
+            let started = started_runs(&self.workloads(), workload, prefix);
+            (started.len() >= n).then_some(started)
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "{n} runs of {workload}/{prefix}* did not start\n{}",
+                self.logs()
+            )
+        })
+    }
+
+    /// The allocators that led the pool, in order.
+    fn leaders(&self) -> Vec<String> {
+        self.events(allot_bus::streams::names::DECISIONS)
+            .into_iter()
+            .filter_map(|e| match e {
+                AnyEvent::Alloc(AllocEvent::LeaderElected(l)) => Some(l.leader),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Every process's log, for a failure message.
+    fn logs(&self) -> String {
+        let mut out = String::new();
+        for name in self.procs.keys() {
+            let log = log_of(self.dir.path(), name);
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            out += &format!("--- {name} (last lines)\n");
+            for line in tail.into_iter().rev() {
+                out += line;
+                out.push('\n');
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Cluster {
+    /// Collectors first, politely (their executors stop the runs), then the rest.
+    fn drop(&mut self) {
+        let names: Vec<String> = self.procs.keys().cloned().collect();
+        for name in names.iter().filter(|n| n.starts_with("collector")) {
+            if let Some(child) = self.procs.get_mut(name) {
+                crate::support::terminate(child);
+                if crate::support::wait_exit(child, Duration::from_secs(10)).is_none() {
+                    let _ = child.kill();
+                }
+            }
+        }
+        for child in self.procs.values_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Runs of `workload` whose task names start with `prefix` that started, in order.
+fn started_runs(events: &[AnyEvent], workload: &str, prefix: &str) -> Vec<TaskStarted> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            AnyEvent::Task(TaskEvent::Started(s))
+                if s.workload == workload && s.name.starts_with(prefix) =>
+            {
+                Some(s.clone())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// What a run wrote to its log.
+fn log(run: &TaskStarted) -> String {
+    std::fs::read_to_string(run.log.as_deref().expect("process runs have a log")).unwrap()
+}
+
+/// One journal fact about a run: which entry, what, which task (workload/name), GPUs held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Fact {
+    entry: usize,
+    what: &'static str,
+    task: TaskId,
+    lease: LeaseId,
+}
+
+/// Grants, preemptions and releases in journal order; and each task's (workload, name).
+fn facts(journal: &[Applied]) -> (Vec<Fact>, BTreeMap<TaskId, (String, String, u32)>) {
+    let mut facts = Vec::new();
+    let mut names = BTreeMap::new();
+    for (i, a) in journal.iter().enumerate() {
+        for d in &a.dispatch {
+            let gpus = d.nodes.iter().map(|n| n.gpus.len() as u32).sum();
+            names.insert(
+                d.task,
+                (d.launch.workload.clone(), d.launch.name.clone(), gpus),
+            );
+        }
+        for d in &a.entry.decisions {
+            let (what, task, lease) = match d {
+                Decision::Granted { task, lease, .. } => ("granted", *task, *lease),
+                Decision::Preempted { task, lease, .. } => ("preempted", *task, *lease),
+                Decision::Released { task, lease, .. } => ("released", *task, *lease),
+                Decision::Waiting { .. } => continue,
+            };
+            facts.push(Fact {
+                entry: i,
+                what,
+                task,
+                lease,
+            });
+        }
+    }
+    (facts, names)
+}
+
+/// No GPU is ever held by two leases at once (more than 1000 milli-GPU), replaying the
+/// journal's dispatches against its preemptions and releases.
+fn assert_no_gpu_granted_twice(journal: &[Applied]) {
+    let mut held: BTreeMap<(String, u32), u32> = BTreeMap::new();
+    let mut leases: BTreeMap<LeaseId, Vec<(String, u32, u32)>> = BTreeMap::new();
+    for a in journal {
+        for d in &a.entry.decisions {
+            if let Decision::Preempted { lease, .. } | Decision::Released { lease, .. } = d {
+                for (node, gpu, milli) in leases.remove(lease).unwrap_or_default() {
+                    *held.get_mut(&(node, gpu)).unwrap() -= milli;
+                }
+            }
+        }
+        for d in &a.dispatch {
+            let mut shares = Vec::new();
+            for n in &d.nodes {
+                for (gpu, milli) in &n.gpus {
+                    let h = held.entry((n.node.clone(), *gpu)).or_default();
+                    *h += milli;
+                    assert!(
+                        *h <= 1000,
+                        "GPU {gpu} of {} granted twice (lease {:?})",
+                        n.node,
+                        d.lease
+                    );
+                    shares.push((n.node.clone(), *gpu, *milli));
+                }
+            }
+            assert!(
+                leases.insert(d.lease, shares).is_none(),
+                "lease {:?} granted twice",
+                d.lease
+            );
+        }
+    }
+}
+
+const THREE_STAGES: &str = r#"
+apiVersion: allot/v1
+kind: Workload
+metadata: {name: stages, team: vision}
+spec:
+  tasks:
+    - name: preprocess
+      resources: {cpu: "1", memory: 1Gi}
+      command: [sh, -c, "sleep 1; echo shards written"]
+    - &train
+      name: train-0
+      resources: {gpus: 1}
+      command: [sh, -c, "echo $ALLOT_TASK on GPU $CUDA_VISIBLE_DEVICES; sleep 1"]
+      after: [preprocess]
+      gang: train
+    - {<<: *train, name: train-1}
+    - {<<: *train, name: train-2}
+    - {<<: *train, name: train-3}
+    - name: eval
+      resources: {gpus: 1}
+      command: [sh, -c, "echo evaluated on GPU $CUDA_VISIBLE_DEVICES"]
+      after: [train-0, train-1, train-2, train-3]
+"#;
+
+#[test]
+fn a_three_stage_pipeline_runs_in_order_and_holds_no_gpu_during_its_cpu_stage() {
+    let cluster = Cluster::start(&[("n1", 4), ("n2", 2)]);
+    let id = cluster.submit("stages", THREE_STAGES);
+    let done = cluster.finished(&id);
+    assert_eq!(
+        done.outcome,
+        WorkloadOutcome::Succeeded,
+        "{done:?}\n{}",
+        cluster.logs()
+    );
+
+    let journal = cluster.journal();
+    let (facts, names) = facts(&journal);
+    let at = |what: &str, name: &str| -> Vec<usize> {
+        facts
+            .iter()
+            .filter(|f| f.what == what && names[&f.task].1 == name)
+            .map(|f| f.entry)
+            .collect()
+    };
+    let prep_released = at("released", "preprocess")[0];
+    assert_eq!(
+        names[&facts
+            .iter()
+            .find(|f| names[&f.task].1 == "preprocess")
+            .unwrap()
+            .task]
+            .2,
+        0,
+        "preprocess holds no GPU"
+    );
+    // No GPU task of the workload is granted until preprocessing ended.
+    let first_gpu_grant = facts
+        .iter()
+        .filter(|f| f.what == "granted" && names[&f.task].2 > 0)
+        .map(|f| f.entry)
+        .min()
+        .unwrap();
+    assert!(
+        first_gpu_grant > prep_released,
+        "a GPU was granted while only preprocessing ran"
+    );
+    // The gang starts together: its four members in one journal entry.
+    let trains: BTreeSet<usize> = (0..4)
+        .flat_map(|i| at("granted", &format!("train-{i}")))
+        .collect();
+    assert_eq!(
+        trains.len(),
+        1,
+        "the gang was granted in several passes: {trains:?}"
+    );
+    let last_train_released = (0..4)
+        .flat_map(|i| at("released", &format!("train-{i}")))
+        .max()
+        .unwrap();
+    assert!(at("granted", "eval")[0] > last_train_released);
+    assert_no_gpu_granted_twice(&journal);
+
+    // The processes ran with their GPUs, and their output is in their logs.
+    let events = cluster.workloads();
+    let prep = &started_runs(&events, &id, "preprocess")[0];
+    assert!(log(prep).contains("shards written"), "{}", log(prep));
+    let trains = started_runs(&events, &id, "train-");
+    assert_eq!(trains.len(), 4);
+    let gpus: BTreeSet<String> = trains
+        .iter()
+        .map(|r| {
+            let text = log(r);
+            let (_, gpu) = text.trim().rsplit_once("on GPU ").expect("the GPU line");
+            assert!(
+                !gpu.is_empty() && !gpu.contains(','),
+                "one GPU each: {text}"
+            );
+            format!("{}/{gpu}", r.node)
+        })
+        .collect();
+    assert_eq!(gpus.len(), 4, "each trainer saw its own GPU: {gpus:?}");
+}
+
+#[test]
+fn a_critical_workload_preempts_a_batch_one_which_resumes_from_its_checkpoint() {
+    let cluster = Cluster::start(&[("n1", 4)]);
+    let batch = cluster.submit(
+        "batch",
+        r#"
+apiVersion: allot/v1
+kind: Workload
+metadata: {name: sweep, team: nlp, priorityClass: batch}
+spec:
+  tasks:
+    - name: sweep
+      resources: {gpus: 4}
+      checkpoint: {supported: true}
+      command:
+        - sh
+        - -c
+        - |
+          if [ "$ALLOT_RESUMED" = 1 ]; then echo resumed from checkpoint; exit 0; fi
+          trap 'echo saving; touch "$ALLOT_CHECKPOINT_FILE"; exit 0' TERM
+          echo fresh start
+          i=0; while [ $i -lt 900 ]; do sleep 0.1; i=$((i+1)); done
+"#,
+    );
+    cluster.started(&batch, "sweep", 1);
+    let urgent = cluster.submit(
+        "urgent",
+        r#"
+apiVersion: allot/v1
+kind: Workload
+metadata: {name: urgent, team: vision, priorityClass: critical}
+spec:
+  tasks:
+    - name: fix
+      resources: {gpus: 4}
+      command: [sh, -c, "echo urgent fix; sleep 0.5"]
+"#,
+    );
+    assert_eq!(
+        cluster.finished(&urgent).outcome,
+        WorkloadOutcome::Succeeded
+    );
+    assert_eq!(cluster.finished(&batch).outcome, WorkloadOutcome::Succeeded);
+
+    let events = cluster.workloads();
+    let runs = started_runs(&events, &batch, "sweep");
+    assert_eq!(runs.len(), 2, "ran, was preempted, ran again: {runs:?}");
+    let first = log(&runs[0]);
+    assert!(
+        first.contains("fresh start") && first.contains("saving"),
+        "{first}"
+    );
+    assert!(log(&runs[1]).contains("resumed from checkpoint"));
+    let stopped: Vec<&TaskStopped> = events
+        .iter()
+        .filter_map(|e| match e {
+            AnyEvent::Task(TaskEvent::Stopped(s)) => Some(s),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(stopped.len(), 1, "{stopped:?}");
+    assert_eq!(stopped[0].cause, StopCause::Preempted);
+    assert!(
+        stopped[0].checkpointed && !stopped[0].killed,
+        "{:?}",
+        stopped[0]
+    );
+
+    let journal = cluster.journal();
+    let (facts, names) = facts(&journal);
+    let urgent_task = *names.iter().find(|(_, n)| n.0 == urgent).unwrap().0;
+    let preempted = journal
+        .iter()
+        .flat_map(|a| &a.entry.decisions)
+        .find_map(|d| match d {
+            Decision::Preempted { task, for_task, .. } => Some((*task, *for_task)),
+            _ => None,
+        })
+        .expect("a preemption");
+    assert_eq!(names[&preempted.0].0, batch);
+    assert_eq!(preempted.1, Some(urgent_task));
+    let order: Vec<(&str, &str)> = facts
+        .iter()
+        .map(|f| {
+            (
+                f.what,
+                if names[&f.task].0 == batch {
+                    "batch"
+                } else {
+                    "urgent"
+                },
+            )
+        })
+        .collect();
+    assert_eq!(
+        order,
+        [
+            ("granted", "batch"),
+            ("preempted", "batch"),
+            ("granted", "urgent"),
+            ("released", "urgent"),
+            ("granted", "batch"),
+            ("released", "batch"),
+        ]
+    );
+    assert_no_gpu_granted_twice(&journal);
+}
+
+#[test]
+fn an_abort_during_training_stops_it_releases_its_gpus_and_cancels_evaluation() {
+    let cluster = Cluster::start(&[("n1", 4)]);
+    let id = cluster.submit(
+        "abort",
+        r#"
+apiVersion: allot/v1
+kind: Workload
+metadata: {name: doomed, team: vision}
+spec:
+  tasks:
+    - name: prep
+      command: [sh, -c, "sleep 0.2"]
+    - &train
+      name: train-0
+      resources: {gpus: 2}
+      command: [sh, -c, "trap 'echo stopping; exit 143' TERM; while :; do sleep 0.1; done"]
+      after: [prep]
+      gang: train
+    - {<<: *train, name: train-1}
+    - name: eval
+      resources: {gpus: 1}
+      command: [sh, -c, "echo must not run"]
+      after: [train-0, train-1]
+"#,
+    );
+    let trains = cluster.started(&id, "train-", 2);
+    let out = allot(cluster.dir.path())
+        .args([
+            "abort",
+            &id,
+            "--team",
+            "vision",
+            "--reason",
+            "wrong learning rate",
+        ])
+        .args(["--nats", &cluster.server.url(), "--by", "alice"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let done = cluster.finished(&id);
+    assert_eq!(done.outcome, WorkloadOutcome::Aborted);
+    assert!(
+        done.reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("wrong learning rate"),
+        "{done:?}"
+    );
+    // Both trainers were stopped by their executor and said so; their processes are gone.
+    let stopped = wait_for(PATIENCE, || {
+        let s: Vec<TaskStopped> = cluster
+            .workloads()
+            .into_iter()
+            .filter_map(|e| match e {
+                AnyEvent::Task(TaskEvent::Stopped(s)) => Some(s),
+                _ => None,
+            })
+            .collect();
+        (s.len() == 2).then_some(s)
+    })
+    .expect("both trainers reported stopped");
+    assert!(
+        stopped
+            .iter()
+            .all(|s| s.cause == StopCause::Cancelled && !s.killed),
+        "{stopped:?}"
+    );
+    for run in &trains {
+        assert!(log(run).contains("stopping"), "{}", log(run));
+        let pid: u32 = run.how.trim_start_matches("process ").parse().unwrap();
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists() || is_zombie(pid),
+            "{pid} still runs"
+        );
+    }
+    // Their leases were released, and evaluation was never granted.
+    let journal = cluster.journal();
+    let (facts, names) = facts(&journal);
+    for name in ["train-0", "train-1"] {
+        assert!(
+            facts
+                .iter()
+                .any(|f| f.what == "released" && names[&f.task].1 == name)
+        );
+    }
+    assert!(!names.values().any(|n| n.1 == "eval"), "eval was granted");
+    assert!(started_runs(&cluster.workloads(), &id, "eval").is_empty());
+}
+
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.contains(") Z "))
+        .unwrap_or(true)
+}
+
+#[test]
+fn killing_the_allocator_leader_and_the_planner_mid_run_loses_nothing() {
+    let mut cluster = Cluster::start(&[("n1", 4), ("n2", 4)]);
+    // The standby joins once a1 leads.
+    wait_for(PATIENCE, || cluster.leaders().first().cloned()).expect("a leader");
+    cluster.allocator("a2");
+    let spec = |i: usize| {
+        format!(
+            r#"
+apiVersion: allot/v1
+kind: Workload
+metadata: {{name: run-{i}, team: vision}}
+spec:
+  tasks:
+    - name: prep
+      command: [sh, -c, "sleep 0.3"]
+    - &train
+      name: train-0
+      resources: {{gpus: 2}}
+      command: [sh, -c, "sleep 1.5"]
+      after: [prep]
+      gang: train
+    - {{<<: *train, name: train-1}}
+    - name: eval
+      resources: {{gpus: 1}}
+      command: [sh, -c, "sleep 0.3"]
+      after: [train-0, train-1]
+"#
+        )
+    };
+    let ids: Vec<String> = (0..4)
+        .map(|i| cluster.submit(&format!("run-{i}"), &spec(i)))
+        .collect();
+    // Mid-run: the first gang is training.
+    cluster.started(&ids[0], "train-", 2);
+    cluster.kill("allocator-a1");
+    cluster.kill("planner");
+    cluster.planner();
+    for id in &ids {
+        assert_eq!(
+            cluster.finished(id).outcome,
+            WorkloadOutcome::Succeeded,
+            "{id}\n{}",
+            cluster.logs()
+        );
+    }
+    let leaders = cluster.leaders();
+    assert_eq!(
+        leaders.first().map(String::as_str),
+        Some("a1"),
+        "{leaders:?}"
+    );
+    assert!(
+        leaders.iter().any(|l| l == "a2"),
+        "the standby took over: {leaders:?}"
+    );
+    assert_no_gpu_granted_twice(&cluster.journal());
+    // Every task ran exactly once: no attempt was started twice after the restarts.
+    let events = cluster.workloads();
+    for id in &ids {
+        let runs = started_runs(&events, id, "");
+        let names: BTreeSet<&str> = runs.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(runs.len(), 4, "{id}: {runs:?}");
+        assert_eq!(names.len(), 4, "{id}: {runs:?}");
+    }
+    let replay = allot(cluster.dir.path())
+        .args([
+            "replay",
+            "--verify",
+            "--pool",
+            "default",
+            "--nats",
+            &cluster.server.url(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        replay.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&replay.stdout),
+        String::from_utf8_lossy(&replay.stderr)
+    );
+}
