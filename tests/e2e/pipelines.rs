@@ -264,7 +264,7 @@ fn log(run: &TaskStarted) -> String {
     std::fs::read_to_string(run.log.as_deref().expect("process runs have a log")).unwrap()
 }
 
-/// One journal fact about a run: which entry, what, which task (workload/name), GPUs held.
+/// One journal fact about a run: which entry, what, which task and lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Fact {
     entry: usize,
@@ -274,7 +274,10 @@ struct Fact {
 }
 
 /// Grants, preemptions and releases in journal order; and each task's (workload, name).
-fn facts(journal: &[Applied]) -> (Vec<Fact>, BTreeMap<TaskId, (String, String, u32)>) {
+/// Each granted task's (workload, name, GPUs it was given).
+type Names = BTreeMap<TaskId, (String, String, u32)>;
+
+fn facts(journal: &[Applied]) -> (Vec<Fact>, Names) {
     let mut facts = Vec::new();
     let mut names = BTreeMap::new();
     for (i, a) in journal.iter().enumerate() {
