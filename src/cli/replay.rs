@@ -162,6 +162,15 @@ fn history(entry: &Entry, task: TaskId) -> Vec<String> {
                 spec.team, spec.priority
             ));
         }
+        Input::TaskPreloaded {
+            task: spec,
+            expected_at,
+            at,
+        } if spec.id == task => {
+            out.push(format!(
+                "#{seq} t={at} preloaded: expected ready at t={expected_at}"
+            ));
+        }
         Input::TaskFinished { task: t, at } if *t == task => {
             out.push(format!("#{seq} t={at} finished"));
         }
@@ -234,6 +243,22 @@ fn history(entry: &Entry, task: TaskId) -> Vec<String> {
             Decision::Released { task: t, lease, at } if *t == task => {
                 out.push(format!("#{seq} t={at} released lease {}", lease.0));
             }
+            Decision::Reserved {
+                task: t,
+                placement,
+                until,
+                at,
+            } if *t == task => {
+                let nodes: Vec<String> = placement
+                    .shares
+                    .iter()
+                    .map(|s| format!("node #{}", s.node.0))
+                    .collect();
+                out.push(format!(
+                    "#{seq} t={at} room held on {} until t={until} (expected soon)",
+                    nodes.join(" + ")
+                ));
+            }
             _ => {}
         }
     }
@@ -242,7 +267,9 @@ fn history(entry: &Entry, task: TaskId) -> Vec<String> {
 
 fn mentions(input: &Input, task: TaskId) -> bool {
     match input {
-        Input::TaskSubmitted { task: spec, .. } => spec.id == task,
+        Input::TaskSubmitted { task: spec, .. } | Input::TaskPreloaded { task: spec, .. } => {
+            spec.id == task
+        }
         Input::TaskFinished { task: t, .. }
         | Input::TaskCheckpointed { task: t, .. }
         | Input::TaskRequeued { task: t, .. } => *t == task,

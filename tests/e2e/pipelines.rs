@@ -293,7 +293,7 @@ fn facts(journal: &[Applied]) -> (Vec<Fact>, Names) {
                 Decision::Granted { task, lease, .. } => ("granted", *task, *lease),
                 Decision::Preempted { task, lease, .. } => ("preempted", *task, *lease),
                 Decision::Released { task, lease, .. } => ("released", *task, *lease),
-                Decision::Waiting { .. } => continue,
+                Decision::Waiting { .. } | Decision::Reserved { .. } => continue,
             };
             facts.push(Fact {
                 entry: i,
@@ -352,6 +352,7 @@ spec:
     - name: preprocess
       resources: {cpu: "1", memory: 1Gi}
       command: [sh, -c, "sleep 1; echo shards written"]
+      durationEstimate: 1s
     - &train
       name: train-0
       resources: {gpus: 1}
@@ -425,6 +426,28 @@ fn a_three_stage_pipeline_runs_in_order_and_holds_no_gpu_during_its_cpu_stage() 
         .unwrap();
     assert!(at("granted", "eval")[0] > last_train_released);
     assert_no_gpu_granted_twice(&journal);
+    // The look-ahead: preprocessing was expected to take 1 s, so the trainers were preloaded
+    // as soon as it started, and room was held for them before they were granted.
+    let preloaded: BTreeSet<String> = cluster
+        .workloads()
+        .into_iter()
+        .filter_map(|e| match e {
+            AnyEvent::Task(TaskEvent::Preload(p)) if p.workload == id => Some(p.name),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(preloaded.len(), 4, "{preloaded:?}");
+    assert!(preloaded.iter().all(|n| n.starts_with("train-")));
+    let first_hold = journal
+        .iter()
+        .position(|a| {
+            a.entry
+                .decisions
+                .iter()
+                .any(|d| matches!(d, Decision::Reserved { .. }))
+        })
+        .expect("room was held for the trainers");
+    assert!(first_hold < trains.iter().copied().min().unwrap());
 
     // The processes ran with their GPUs, and their output is in their logs.
     let events = cluster.workloads();

@@ -5,6 +5,7 @@
 //! | node registered (its pool, first time) | node added |
 //! | node unreachable / recovered (known node) | node not schedulable / schedulable |
 //! | task ready (its pool) | task submitted |
+//! | task preload (its pool) | task preloaded: room is held for it until it is ready |
 //! | task checkpointed | task checkpointed |
 //! | task completed / failed / cancelled | task finished |
 //!
@@ -42,6 +43,11 @@ pub fn input(pool: &str, scheduler: &Scheduler, event: &AnyEvent, at: Time) -> O
         }
         AnyEvent::Task(TaskEvent::Ready(t)) if t.pool == pool => Some(Input::TaskSubmitted {
             task: t.task.clone(),
+            at,
+        }),
+        AnyEvent::Task(TaskEvent::Preload(t)) if t.pool == pool => Some(Input::TaskPreloaded {
+            task: t.task.clone(),
+            expected_at: t.expected_at,
             at,
         }),
         AnyEvent::Task(TaskEvent::Checkpointed(t)) if t.pool == pool => {

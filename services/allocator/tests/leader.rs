@@ -112,7 +112,7 @@ fn assert_no_gpu_granted_twice(entries: &[Entry]) {
                         held.remove(&gpu);
                     }
                 }
-                Decision::Waiting { .. } => {}
+                Decision::Waiting { .. } | Decision::Reserved { .. } => {}
             }
         }
     }

@@ -14,7 +14,7 @@ use tracing::{info, warn};
 
 use allot_bus::consumer::{Delivery, Handler, HandlerError, Outcome};
 use allot_events::alloc::Applied;
-use allot_events::task::{TaskCancelled, TaskReady};
+use allot_events::task::{TaskCancelled, TaskPreload, TaskReady};
 use allot_events::workload::{WorkloadFinished, WorkloadSubmitted};
 use allot_events::{AllocEvent, AnyEvent, Envelope, TaskEvent, WorkloadEvent};
 use allot_sched::{Decision, TaskId, Time};
@@ -35,18 +35,21 @@ pub struct Planner {
     consumer: String,
     pool: String,
     teams: Option<TeamsConfig>,
+    window: Option<Time>,
     wake: Arc<Notify>,
 }
 
 impl Planner {
     /// A handler writing through `conn`, recording its position under `consumer`, planning
-    /// workloads into `pool`, checking teams against `teams`, and waking the relay through
-    /// `wake` after each commit that queued events.
+    /// workloads into `pool`, checking teams against `teams`, preloading tasks `window` ms
+    /// before they are expected (`None`: no look-ahead), and waking the relay through `wake`
+    /// after each commit that queued events.
     pub fn new(
         conn: Connection,
         consumer: String,
         pool: String,
         teams: Option<TeamsConfig>,
+        window: Option<Time>,
         wake: Arc<Notify>,
     ) -> Self {
         Self {
@@ -54,6 +57,7 @@ impl Planner {
             consumer,
             pool,
             teams,
+            window,
             wake,
         }
     }
@@ -71,9 +75,9 @@ impl Handler for Planner {
         let mut queued = false;
         for d in batch {
             let mut outcome = Outcome::Handled;
-            let (pool, teams) = (&self.pool, self.teams.as_ref());
+            let (pool, teams, window) = (&self.pool, self.teams.as_ref(), self.window);
             allot_store::apply(&mut self.conn, &self.consumer, d.stream_sequence, |c| {
-                let step = step(c, pool, teams, d)?;
+                let step = step(c, pool, teams, window, d)?;
                 queued |= step.queued;
                 outcome = step.outcome;
                 Ok::<_, StoreError>(())
@@ -114,6 +118,7 @@ fn step(
     c: &Connection,
     pool: &str,
     teams: Option<&TeamsConfig>,
+    window: Option<Time>,
     d: &Delivery,
 ) -> Result<Step, StoreError> {
     let at = d.published.timestamp_millis().max(0) as Time;
@@ -152,17 +157,19 @@ fn step(
             let mut queued = false;
             for decision in &entry.decisions {
                 let step = match decision {
-                    Decision::Granted { task, lease, .. } => {
-                        on_attempt(c, *task, false, |w, name, attempt| {
-                            w.granted(name, attempt, *lease)
-                        })?
-                    }
+                    Decision::Granted {
+                        task, lease, at, ..
+                    } => on_attempt(c, *task, false, |w, name, attempt| {
+                        w.granted(name, attempt, *lease, *at, window)
+                    })?,
                     Decision::Preempted { task, .. } => {
                         on_attempt(c, *task, false, |w, name, attempt| {
                             w.preempted(name, attempt)
                         })?
                     }
-                    Decision::Waiting { .. } | Decision::Released { .. } => continue,
+                    Decision::Waiting { .. }
+                    | Decision::Released { .. }
+                    | Decision::Reserved { .. } => continue,
                 };
                 queued |= step.queued;
             }
@@ -255,6 +262,26 @@ fn emit(c: &Connection, w: &Workload, effects: Vec<Effect>) -> Result<(), StoreE
                         run: w.run_spec(&task, attempt),
                         name: task,
                         task: spec,
+                    }
+                    .into(),
+                )
+            }
+            Effect::Preload {
+                task,
+                spec,
+                expected_at,
+                not_before,
+            } => {
+                info!(workload.id = %w.id, task = %task, task.id = %spec.id, expected_at, "task preloaded");
+                (
+                    format!("preload/{}", spec.id.0),
+                    not_before,
+                    TaskPreload {
+                        pool: w.pool.clone(),
+                        workload: w.id.clone(),
+                        name: task,
+                        task: spec,
+                        expected_at,
                     }
                     .into(),
                 )

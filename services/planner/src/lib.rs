@@ -101,10 +101,15 @@ pub struct Config {
     pub consumer_prefix: String,
     /// How long the server waits for an acknowledgement before redelivering.
     pub ack_wait: Duration,
+    /// Look-ahead: a waiting task is preloaded (`TaskPreload`: the allocator holds room for
+    /// it) this long before its running predecessors are expected to end; `None`: no
+    /// look-ahead. Only predecessors with a duration estimate count.
+    pub preload_window: Option<Duration>,
 }
 
 impl Config {
-    /// Defaults: pool `default`, no teams file, consumers `planner-*`, 30 s ack wait.
+    /// Defaults: pool `default`, no teams file, consumers `planner-*`, 30 s ack wait, a 60 s
+    /// look-ahead.
     pub fn new(nats_url: impl Into<String>, data_dir: impl Into<PathBuf>) -> Self {
         Self {
             nats_url: nats_url.into(),
@@ -113,6 +118,7 @@ impl Config {
             teams: None,
             consumer_prefix: "planner".into(),
             ack_wait: Duration::from_secs(30),
+            preload_window: Some(Duration::from_secs(60)),
         }
     }
 
@@ -168,6 +174,9 @@ pub async fn run(
             durable,
             config.pool.clone(),
             config.teams.clone(),
+            config
+                .preload_window
+                .map(|w| w.as_millis() as allot_sched::Time),
             wake.clone(),
         );
         Ok::<_, Error>(ConsumerRunner::new(client.clone(), spec, handler))

@@ -106,6 +106,8 @@ pub struct Task {
     pub template: TaskSpec,
     /// How an executor runs it; its `attempt` is filled in per attempt.
     pub run: RunSpec,
+    /// When its current run was granted (ms since the epoch), while it runs.
+    pub started: Option<Time>,
     /// Why it failed or was cancelled.
     pub reason: Option<String>,
 }
@@ -174,6 +176,18 @@ pub enum Effect {
         /// Earliest publish time (a retry's backoff).
         not_before: Time,
     },
+    /// Publish `TaskPreload` for this attempt at `not_before`: its predecessors are expected
+    /// to finish at `expected_at`.
+    Preload {
+        /// Task name.
+        task: String,
+        /// The spec, with the attempt's id.
+        spec: TaskSpec,
+        /// When it is expected to become ready (ms since the epoch).
+        expected_at: Time,
+        /// When to publish it: `expected_at` less the look-ahead window.
+        not_before: Time,
+    },
     /// Publish `TaskCancelled`: the allocator must release what this run holds.
     Cancel {
         /// Task name.
@@ -238,14 +252,31 @@ impl Workload {
     }
 
     /// Attempt `attempt` of `task` was granted under `lease`.
-    pub fn granted(&mut self, task: &str, attempt: u32, lease: LeaseId) -> Vec<Effect> {
+    ///
+    /// With a look-ahead `window` (ms), each waiting task that this grant leaves waiting only
+    /// on running predecessors with duration estimates is preloaded `window` before the last of
+    /// them is expected to end.
+    pub fn granted(
+        &mut self,
+        task: &str,
+        attempt: u32,
+        lease: LeaseId,
+        at: Time,
+        window: Option<Time>,
+    ) -> Vec<Effect> {
         let Some(i) = self.index(task) else {
             return Vec::new();
         };
         let t = &mut self.tasks[i];
         if attempt == t.attempt {
             match t.status {
-                TaskStatus::Ready => t.status = TaskStatus::Running,
+                TaskStatus::Ready => {
+                    t.status = TaskStatus::Running;
+                    t.started = Some(at);
+                    if let Some(window) = window {
+                        return self.preloads(task, window);
+                    }
+                }
                 TaskStatus::Cancelled => {
                     // Cancelled while it was queued: release it now that it holds something.
                     let reason = t.reason.clone().unwrap_or_else(|| "cancelled".into());
@@ -269,12 +300,45 @@ impl Workload {
         }]
     }
 
+    /// The preloads due now that `granted` runs: for each waiting dependent of it whose
+    /// predecessors have all succeeded or run with an estimate, expected when the last ends.
+    fn preloads(&self, granted: &str, window: Time) -> Vec<Effect> {
+        let mut out = Vec::new();
+        for (j, d) in self.tasks.iter().enumerate() {
+            if d.status != TaskStatus::Waiting || !d.after.iter().any(|a| a == granted) {
+                continue;
+            }
+            let mut expected: Option<Time> = Some(0);
+            for dep in &d.after {
+                let end = self.task(dep).and_then(|p| match p.status {
+                    TaskStatus::Succeeded => Some(0),
+                    TaskStatus::Running => p
+                        .started
+                        .zip(p.template.predicted_duration)
+                        .map(|(s, e)| s + e),
+                    _ => None,
+                });
+                expected = expected.zip(end).map(|(a, b)| a.max(b));
+            }
+            if let Some(expected_at) = expected.filter(|e| *e > 0) {
+                out.push(Effect::Preload {
+                    task: d.name.clone(),
+                    spec: self.spec(j),
+                    expected_at,
+                    not_before: expected_at.saturating_sub(window),
+                });
+            }
+        }
+        out
+    }
+
     /// Attempt `attempt` of `task` was preempted: it is queued again.
     pub fn preempted(&mut self, task: &str, attempt: u32) -> Vec<Effect> {
         if let Some(i) = self.index(task) {
             let t = &mut self.tasks[i];
             if t.attempt == attempt && t.status == TaskStatus::Running {
                 t.status = TaskStatus::Ready;
+                t.started = None;
             }
         }
         Vec::new()

@@ -116,6 +116,7 @@ pub fn plan(
                 backoff: retry.and_then(|r| ms(&r.backoff)).unwrap_or(0),
                 template,
                 run,
+                started: None,
                 reason: None,
             }
         })

@@ -15,7 +15,8 @@ use allot_store::rusqlite::{self, Connection, OptionalExtension, params};
 use crate::machine::{Task, TaskStatus, Workload, WorkloadStatus};
 
 /// The planner's schema, in order. Never edit a shipped migration: add one.
-pub const MIGRATIONS: &[&str] = &["
+pub const MIGRATIONS: &[&str] = &[
+    "
 CREATE TABLE workloads (
     id       TEXT PRIMARY KEY,
     team     TEXT NOT NULL,
@@ -37,7 +38,6 @@ CREATE TABLE tasks (
     max_attempts INTEGER NOT NULL,
     backoff_ms   INTEGER NOT NULL,
     template     TEXT NOT NULL,        -- TaskSpec JSON of the current attempt, id aside
-    run          TEXT NOT NULL,        -- RunSpec JSON (how executors run it), attempt aside
     reason       TEXT,
     PRIMARY KEY (workload, name)
 ) STRICT;
@@ -60,7 +60,14 @@ CREATE TABLE outbox (
     payload       BLOB NOT NULL
 ) STRICT;
 CREATE INDEX outbox_due ON outbox (not_before_ms, id);
-"];
+",
+    "
+-- How executors run each task (RunSpec JSON, attempt aside), and when its current run was
+-- granted (for the look-ahead).
+ALTER TABLE tasks ADD COLUMN run TEXT NOT NULL DEFAULT '{}';
+ALTER TABLE tasks ADD COLUMN started_ms INTEGER;
+",
+];
 
 /// Why the state could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -111,11 +118,12 @@ pub fn save(conn: &Connection, workload: &Workload) -> Result<(), StoreError> {
     )?;
     let mut task = conn.prepare_cached(
         "INSERT INTO tasks (workload, name, position, after, gang, status, attempt, max_attempts,
-                            backoff_ms, template, run, reason)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+                            backoff_ms, template, run, reason, started_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
          ON CONFLICT (workload, name) DO UPDATE SET
             status = excluded.status, attempt = excluded.attempt,
-            template = excluded.template, reason = excluded.reason",
+            template = excluded.template, reason = excluded.reason,
+            started_ms = excluded.started_ms",
     )?;
     let mut attempt = conn.prepare_cached(
         "INSERT INTO attempts (task_id, workload, name, attempt) VALUES (?1, ?2, ?3, ?4)
@@ -135,6 +143,7 @@ pub fn save(conn: &Connection, workload: &Workload) -> Result<(), StoreError> {
             json(&t.template),
             json(&t.run),
             t.reason,
+            t.started.map(|s| s as i64),
         ])?;
         let id = crate::plan::task_id(&workload.id, &t.name, t.attempt);
         attempt.execute(params![id.0 as i64, workload.id, t.name, t.attempt])?;
@@ -171,7 +180,7 @@ pub fn load(conn: &Connection, id: &str) -> Result<Option<Workload>, StoreError>
         WorkloadStatus::parse(&status).ok_or_else(|| corrupt(format!("status {status:?}")))?;
     let mut stmt = conn.prepare_cached(
         "SELECT name, after, gang, status, attempt, max_attempts, backoff_ms, template, run,
-                reason
+                reason, started_ms
          FROM tasks WHERE workload = ?1 ORDER BY position",
     )?;
     let rows = stmt.query_map([id], |r| {
@@ -186,12 +195,24 @@ pub fn load(conn: &Connection, id: &str) -> Result<Option<Workload>, StoreError>
             r.get::<_, String>(7)?,
             r.get::<_, String>(8)?,
             r.get::<_, Option<String>>(9)?,
+            r.get::<_, Option<i64>>(10)?,
         ))
     })?;
     let mut tasks = Vec::new();
     for row in rows {
-        let (name, after, gang, status, attempt, max_attempts, backoff, template, run, reason) =
-            row?;
+        let (
+            name,
+            after,
+            gang,
+            status,
+            attempt,
+            max_attempts,
+            backoff,
+            template,
+            run,
+            reason,
+            started,
+        ) = row?;
         let after: Vec<String> =
             serde_json::from_str(&after).map_err(|e| corrupt(format!("{name}.after: {e}")))?;
         let template: TaskSpec = serde_json::from_str(&template)
@@ -211,6 +232,7 @@ pub fn load(conn: &Connection, id: &str) -> Result<Option<Workload>, StoreError>
             template,
             run,
             reason,
+            started: started.map(|s| s as Time),
         });
     }
     Ok(Some(Workload {

@@ -287,7 +287,7 @@ fn timeline(entries: &[Entry]) -> Vec<(&'static str, TaskId)> {
             Decision::Granted { task, .. } => Some(("granted", *task)),
             Decision::Released { task, .. } => Some(("released", *task)),
             Decision::Preempted { task, .. } => Some(("preempted", *task)),
-            Decision::Waiting { .. } => None,
+            Decision::Waiting { .. } | Decision::Reserved { .. } => None,
         })
         .collect()
 }

@@ -50,6 +50,18 @@ pub enum Decision {
         /// Why.
         reason: String,
     },
+    /// Room is held for a task expected soon (see `Input::TaskPreloaded`): nothing runs there
+    /// yet, and other work is kept off it until the task arrives or `until` passes.
+    Reserved {
+        /// The task expected.
+        task: TaskId,
+        /// The room held for it.
+        placement: Placement,
+        /// When the hold lapses if the task has not arrived.
+        until: Time,
+        /// When.
+        at: Time,
+    },
     /// A finished or cancelled task's resources were returned.
     Released {
         /// The task.

@@ -59,6 +59,7 @@ impl Input {
             | Self::TaskFinished { at, .. }
             | Self::TaskCheckpointed { at, .. }
             | Self::TaskRequeued { at, .. }
+            | Self::TaskPreloaded { at, .. }
             | Self::Schedule { at } => Some(*at),
             Self::NodeAdded(_) | Self::NodeSchedulable { .. } | Self::TeamQuota { .. } => None,
         }
@@ -141,6 +142,11 @@ pub fn describe(input: &Input) -> String {
         Input::TaskFinished { task, at } => format!("{task} finished at {at}"),
         Input::TaskCheckpointed { task, at } => format!("{task} checkpointed at {at}"),
         Input::TaskRequeued { task, at, .. } => format!("{task} requeued at {at}"),
+        Input::TaskPreloaded {
+            task,
+            expected_at,
+            at,
+        } => format!("{} preloaded at {at}, expected at {expected_at}", task.id),
         Input::Schedule { at } => format!("pass at {at}"),
     }
 }

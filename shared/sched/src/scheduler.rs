@@ -92,6 +92,19 @@ pub enum Input {
         /// Its quota.
         quota: Quota,
     },
+    /// A task is expected to become ready at `expected_at` (the planner's look-ahead: its
+    /// predecessors are about to finish). Each pass holds a placement for it on free capacity,
+    /// so work that arrives meanwhile does not take the room it will need; the hold ends when
+    /// the task is submitted, or [`PRELOAD_GRACE`] after `expected_at` if it never is. A hold
+    /// never preempts anything.
+    TaskPreloaded {
+        /// The task, as it will be submitted.
+        task: TaskSpec,
+        /// When it is expected to be submitted.
+        expected_at: Time,
+        /// When.
+        at: Time,
+    },
     /// Run a scheduling pass.
     Schedule {
         /// When.
@@ -244,6 +257,25 @@ pub struct Scheduler {
     shapes: HashMap<Shape, (usize, TaskSpec)>,
     next_seq: u64,
     next_lease: u64,
+    /// Tasks expected soon, by id (ordered, so holds are placed in a deterministic order).
+    preloads: BTreeMap<TaskId, Preload>,
+}
+
+/// How long past its expected time a preloaded task's hold lasts if it never arrives (its
+/// predecessors ran late, or failed).
+pub const PRELOAD_GRACE: Time = 5 * 60 * 1000;
+
+/// A task expected soon.
+#[derive(Debug, Clone)]
+struct Preload {
+    spec: TaskSpec,
+    expected_at: Time,
+    /// Its place in line, taken when it was preloaded.
+    seq: u64,
+    /// When it was preloaded.
+    at: Time,
+    /// The placement last announced for it.
+    announced: Option<Placement>,
 }
 
 /// A unit's placements, one per member, and for a gang the topology level they fit within.
@@ -282,6 +314,7 @@ impl Scheduler {
             shapes: HashMap::default(),
             next_seq: 0,
             next_lease: 1,
+            preloads: BTreeMap::new(),
         }
     }
 
@@ -416,9 +449,74 @@ impl Scheduler {
                 self.cluster.set_schedulable(idx, schedulable);
                 self.no_room.clear();
             }
-            Input::Schedule { at } => self.pass(at, out),
+            Input::TaskPreloaded {
+                task,
+                expected_at,
+                at,
+            } => {
+                if self.tasks.contains_key(&task.id) {
+                    return Err(ApplyError::DuplicateTask(task.id));
+                }
+                self.validate(&task)?;
+                if !self.preloads.contains_key(&task.id) {
+                    self.preloads.insert(
+                        task.id,
+                        Preload {
+                            spec: task,
+                            expected_at,
+                            seq: self.next_seq,
+                            at,
+                            announced: None,
+                        },
+                    );
+                    self.next_seq += 1;
+                }
+            }
+            Input::Schedule { at } => {
+                let held = self.hold_preloads(at, out);
+                self.pass(at, out);
+                if !held.is_empty() {
+                    for placement in &held {
+                        self.cluster.release(placement);
+                    }
+                    self.no_room.clear();
+                }
+            }
         }
         Ok(())
+    }
+
+    /// Places every preloaded task still expected on free capacity and takes it for the pass
+    /// (highest priority first, then the earliest expected); announces each new placement;
+    /// drops holds past their grace. Returns what it took, for release after the pass.
+    fn hold_preloads(&mut self, now: Time, out: &mut Vec<Decision>) -> Vec<Placement> {
+        self.preloads
+            .retain(|_, p| p.expected_at.saturating_add(PRELOAD_GRACE) >= now);
+        let mut order: Vec<(i32, Time, TaskId)> = self
+            .preloads
+            .values()
+            .map(|p| (-p.spec.priority, p.expected_at, p.spec.id))
+            .collect();
+        order.sort_unstable();
+        let mut held = Vec::new();
+        for (_, _, id) in order {
+            let Some(placement) = self.place_on(&self.cluster, &self.preloads[&id].spec) else {
+                continue;
+            };
+            self.cluster.allocate(&placement);
+            let preload = self.preloads.get_mut(&id).expect("listed above");
+            if preload.announced.as_ref() != Some(&placement) {
+                preload.announced = Some(placement.clone());
+                out.push(Decision::Reserved {
+                    task: id,
+                    placement: placement.clone(),
+                    until: preload.expected_at.saturating_add(PRELOAD_GRACE),
+                    at: now,
+                });
+            }
+            held.push(placement);
+        }
+        held
     }
 
     fn submit(&mut self, spec: TaskSpec, at: Time) -> Result<(), ApplyError> {
@@ -427,10 +525,18 @@ impl Scheduler {
         }
         self.validate(&spec)?;
         if let Some(why) = self.never_fits(&spec) {
+            self.preloads.remove(&spec.id);
             return Err(ApplyError::Unplaceable { task: spec.id, why });
         }
-        let seq = self.next_seq;
-        self.next_seq += 1;
+        // A preloaded task keeps the place in line it took when it was announced (its order and
+        // its time): work that arrived during its hold does not overtake it.
+        let (seq, at) = match self.preloads.remove(&spec.id) {
+            Some(preload) => (preload.seq, preload.at.min(at)),
+            None => {
+                self.next_seq += 1;
+                (self.next_seq - 1, at)
+            }
+        };
         self.policy.observe_submitted(&spec);
         let id = spec.id;
         let gang = spec.gang.clone();

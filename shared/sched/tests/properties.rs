@@ -702,7 +702,7 @@ fn drive(policy: &'static str, scenario: &Scenario) -> Run {
                     running.remove(task);
                     finished.insert(*task);
                 }
-                Decision::Waiting { .. } => {}
+                Decision::Waiting { .. } | Decision::Reserved { .. } => {}
             }
         }
     };
@@ -857,7 +857,7 @@ fn gpus_hold_at_most_their_capacity(scenario: &Scenario, run: &Run) -> Result<()
                         }
                     }
                 }
-                Decision::Waiting { .. } => {}
+                Decision::Waiting { .. } | Decision::Reserved { .. } => {}
             }
         }
         // Nodes join one step at a time: compare those that have.
@@ -1000,7 +1000,7 @@ fn gpu_memory_and_mig_hold_at_most_their_capacity(
                         }
                     }
                 }
-                Decision::Waiting { .. } => {}
+                Decision::Waiting { .. } | Decision::Reserved { .. } => {}
             }
         }
         // Nodes join one step at a time: compare those that have. A node that does not track
@@ -1187,6 +1187,7 @@ fn leases_open_and_close_in_order(scenario: &Scenario, run: &Run) -> Result<(), 
                         "{policy}: step {i}: {task} told to wait while running"
                     );
                 }
+                Decision::Reserved { .. } => {}
             }
         }
     }
@@ -1346,7 +1347,7 @@ fn gangs_start_and_stop_whole(scenario: &Scenario, run: &Run) -> Result<(), Test
                         finished.insert(*task);
                     }
                 }
-                Decision::Waiting { .. } => {}
+                Decision::Waiting { .. } | Decision::Reserved { .. } => {}
             }
         }
         for (g, ids) in &started {
@@ -1508,7 +1509,7 @@ fn quotas_hold(scenario: &Scenario, run: &Run, enforced: bool) -> Result<(), Tes
                         cohort = cohort.saturating_sub(milli);
                     }
                 }
-                Decision::Waiting { .. } => {}
+                Decision::Waiting { .. } | Decision::Reserved { .. } => {}
             }
         }
         prop_assert_eq!(

@@ -567,7 +567,9 @@ fn simulate(
                         }
                     }
                 }
-                Decision::Waiting { .. } | Decision::Released { .. } => {}
+                Decision::Waiting { .. }
+                | Decision::Released { .. }
+                | Decision::Reserved { .. } => {}
             }
         }
         let waiting = scheduler.pending() > 0;

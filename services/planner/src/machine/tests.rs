@@ -17,6 +17,7 @@ fn task(name: &str) -> Fixture {
         backoff: 0,
         template: TaskSpec::new(0, "vision", 1),
         run: RunSpec::default(),
+        started: None,
         reason: None,
     })
 }
@@ -32,6 +33,10 @@ impl Fixture {
             name: format!("w/{gang}"),
             size,
         });
+        self
+    }
+    fn estimate(mut self, ms: Time) -> Self {
+        self.0.template.predicted_duration = Some(ms);
         self
     }
     fn retries(mut self, max_attempts: u32, backoff: Time) -> Self {
@@ -97,6 +102,12 @@ fn brief(w: &Workload, effect: &Effect) -> String {
         Effect::Finished { outcome, .. } => {
             format!("finished {}", WorkloadStatus::Finished(*outcome).as_str())
         }
+        Effect::Preload {
+            task,
+            expected_at,
+            not_before,
+            ..
+        } => format!("preload {task} @{not_before} expected {expected_at}"),
     }
 }
 
@@ -329,7 +340,7 @@ fn the_dag_state_machine() {
         for step in case.steps {
             let out = match step {
                 Start => w.start(),
-                Granted(t, a) => w.granted(t, a, LeaseId(9)),
+                Granted(t, a) => w.granted(t, a, LeaseId(9), 1_000, None),
                 Preempted(t, a) => w.preempted(t, a),
                 Completed(t, a) => w.completed(t, a),
                 Failed(t, a, at) => w.failed(t, a, "exit status 1", at),
@@ -345,6 +356,69 @@ fn the_dag_state_machine() {
             "{}: workload",
             case.name
         );
+    }
+}
+
+#[test]
+fn the_look_ahead_preloads_a_task_a_window_before_its_last_predecessor_should_end() {
+    struct Case {
+        name: &'static str,
+        tasks: Vec<Fixture>,
+        /// (task, granted at)
+        grants: Vec<(&'static str, Time)>,
+        window: Option<Time>,
+        want: Vec<&'static str>,
+    }
+    let cases = [
+        Case {
+            name: "one predecessor with an estimate",
+            tasks: vec![task("a").estimate(10_000), task("c").after("a")],
+            grants: vec![("a", 1_000)],
+            window: Some(3_000),
+            want: vec!["preload c @8000 expected 11000"],
+        },
+        Case {
+            name: "no look-ahead configured",
+            tasks: vec![task("a").estimate(10_000), task("c").after("a")],
+            grants: vec![("a", 1_000)],
+            window: None,
+            want: vec![],
+        },
+        Case {
+            name: "a predecessor without an estimate: nothing to expect",
+            tasks: vec![task("a"), task("c").after("a")],
+            grants: vec![("a", 1_000)],
+            window: Some(3_000),
+            want: vec![],
+        },
+        Case {
+            name: "two predecessors: only once both run, expected when the later ends",
+            tasks: vec![
+                task("a").estimate(10_000),
+                task("b").estimate(20_000),
+                task("c").after("a").after("b"),
+            ],
+            grants: vec![("a", 1_000), ("b", 2_000)],
+            window: Some(3_000),
+            want: vec!["preload c @19000 expected 22000"],
+        },
+        Case {
+            name: "a window longer than the wait: published at once",
+            tasks: vec![task("a").estimate(1_000), task("c").after("a")],
+            grants: vec![("a", 1_000)],
+            window: Some(60_000),
+            want: vec!["preload c @0 expected 2000"],
+        },
+    ];
+    for case in cases {
+        let mut w = workload(case.tasks);
+        w.start();
+        let mut effects = Vec::new();
+        for (t, at) in case.grants {
+            let out = w.granted(t, 1, LeaseId(9), at, case.window);
+            effects.extend(out.iter().map(|e| brief(&w, e)));
+        }
+        assert_eq!(effects, case.want, "{}", case.name);
     }
 }
 

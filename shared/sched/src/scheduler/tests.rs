@@ -276,6 +276,7 @@ fn script(policy: &str, nodes: Vec<NodeBuilder>, inputs: Vec<Input>) -> Vec<Stri
                     for_task.map_or(0, |t| t.0)
                 )),
                 Decision::Released { task, .. } => log.push(format!("release {}", task.0)),
+                Decision::Reserved { task, .. } => log.push(format!("reserve {}", task.0)),
                 Decision::Waiting { .. } => {}
             }
         }
@@ -528,3 +529,118 @@ fn nothing_new_lands_on_a_cordoned_node_until_it_returns_to_service() {
 }
 
 mod mechanisms;
+
+#[test]
+fn a_preloaded_task_keeps_later_work_off_the_room_it_will_need_until_it_arrives_or_lapses() {
+    struct Case {
+        name: &'static str,
+        /// When the pass that might start the 4-GPU latecomer runs.
+        pass_at: Time,
+        /// Whether the preloaded task is submitted before that pass.
+        arrives: bool,
+        want_latecomer_started: bool,
+        want_preloaded_started: bool,
+    }
+    let expected_at = 60_000;
+    let cases = [
+        Case {
+            name: "held: the latecomer waits, and the expected task starts on arrival",
+            pass_at: 1_000,
+            arrives: true,
+            want_latecomer_started: false,
+            want_preloaded_started: true,
+        },
+        Case {
+            name: "held while the task is still expected",
+            pass_at: expected_at + PRELOAD_GRACE,
+            arrives: false,
+            want_latecomer_started: false,
+            want_preloaded_started: false,
+        },
+        Case {
+            name: "lapsed: past its grace the room is free again",
+            pass_at: expected_at + PRELOAD_GRACE + 1,
+            arrives: false,
+            want_latecomer_started: true,
+            want_preloaded_started: false,
+        },
+    ];
+    for case in cases {
+        // One 8-GPU node; the preloaded task needs 6 GPUs, the latecomer 4.
+        let mut s = scheduler(Box::new(Fifo), vec![node("n1")]);
+        let reserved = s
+            .apply(Input::TaskPreloaded {
+                task: task(1).gpus(6).0,
+                expected_at,
+                at: 0,
+            })
+            .and_then(|_| s.apply(Input::Schedule { at: 0 }))
+            .unwrap();
+        assert!(
+            matches!(&reserved[..], [Decision::Reserved { task: TaskId(1), until, .. }] if *until == expected_at + PRELOAD_GRACE),
+            "{}: {reserved:?}",
+            case.name
+        );
+        s.apply(Input::TaskSubmitted {
+            task: task(2).gpus(4).0,
+            at: case.pass_at,
+        })
+        .unwrap();
+        let decisions = s.apply(Input::Schedule { at: case.pass_at }).unwrap();
+        let mut started: Vec<u64> = granted(&s, decisions).into_iter().map(|g| g.0).collect();
+        if case.arrives {
+            s.apply(Input::TaskSubmitted {
+                task: task(1).gpus(6).0,
+                at: case.pass_at + 1,
+            })
+            .unwrap();
+            let decisions = s
+                .apply(Input::Schedule {
+                    at: case.pass_at + 1,
+                })
+                .unwrap();
+            started.extend(granted(&s, decisions).into_iter().map(|g| g.0));
+        }
+        assert_eq!(
+            started.contains(&2),
+            case.want_latecomer_started,
+            "{}: {started:?}",
+            case.name
+        );
+        assert_eq!(
+            started.contains(&1),
+            case.want_preloaded_started,
+            "{}: {started:?}",
+            case.name
+        );
+        // A hold is never an allocation: outside a pass all 8 GPUs are accounted to grants.
+        let granted_milli: u64 = started
+            .iter()
+            .map(|t| if *t == 1 { 6_000 } else { 4_000 })
+            .sum();
+        assert_eq!(
+            s.cluster().allocated_milli(),
+            granted_milli,
+            "{}",
+            case.name
+        );
+    }
+}
+
+#[test]
+fn a_preload_of_a_task_already_submitted_is_refused() {
+    let mut s = scheduler(Box::new(Fifo), vec![node("n1")]);
+    s.apply(Input::TaskSubmitted {
+        task: task(1).0,
+        at: 0,
+    })
+    .unwrap();
+    let err = s
+        .apply(Input::TaskPreloaded {
+            task: task(1).0,
+            expected_at: 10,
+            at: 0,
+        })
+        .unwrap_err();
+    assert_eq!(err, ApplyError::DuplicateTask(TaskId(1)));
+}
