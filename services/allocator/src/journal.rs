@@ -307,6 +307,7 @@ impl Journal {
                         .iter()
                         .map(|share| NodeGrant {
                             node: scheduler.cluster().node(share.node).spec.name.clone(),
+                            gpu_model: scheduler.cluster().node(share.node).spec.gpu_model.clone(),
                             gpus: share.gpus.clone(),
                             mig: share.mig.clone(),
                             cpu_milli: share.cpu_milli,

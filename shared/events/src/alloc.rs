@@ -125,6 +125,9 @@ pub struct Dispatch {
 pub struct NodeGrant {
     /// The node.
     pub node: String,
+    /// The node's GPU model (what a GPU-hour of it costs depends on it).
+    #[serde(default)]
+    pub gpu_model: String,
     /// `(GPU index, milli-GPU)` pairs: the GPUs it may use and how much of each.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<(u32, u32)>,

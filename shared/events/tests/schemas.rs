@@ -266,6 +266,7 @@ fn samples() -> Vec<AnyEvent> {
                 },
                 nodes: vec![NodeGrant {
                     node: "node-1".into(),
+                    gpu_model: "H100".into(),
                     gpus: vec![(0, 1000), (1, 1000)],
                     mig: None,
                     cpu_milli: 16_000,

@@ -85,6 +85,7 @@ mod tests {
     fn share(node: &str) -> NodeGrant {
         NodeGrant {
             node: node.into(),
+            gpu_model: "H100".into(),
             gpus: vec![(0, 1000)],
             mig: None,
             cpu_milli: 1000,

@@ -25,6 +25,7 @@ impl RunContext {
     pub(crate) fn for_test(run: allot_events::task::RunSpec, progress_ms: u64) -> RunContext {
         let share = NodeGrant {
             node: "n1".into(),
+            gpu_model: "H100".into(),
             gpus: vec![(2, 1000), (3, 1000)],
             mig: None,
             cpu_milli: 1000,

@@ -223,6 +223,7 @@ mod tests {
     fn run(lease: u64) -> StoredRun {
         let share = NodeGrant {
             node: "n1".into(),
+            gpu_model: "H100".into(),
             gpus: vec![(1, 1000)],
             mig: None,
             cpu_milli: 0,
