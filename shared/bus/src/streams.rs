@@ -122,6 +122,8 @@ pub mod names {
     pub const WORKLOADS: &str = "WORKLOADS";
     /// The allocator's append-only journal: every input it applied and every decision it made.
     pub const DECISIONS: &str = "DECISIONS";
+    /// What each team's workloads cost: the chargeback record (append-only).
+    pub const COSTS: &str = "COSTS";
 }
 
 /// Every stream Allot uses, with `replicas` copies each (1 on one server, 3 on a cluster).
@@ -168,6 +170,17 @@ pub fn catalog(replicas: usize) -> Vec<StreamSpec> {
                 names::DECISIONS,
                 "The allocator's journal: every input applied and every decision made, in order",
                 &[subject::ALLOC_ALL],
+            )
+        },
+        // Finance's record: kept for ever, never edited; billing's event ids de-duplicate.
+        StreamSpec {
+            deny_delete: true,
+            deny_purge: true,
+            duplicate_window: WORKLOADS_DUPLICATE_WINDOW,
+            ..StreamSpec::new(
+                names::COSTS,
+                "What each team's workloads cost, per lease and period, in integer micro-units",
+                &[subject::COST_ALL],
             )
         },
         StreamSpec {

@@ -47,6 +47,8 @@ pub const WORKLOAD_ALL: &str = "allot.workload.>";
 pub const TASK_ALL: &str = "allot.task.>";
 /// Every allocator journal entry and decision: `allot.alloc.>`.
 pub const ALLOC_ALL: &str = "allot.alloc.>";
+/// Every cost event, of every team: `allot.cost.>`.
+pub const COST_ALL: &str = "allot.cost.>";
 /// Dead letters: `allot.deadletter.<original subject>`.
 pub const DEAD_LETTER_PREFIX: &str = "allot.deadletter";
 /// Inventory's request/reply query endpoint (core NATS, not a stream).
@@ -95,6 +97,12 @@ pub fn task(event: &str, pool: &str) -> String {
 /// `allot.alloc.<pool>.journal`: the allocator's journal of a pool.
 pub fn alloc_journal(pool: &str) -> String {
     format!("allot.alloc.{pool}.journal")
+}
+
+/// `allot.cost.<team>.<workload>`: what a workload of a team cost (one subject per workload,
+/// so a team reads all its costs with `allot.cost.<team>.>` and nothing of another team's).
+pub fn cost(team: &str, workload: &str) -> String {
+    format!("allot.cost.{team}.{workload}")
 }
 
 /// `allot.deadletter.<original subject>`
