@@ -5,5 +5,6 @@ mod audit;
 mod inventory_crash;
 mod replay;
 mod submit;
+mod submit_wait;
 mod support;
 mod up_status;
