@@ -6,6 +6,10 @@
 //! transaction, and acknowledged — and, in the same run on the same server, raw async-nats
 //! JetStream publish + consume of the same payloads (pull consumer, explicit acks, no
 //! decoding, no storage). The ratio is what Allot's guarantees cost.
+//!
+//! `allot bench submit` measures submit → first grant latency through the planner and the
+//! allocator, against a raw JetStream publish → consume round trip on the same server (see
+//! [`submit`]).
 
 use std::collections::VecDeque;
 use std::process::ExitCode;
@@ -24,11 +28,16 @@ use allot_events::telemetry::{GpuSample, GpusSampled};
 use super::local;
 use super::settings::Lookup;
 
+mod submit;
+
 /// Benchmarks.
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
     /// Telemetry ingest: collector → JetStream → inventory SQLite, against raw JetStream.
     Telemetry(TelemetryArgs),
+    /// Submit → first grant latency through the planner and the allocator, against raw
+    /// JetStream publish → consume.
+    Submit(submit::SubmitArgs),
 }
 
 /// Flags of `allot bench telemetry`.
@@ -55,6 +64,7 @@ pub struct TelemetryArgs {
 pub async fn bench(cmd: BenchCommand, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
     match cmd {
         BenchCommand::Telemetry(args) => telemetry(args, env).await,
+        BenchCommand::Submit(args) => submit::submit(args, env).await,
     }
 }
 

@@ -5,6 +5,8 @@
 //! - [`run`]: one service, for Kubernetes.
 //! - [`status`]: the cluster as the inventory sees it.
 //! - [`workload`]: `allot validate` and `allot submit` — check a workload spec, publish it once.
+//! - [`follow`]: what `allot submit --wait`/`--follow` make of a workload's events (pure), and
+//!   [`watch`]: the consumers that feed it from the bus.
 //! - [`sim`]: trace-driven simulation of the scheduling policies (`allot sim`).
 //! - [`audit`]: the hash-chained archive of the decision log (`allot audit archive|verify`).
 //! - [`bench`]: benchmarks that need the real bus (`allot bench telemetry`).
@@ -22,6 +24,7 @@ use futures::future::{BoxFuture, Shared};
 pub mod abort;
 pub mod audit;
 pub mod bench;
+pub mod follow;
 pub mod local;
 pub mod plots;
 pub mod replay;
@@ -30,6 +33,7 @@ pub mod settings;
 pub mod sim;
 pub mod status;
 pub mod up;
+pub mod watch;
 pub mod workload;
 
 /// Allot: an elastic GPU service for shared GPU pools.

@@ -1,14 +1,29 @@
 //! `allot validate` and `allot submit`: check a workload spec, then publish it, once, for CI.
 //!
-//! Exit codes: 0 valid (and submitted); 2 the spec was rejected (every problem is printed and
-//! nothing is published); 1 anything else (files, NATS, an unsupported flag).
+//! `allot submit --wait` then follows the workload until the planner finishes it and prints a
+//! summary (each task's final state, attempts and failure reason); `--follow` also prints each
+//! step as it happens (ready, waiting with reason and ETA, granted with nodes and GPUs, started,
+//! checkpointed, preempted, stopped, completed, failed, cancelled, retried), as text for a CI
+//! log or, with `--output json`, one JSON object per line. See [`super::watch`] and
+//! [`super::follow`].
+//!
+//! Exit codes:
+//!
+//! | code | meaning |
+//! |---|---|
+//! | 0 | valid and submitted; with `--wait`/`--follow`: the workload succeeded |
+//! | 1 | anything else went wrong (files, NATS); the workload's fate is unknown |
+//! | 2 | the spec was rejected (every problem is printed; nothing is published) |
+//! | 3 | `--wait`: the workload failed (a task failed on its last attempt) |
+//! | 4 | `--wait`: the workload was aborted |
+//! | 5 | `--wait`: `--timeout` ran out first (the workload goes on) |
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use clap::Args;
 
 use allot_bus::Publisher;
@@ -20,9 +35,16 @@ use allot_workload::{ClusterShape, Context, Format, NodeShape, SpecProblem, Team
 
 use super::local;
 use super::settings::Lookup;
+use super::watch::{self, Output, Watch};
 
 /// The exit code of a rejected spec.
 pub const REJECTED: u8 = 2;
+/// `--wait`: the workload failed.
+pub const WORKLOAD_FAILED: u8 = 3;
+/// `--wait`: the workload was aborted.
+pub const WORKLOAD_ABORTED: u8 = 4;
+/// `--wait`: `--timeout` ran out before the workload finished.
+pub const TIMED_OUT: u8 = 5;
 
 /// Flags of `allot validate`.
 #[derive(Debug, Args)]
@@ -61,12 +83,20 @@ pub struct SubmitArgs {
     /// Folder where `allot up` keeps its state (ALLOT_DATA_DIR).
     #[arg(long)]
     pub data_dir: Option<String>,
-    /// Wait until the workload finishes (not yet supported: needs the planner).
+    /// Wait until the workload finishes; exit 0 only if it succeeded (3 failed, 4 aborted,
+    /// 5 timed out) and print a summary of its tasks.
     #[arg(long)]
     pub wait: bool,
-    /// Stream stage progress (not yet supported: needs the planner).
+    /// Print each step of the workload as it happens, then the summary (implies --wait).
     #[arg(long)]
     pub follow: bool,
+    /// Stop waiting after this long (`30m`, `2h`) and exit 5; the workload goes on (implies
+    /// --wait).
+    #[arg(long, value_parser = allot_workload::quantity::duration)]
+    pub timeout: Option<Duration>,
+    /// How --wait and --follow print: `text` (a CI log) or `json` (one object per line).
+    #[arg(long, value_enum, default_value_t)]
+    pub output: Output,
 }
 
 /// `allot validate FILE`: every problem, or a one-line summary.
@@ -99,12 +129,7 @@ pub fn validate(args: ValidateArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode>
 /// `WorkloadSubmitted` with `Nats-Msg-Id` = the idempotency key, awaits the PubAck, and prints
 /// the workload id on standard output.
 pub async fn submit(args: SubmitArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
-    if args.wait || args.follow {
-        bail!(
-            "{} is not yet supported: the planner service is not implemented",
-            if args.wait { "--wait" } else { "--follow" }
-        );
-    }
+    let wait = args.wait || args.follow || args.timeout.is_some();
     let (text, format) = read_spec(&args.file)?;
     let (teams, teams_note) = load_teams(args.teams.as_deref(), env)?;
     let run_id = args.run_id.clone().or_else(|| env("ALLOT_RUN_ID"));
@@ -169,7 +194,7 @@ pub async fn submit(args: SubmitArgs, env: Lookup<'_>) -> anyhow::Result<ExitCod
         msg_id,
         workload_id,
     } = submit::submission(
-        checked.workload,
+        checked.workload.clone(),
         key,
         run_id,
         submitter,
@@ -188,7 +213,6 @@ pub async fn submit(args: SubmitArgs, env: Lookup<'_>) -> anyhow::Result<ExitCod
         .wait()
         .await
         .with_context(|| format!("publishing {workload_id}; it may not have been submitted"))?;
-    client.drain().await.ok();
 
     if published.duplicate {
         eprintln!(
@@ -203,8 +227,37 @@ pub async fn submit(args: SubmitArgs, env: Lookup<'_>) -> anyhow::Result<ExitCod
             published.stream, published.sequence
         );
     }
-    println!("{workload_id}");
-    Ok(ExitCode::SUCCESS)
+    if !wait {
+        client.drain().await.ok();
+        println!("{workload_id}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    match args.output {
+        Output::Text => println!("{workload_id}"),
+        Output::Json => println!(
+            "{}",
+            serde_json::json!({
+                "workload": workload_id,
+                "state": "submitted",
+                "duplicate": published.duplicate,
+                "sequence": published.sequence,
+            })
+        ),
+    }
+    let summary = watch::watch(
+        &client,
+        Watch {
+            workload_id,
+            spec: checked.workload,
+            sequence: published.sequence,
+            follow: args.follow,
+            output: args.output,
+            timeout: args.timeout,
+        },
+    )
+    .await?;
+    client.drain().await.ok();
+    Ok(ExitCode::from(watch::exit_code(summary.ending)))
 }
 
 /// The spec's text and format (`-` reads standard input, as YAML unless it starts with `{`).

@@ -6,5 +6,6 @@ mod inventory_crash;
 mod pipelines;
 mod replay;
 mod submit;
+mod submit_wait;
 mod support;
 mod up_status;

@@ -144,6 +144,34 @@ impl Cluster {
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 
+    /// Submits `spec` with `allot submit --follow` as a CI job would, in the background; the
+    /// process (its output goes to `<name>.out`) and, once printed, the workload id.
+    fn submit_following(&self, name: &str, spec: &str) -> (Child, String) {
+        let file = self.path(&format!("{name}.yaml"));
+        std::fs::write(&file, spec).unwrap();
+        let out = std::fs::File::create(self.path(&format!("{name}.out"))).unwrap();
+        let child = allot(self.dir.path())
+            .arg("submit")
+            .arg(&file)
+            .args([
+                "--nats",
+                &self.server.url(),
+                "--submitter",
+                "ci@test",
+                "--follow",
+            ])
+            .stdout(out)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let id = wait_for(PATIENCE, || {
+            let text = std::fs::read_to_string(self.path(&format!("{name}.out"))).ok()?;
+            text.lines().next().map(str::to_owned)
+        })
+        .expect("submit printed the workload id");
+        (child, id)
+    }
+
     /// Every event in `stream`, decoded.
     fn events(&self, stream: &str) -> Vec<AnyEvent> {
         self.rt.block_on(async {
@@ -581,7 +609,7 @@ spec:
 #[test]
 fn an_abort_during_training_stops_it_releases_its_gpus_and_cancels_evaluation() {
     let cluster = Cluster::start(&[("n1", 4)]);
-    let id = cluster.submit(
+    let (mut follower, id) = cluster.submit_following(
         "abort",
         r#"
 apiVersion: allot/v1
@@ -670,6 +698,16 @@ spec:
     }
     assert!(!names.values().any(|n| n.1 == "eval"), "eval was granted");
     assert!(started_runs(&cluster.workloads(), &id, "eval").is_empty());
+    // The CI job that submitted it with --follow saw the stages and exits "aborted" (4).
+    let status = crate::support::wait_exit(&mut follower, PATIENCE).expect("submit --follow ended");
+    let printed = std::fs::read_to_string(cluster.path("abort.out")).unwrap();
+    assert_eq!(status.code(), Some(4), "{printed}");
+    for expected in ["prep", "completed", "train-0", "started", "cancelled", "aborted"] {
+        assert!(
+            printed.contains(expected),
+            "{expected:?} missing from:\n{printed}"
+        );
+    }
 }
 
 fn is_zombie(pid: u32) -> bool {

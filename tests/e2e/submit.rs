@@ -180,7 +180,7 @@ fn validate_lists_every_problem_offline_and_summarizes_a_good_spec() {
 }
 
 #[test]
-fn wait_and_follow_fail_clearly_until_the_planner_exists() {
+fn wait_without_a_reachable_server_fails_before_submitting_anything() {
     let dir = tempfile::tempdir().unwrap();
     let out = allot(dir.path())
         .arg("submit")
@@ -190,8 +190,7 @@ fn wait_and_follow_fail_clearly_until_the_planner_exists() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        text(&out.stderr)
-            .contains("--wait is not yet supported: the planner service is not implemented"),
+        text(&out.stderr).contains("is not reachable; nothing was submitted"),
         "{}",
         text(&out.stderr)
     );
