@@ -2,6 +2,7 @@
 //! nats-server, SQLite on disk and real processes (signals included).
 
 mod audit;
+mod cluster;
 mod inventory_crash;
 mod pipelines;
 mod replay;

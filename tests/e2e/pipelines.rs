@@ -6,274 +6,19 @@
 //! evaluation, and killing the allocator's leader and the planner mid-run loses nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::Child;
-use std::time::Duration;
+use std::path::Path;
 
 use allot_events::alloc::Applied;
 use allot_events::task::{StopCause, TaskStarted, TaskStopped};
-use allot_events::workload::{WorkloadFinished, WorkloadOutcome};
-use allot_events::{AllocEvent, AnyEvent, TaskEvent, WorkloadEvent, decode};
+use allot_events::workload::WorkloadOutcome;
+use allot_events::{AnyEvent, TaskEvent};
 use allot_sched::{Decision, LeaseId, TaskId};
-use allot_testkit::NatsServer;
 
-use crate::support::{allot, log_of, spawn_logged, wait_for};
-
-/// How long a workload may take before a test gives up (the tasks themselves take seconds).
-const PATIENCE: Duration = Duration::from_secs(120);
-
-/// A cluster of `allot run` processes.
-struct Cluster {
-    server: NatsServer,
-    dir: tempfile::TempDir,
-    rt: tokio::runtime::Runtime,
-    client: async_nats::Client,
-    procs: BTreeMap<String, Child>,
-}
-
-impl Cluster {
-    /// nats-server, the planner, allocator `a1`, and a collector per `(node, gpus)`.
-    fn start(nodes: &[(&str, u32)]) -> Cluster {
-        let server = NatsServer::start();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let client = rt.block_on(async {
-            let client = async_nats::connect(server.url()).await.unwrap();
-            let js = async_nats::jetstream::new(client.clone());
-            allot_bus::ensure_streams(&js, &allot_bus::catalog(1))
-                .await
-                .unwrap();
-            client
-        });
-        let mut cluster = Cluster {
-            server,
-            dir: tempfile::tempdir().unwrap(),
-            rt,
-            client,
-            procs: BTreeMap::new(),
-        };
-        cluster.planner();
-        cluster.allocator("a1");
-        for (node, gpus) in nodes {
-            let data = cluster.path(node);
-            cluster.spawn(
-                &format!("collector-{node}"),
-                &[
-                    "collector",
-                    "--node",
-                    node,
-                    "--gpu-source",
-                    "sim",
-                    "--sim-gpus",
-                    &gpus.to_string(),
-                    "--executor",
-                    "process",
-                    "--stop-grace",
-                    "3s",
-                    "--heartbeat-interval",
-                    "1s",
-                    "--data-dir",
-                    data.to_str().unwrap(),
-                ],
-            );
-        }
-        cluster
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    /// Starts `allot run <args>` as process `name`.
-    fn spawn(&mut self, name: &str, args: &[&str]) {
-        let mut cmd = allot(self.dir.path());
-        cmd.env("ALLOT_NATS_URL", self.server.url())
-            .arg("run")
-            .args(args);
-        let child = spawn_logged(cmd, self.dir.path(), name);
-        self.procs.insert(name.to_owned(), child);
-    }
-
-    fn planner(&mut self) {
-        let data = self.path("planner");
-        self.spawn(
-            "planner",
-            &["planner", "--data-dir", data.to_str().unwrap()],
-        );
-    }
-
-    fn allocator(&mut self, instance: &str) {
-        self.spawn(
-            &format!("allocator-{instance}"),
-            &[
-                "allocator",
-                "--instance",
-                instance,
-                "--policy",
-                "allot",
-                "--lease-ttl",
-                "2s",
-            ],
-        );
-    }
-
-    /// SIGKILL: no goodbye, no lease release.
-    fn kill(&mut self, name: &str) {
-        let mut child = self.procs.remove(name).expect("a process of that name");
-        child.kill().unwrap();
-        child.wait().unwrap();
-    }
-
-    /// Submits `spec` with `allot submit`; its workload id.
-    fn submit(&self, name: &str, spec: &str) -> String {
-        let file = self.path(&format!("{name}.yaml"));
-        std::fs::write(&file, spec).unwrap();
-        let out = allot(self.dir.path())
-            .arg("submit")
-            .arg(&file)
-            .args(["--nats", &self.server.url(), "--submitter", "ci@test"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "submit failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    }
-
-    /// Submits `spec` with `allot submit --follow` as a CI job would, in the background; the
-    /// process (its output goes to `<name>.out`) and, once printed, the workload id.
-    fn submit_following(&self, name: &str, spec: &str) -> (Child, String) {
-        let file = self.path(&format!("{name}.yaml"));
-        std::fs::write(&file, spec).unwrap();
-        let out = std::fs::File::create(self.path(&format!("{name}.out"))).unwrap();
-        let child = allot(self.dir.path())
-            .arg("submit")
-            .arg(&file)
-            .args([
-                "--nats",
-                &self.server.url(),
-                "--submitter",
-                "ci@test",
-                "--follow",
-            ])
-            .stdout(out)
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let id = wait_for(PATIENCE, || {
-            let text = std::fs::read_to_string(self.path(&format!("{name}.out"))).ok()?;
-            text.lines().next().map(str::to_owned)
-        })
-        .expect("submit printed the workload id");
-        (child, id)
-    }
-
-    /// Every event in `stream`, decoded.
-    fn events(&self, stream: &str) -> Vec<AnyEvent> {
-        self.rt.block_on(async {
-            allot_testkit::streams::read_all(&self.client, stream)
-                .await
-                .into_iter()
-                .map(|m| decode(&m.payload).unwrap().data)
-                .collect()
-        })
-    }
-
-    /// The WORKLOADS stream's task events and workload events.
-    fn workloads(&self) -> Vec<AnyEvent> {
-        self.events(allot_bus::streams::names::WORKLOADS)
-    }
-
-    /// The pool's journal entries, in order.
-    fn journal(&self) -> Vec<Applied> {
-        self.events(allot_bus::streams::names::DECISIONS)
-            .into_iter()
-            .filter_map(|e| match e {
-                AnyEvent::Alloc(AllocEvent::Applied(a)) => Some(a),
-                _ => None,
-            })
-            .collect()
-    }
-
-    /// Waits until `workload` finishes; how.
-    fn finished(&self, workload: &str) -> WorkloadFinished {
-        wait_for(PATIENCE, || {
-            self.workloads().into_iter().find_map(|e| match e {
-                AnyEvent::Workload(WorkloadEvent::Finished(f)) if f.workload_id == workload => {
-                    Some(f)
-                }
-                _ => None,
-            })
-        })
-        .unwrap_or_else(|| panic!("{workload} did not finish\n{}", self.logs()))
-    }
-
-    /// Waits until `n` runs of `workload` whose names start with `prefix` have started.
-    fn started(&self, workload: &str, prefix: &str, n: usize) -> Vec<TaskStarted> {
-        wait_for(PATIENCE, || {
-            let started = started_runs(&self.workloads(), workload, prefix);
-            (started.len() >= n).then_some(started)
-        })
-        .unwrap_or_else(|| {
-            panic!(
-                "{n} runs of {workload}/{prefix}* did not start\n{}",
-                self.logs()
-            )
-        })
-    }
-
-    /// The allocators that led the pool, in order.
-    fn leaders(&self) -> Vec<String> {
-        self.events(allot_bus::streams::names::DECISIONS)
-            .into_iter()
-            .filter_map(|e| match e {
-                AnyEvent::Alloc(AllocEvent::LeaderElected(l)) => Some(l.leader),
-                _ => None,
-            })
-            .collect()
-    }
-
-    /// Every process's log, for a failure message.
-    fn logs(&self) -> String {
-        let mut out = String::new();
-        for name in self.procs.keys() {
-            let log = log_of(self.dir.path(), name);
-            let tail: Vec<&str> = log.lines().rev().take(40).collect();
-            out += &format!("--- {name} (last lines)\n");
-            for line in tail.into_iter().rev() {
-                out += line;
-                out.push('\n');
-            }
-        }
-        out
-    }
-}
-
-impl Drop for Cluster {
-    /// Collectors first, politely (their executors stop the runs), then the rest.
-    fn drop(&mut self) {
-        let names: Vec<String> = self.procs.keys().cloned().collect();
-        for name in names.iter().filter(|n| n.starts_with("collector")) {
-            if let Some(child) = self.procs.get_mut(name) {
-                crate::support::terminate(child);
-                if crate::support::wait_exit(child, Duration::from_secs(10)).is_none() {
-                    let _ = child.kill();
-                }
-            }
-        }
-        for child in self.procs.values_mut() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
+use crate::cluster::{Cluster, PATIENCE};
+use crate::support::{allot, wait_for};
 
 /// Runs of `workload` whose task names start with `prefix` that started, in order.
-fn started_runs(events: &[AnyEvent], workload: &str, prefix: &str) -> Vec<TaskStarted> {
+pub fn started_runs(events: &[AnyEvent], workload: &str, prefix: &str) -> Vec<TaskStarted> {
     events
         .iter()
         .filter_map(|e| match e {
@@ -702,7 +447,14 @@ spec:
     let status = crate::support::wait_exit(&mut follower, PATIENCE).expect("submit --follow ended");
     let printed = std::fs::read_to_string(cluster.path("abort.out")).unwrap();
     assert_eq!(status.code(), Some(4), "{printed}");
-    for expected in ["prep", "completed", "train-0", "started", "cancelled", "aborted"] {
+    for expected in [
+        "prep",
+        "completed",
+        "train-0",
+        "started",
+        "cancelled",
+        "aborted",
+    ] {
         assert!(
             printed.contains(expected),
             "{expected:?} missing from:\n{printed}"
