@@ -6,9 +6,7 @@
 //! finishes it as `aborted`. An abort names the team that owns the workload: the planner
 //! refuses one from another team.
 
-use std::path::Path;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args;
@@ -63,20 +61,14 @@ pub async fn abort(args: AbortArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode>
             let user = env("USER").unwrap_or_else(|| "someone".into());
             format!("{user}@{}", allot_collector::host::hostname())
         });
-    let data_dir = args
-        .data_dir
-        .clone()
-        .or_else(|| env("ALLOT_DATA_DIR"))
-        .unwrap_or_else(|| ".allot".into());
-    let (url, origin) = local::discover_url(args.nats.as_deref(), env, Path::new(&data_dir));
-    let client = async_nats::ConnectOptions::new()
-        .name("allot-abort")
-        .connection_timeout(Duration::from_secs(2))
-        .connect(allot_bus::server_list(&url))
-        .await
-        .with_context(|| {
-            format!("NATS at {url} (from {origin}) is not reachable; nothing was aborted")
-        })?;
+    let client = local::connect_client(
+        "allot-abort",
+        args.nats.as_deref(),
+        args.data_dir.as_deref(),
+        env,
+        "nothing was aborted",
+    )
+    .await?;
     let event = WorkloadAborted {
         workload_id: args.workload.clone(),
         team,

@@ -41,6 +41,34 @@ pub fn discover_url(
     ("nats://127.0.0.1:4222".into(), "the default".into())
 }
 
+/// Connects a client command (`submit`, `abort` …) as `name` to the NATS server it finds with
+/// [`discover_url`] (`data_dir`: `--data-dir`, then `ALLOT_DATA_DIR`, then `.allot`); if it is
+/// not reachable, the error says where the URL came from and that `nothing` happened.
+pub async fn connect_client(
+    name: &str,
+    nats: Option<&str>,
+    data_dir: Option<&str>,
+    env: &dyn Fn(&str) -> Option<String>,
+    nothing: &str,
+) -> anyhow::Result<async_nats::Client> {
+    let data_dir = data_dir
+        .map(str::to_owned)
+        .or_else(|| env("ALLOT_DATA_DIR"))
+        .unwrap_or_else(|| ".allot".into());
+    let (url, origin) = discover_url(nats, env, Path::new(&data_dir));
+    async_nats::ConnectOptions::new()
+        .name(name)
+        .connection_timeout(Duration::from_secs(2))
+        .connect(allot_bus::server_list(&url))
+        .await
+        .with_context(|| {
+            format!(
+                "NATS at {url} (from {origin}) is not reachable; {nothing}. Is `allot up` running \
+                 in this folder? (or pass --nats URL)"
+            )
+        })
+}
+
 /// Finds the nats-server binary: `ALLOT_NATS_SERVER`, the project's `.tools/bin`, then PATH.
 pub fn nats_server_binary(env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<PathBuf> {
     let mut tried = Vec::new();

@@ -134,23 +134,14 @@ pub async fn submit(args: SubmitArgs, env: Lookup<'_>) -> anyhow::Result<ExitCod
     let (teams, teams_note) = load_teams(args.teams.as_deref(), env)?;
     let run_id = args.run_id.clone().or_else(|| env("ALLOT_RUN_ID"));
 
-    let data_dir = args
-        .data_dir
-        .clone()
-        .or_else(|| env("ALLOT_DATA_DIR"))
-        .unwrap_or_else(|| ".allot".into());
-    let (url, origin) = local::discover_url(args.nats.as_deref(), env, Path::new(&data_dir));
-    let client = async_nats::ConnectOptions::new()
-        .name("allot-submit")
-        .connection_timeout(Duration::from_secs(2))
-        .connect(allot_bus::server_list(&url))
-        .await
-        .with_context(|| {
-            format!(
-                "NATS at {url} (from {origin}) is not reachable; nothing was submitted. Is `allot \
-                 up` running in this folder? (or pass --nats URL)"
-            )
-        })?;
+    let client = local::connect_client(
+        "allot-submit",
+        args.nats.as_deref(),
+        args.data_dir.as_deref(),
+        env,
+        "nothing was submitted",
+    )
+    .await?;
 
     let (cluster, cluster_note) = match live_cluster(&client).await {
         Ok(c) if c.nodes.is_empty() => (
