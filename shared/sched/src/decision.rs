@@ -96,6 +96,13 @@ pub enum WaitReason {
         /// Which limit, and by how much.
         why: String,
     },
+    /// Its team has spent its budget, and the budget policy starts nothing below `floor`.
+    Budget {
+        /// The team.
+        team: String,
+        /// The lowest priority still started while the team is over budget.
+        floor: i32,
+    },
     /// It belongs to a gang not all of whose members have been submitted yet.
     GangIncomplete {
         /// The gang.
@@ -116,6 +123,10 @@ impl std::fmt::Display for WaitReason {
             ),
             Self::BehindHead { head } => write!(f, "queued behind {head}, which cannot start yet"),
             Self::Quota { why } => write!(f, "quota: {why}"),
+            Self::Budget { team, floor } => write!(
+                f,
+                "team {team} is over budget: only priority {floor} and above starts"
+            ),
             Self::GangIncomplete {
                 gang,
                 submitted,

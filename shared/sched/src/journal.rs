@@ -61,7 +61,10 @@ impl Input {
             | Self::TaskRequeued { at, .. }
             | Self::TaskPreloaded { at, .. }
             | Self::Schedule { at } => Some(*at),
-            Self::NodeAdded(_) | Self::NodeSchedulable { .. } | Self::TeamQuota { .. } => None,
+            Self::NodeAdded(_)
+            | Self::NodeSchedulable { .. }
+            | Self::TeamQuota { .. }
+            | Self::TeamBudget { .. } => None,
         }
     }
 }
@@ -138,6 +141,9 @@ pub fn describe(input: &Input) -> String {
             format!("node {node} schedulable={schedulable}")
         }
         Input::TeamQuota { team, .. } => format!("quota of team {team} set"),
+        Input::TeamBudget { team, exceeded, .. } => {
+            format!("team {team} budget exceeded={exceeded}")
+        }
         Input::TaskSubmitted { task, at } => format!("{} submitted at {at}", task.id),
         Input::TaskFinished { task, at } => format!("{task} finished at {at}"),
         Input::TaskCheckpointed { task, at } => format!("{task} checkpointed at {at}"),

@@ -85,6 +85,19 @@ pub enum Input {
         /// Whether new work may be placed there.
         schedulable: bool,
     },
+    /// A team's budget standing changed (from billing). Over budget with `block_below`, its
+    /// new work of a priority under that floor waits (what runs keeps running); over budget
+    /// without one, its work is still granted, each grant flagged. Within budget again: no
+    /// restriction.
+    TeamBudget {
+        /// The team.
+        team: String,
+        /// Whether it has spent its budget for the period.
+        exceeded: bool,
+        /// The policy while exceeded: the lowest priority still started (`None`: allow and
+        /// flag).
+        block_below: Option<i32>,
+    },
     /// A team's quota was set (or changed).
     TeamQuota {
         /// The team.
@@ -259,6 +272,9 @@ pub struct Scheduler {
     next_lease: u64,
     /// Tasks expected soon, by id (ordered, so holds are placed in a deterministic order).
     preloads: BTreeMap<TaskId, Preload>,
+    /// Teams over budget, with the priority floor their new work must reach (`None`: allowed
+    /// and flagged).
+    over_budget: BTreeMap<String, Option<i32>>,
 }
 
 /// How long past its expected time a preloaded task's hold lasts if it never arrives (its
@@ -315,6 +331,7 @@ impl Scheduler {
             next_seq: 0,
             next_lease: 1,
             preloads: BTreeMap::new(),
+            over_budget: BTreeMap::new(),
         }
     }
 
@@ -382,6 +399,21 @@ impl Scheduler {
         let leader = self.leader(task);
         let unit = self.unit(leader);
         let team = &self.tasks[&leader].spec.team;
+        if let Some(floor) = self
+            .over_budget
+            .get(team)
+            .copied()
+            .flatten()
+            .filter(|floor| unit.specs[0].priority < *floor)
+        {
+            return Some(Waiting {
+                reason: WaitReason::Budget {
+                    team: team.clone(),
+                    floor,
+                },
+                eta: None,
+            });
+        }
         if !self.policy.admits(team, unit.demand, &self.quotas) {
             let why = self
                 .quotas
@@ -437,6 +469,18 @@ impl Scheduler {
                 _ => return Err(ApplyError::NotRunning(task)),
             },
             Input::TaskRequeued { task, reason, at } => self.requeue(task, &reason, at, out)?,
+            Input::TeamBudget {
+                team,
+                exceeded,
+                block_below,
+            } => {
+                if exceeded {
+                    self.over_budget.insert(team, block_below);
+                } else {
+                    self.over_budget.remove(&team);
+                }
+                self.no_room.clear();
+            }
             Input::TeamQuota { team, quota } => {
                 self.quotas.set(&team, quota);
                 self.no_room.clear();
@@ -939,8 +983,14 @@ impl Scheduler {
         for (key, leader) in &queue {
             let unit = self.unit(*leader);
             let team = unit.specs[0].team.clone();
-            // 2. nominate
-            let admitted = self.policy.admits(&team, unit.demand, &self.quotas);
+            // 2. nominate (a team over budget starts nothing below its floor)
+            let floor = self
+                .over_budget
+                .get(&team)
+                .copied()
+                .flatten()
+                .filter(|floor| unit.specs[0].priority < *floor);
+            let admitted = floor.is_none() && self.policy.admits(&team, unit.demand, &self.quotas);
             let shape = &self.tasks[leader].shape;
             let mut placed = if !admitted || (unit.single && self.no_room.contains(shape)) {
                 None
@@ -962,6 +1012,7 @@ impl Scheduler {
             // 3. preempt
             let mut victims = 0;
             if placed.is_none()
+                && floor.is_none()
                 && may_preempt
                 && self.policy.preemptive()
                 && reservation.is_none()
@@ -979,7 +1030,12 @@ impl Scheduler {
             let Some((placements, level)) = placed else {
                 // 5. blocked
                 if blocked.is_none() {
-                    let reason = if admitted {
+                    let reason = if let Some(floor) = floor {
+                        WaitReason::Budget {
+                            team: team.clone(),
+                            floor,
+                        }
+                    } else if admitted {
                         self.no_capacity(&unit)
                     } else {
                         WaitReason::Quota {
@@ -1064,6 +1120,9 @@ impl Scheduler {
                 unit.members.len(),
                 level.name()
             );
+        }
+        if self.over_budget.contains_key(&unit.specs[0].team) {
+            why += &format!("; team {} is over budget (flagged)", unit.specs[0].team);
         }
         why
     }

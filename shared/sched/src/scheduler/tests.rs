@@ -644,3 +644,83 @@ fn a_preload_of_a_task_already_submitted_is_refused() {
         .unwrap_err();
     assert_eq!(err, ApplyError::DuplicateTask(TaskId(1)));
 }
+
+#[test]
+fn a_team_over_budget_starts_nothing_below_its_floor_or_is_flagged() {
+    struct Case {
+        name: &'static str,
+        budget: Option<Input>,
+        want_started: &'static [u64],
+        want_flagged: bool,
+    }
+    let over = |block_below| {
+        Some(Input::TeamBudget {
+            team: "team-a".into(),
+            exceeded: true,
+            block_below,
+        })
+    };
+    let cases = [
+        Case {
+            name: "within budget: both start",
+            budget: None,
+            want_started: &[1, 2],
+            want_flagged: false,
+        },
+        Case {
+            name: "over budget, floor 100: only the critical task starts",
+            budget: over(Some(100)),
+            want_started: &[2],
+            want_flagged: true,
+        },
+        Case {
+            name: "over budget, allow and flag: both start, flagged",
+            budget: over(None),
+            want_started: &[1, 2],
+            want_flagged: true,
+        },
+        Case {
+            name: "back within budget: no restriction",
+            budget: Some(Input::TeamBudget {
+                team: "team-a".into(),
+                exceeded: false,
+                block_below: Some(100),
+            }),
+            want_started: &[1, 2],
+            want_flagged: false,
+        },
+    ];
+    for case in cases {
+        let mut s = scheduler(crate::policy::by_name("kueue").unwrap(), vec![node("n1")]);
+        if let Some(budget) = case.budget {
+            s.apply(budget).unwrap();
+        }
+        let mut batch = task(1).0;
+        batch.priority = 0;
+        let mut critical = task(2).0;
+        critical.priority = 1000;
+        for t in [batch, critical] {
+            s.apply(Input::TaskSubmitted { task: t, at: 0 }).unwrap();
+        }
+        let decisions = s.apply(Input::Schedule { at: 0 }).unwrap();
+        let flagged = decisions.iter().any(|d| {
+            matches!(d, Decision::Granted { reason, .. } if reason.contains("over budget (flagged)"))
+        });
+        let mut started: Vec<u64> = granted(&s, decisions).into_iter().map(|g| g.0).collect();
+        started.sort_unstable();
+        assert_eq!(started, case.want_started, "{}", case.name);
+        assert_eq!(flagged, case.want_flagged, "{}", case.name);
+        if !started.contains(&1) {
+            let waiting = s.waiting(TaskId(1), 0).unwrap();
+            assert_eq!(
+                waiting.reason,
+                WaitReason::Budget {
+                    team: "team-a".into(),
+                    floor: 100
+                },
+                "{}",
+                case.name
+            );
+        }
+    }
+}
