@@ -304,6 +304,12 @@ spec:
         })
         .collect();
     assert_eq!(stopped.len(), 1, "{stopped:?}");
+    // The urgent task started only once the batch run had left the GPUs.
+    let position = |f: &dyn Fn(&AnyEvent) -> bool| events.iter().position(f).unwrap();
+    let stopped_at = position(&|e| matches!(e, AnyEvent::Task(TaskEvent::Stopped(_))));
+    let urgent_started_at =
+        position(&|e| matches!(e, AnyEvent::Task(TaskEvent::Started(s)) if s.workload == urgent));
+    assert!(urgent_started_at > stopped_at, "two runs shared the GPUs");
     assert_eq!(stopped[0].cause, StopCause::Preempted);
     assert!(
         stopped[0].checkpointed && !stopped[0].killed,

@@ -14,6 +14,10 @@
 //! | it exited otherwise, could not start, or ran past its max runtime | `TaskFailed` (any rank) |
 //! | it was preempted or cancelled and stopped | `TaskStopped` (checkpointed? killed?) |
 //!
+//! A grant whose GPUs are still held by a run that is stopping here (the scheduler counts a
+//! preempted run's GPUs free at once; the process has its grace period to exit) is deferred
+//! until that run has exited, so two runs never share a device.
+//!
 //! # Exactly once
 //!
 //! The runs it started and the journal position are in SQLite ([`state`]), committed together.
@@ -110,7 +114,17 @@ pub enum ExecutorError {
 #[derive(Debug)]
 struct Running {
     stored: StoredRun,
+    /// The way to stop it; taken when it is told to stop.
     stop: Option<oneshot::Sender<Stop>>,
+    /// Not started yet: GPUs of its share are still held by a run that is stopping.
+    deferred: bool,
+}
+
+impl Running {
+    /// Told to stop, and not ended yet: it still holds its GPUs.
+    fn stopping(&self) -> bool {
+        !self.deferred && self.stop.is_none()
+    }
 }
 
 /// The executor of one node.
@@ -302,7 +316,14 @@ impl Executor {
         for order in orders {
             match order {
                 Order::Stop { lease, cause } => {
-                    if let Some(stop) = self.running.get_mut(&lease).and_then(|r| r.stop.take()) {
+                    if self.running.get(&lease).is_some_and(|r| r.deferred) {
+                        // Never started: nothing to stop, nothing to report.
+                        tracing::info!(lease = lease.0, ?cause, "a deferred run was withdrawn");
+                        self.running.remove(&lease);
+                        self.state.forget(lease)?;
+                    } else if let Some(stop) =
+                        self.running.get_mut(&lease).and_then(|r| r.stop.take())
+                    {
                         tracing::info!(lease = lease.0, ?cause, "stopping a run");
                         let _ = stop.send(Stop::Cause(cause));
                     }
@@ -323,16 +344,64 @@ impl Executor {
         }
         self.state.started(seq, &started)?;
         for stored in started {
-            tracing::info!(
-                task = %stored.dispatch.task,
-                name = %stored.dispatch.launch.name,
-                workload = %stored.dispatch.launch.workload,
-                lease = stored.dispatch.lease.0,
-                "starting a run"
-            );
-            self.spawn(stored)?;
+            if self.held_by_stopping_runs(&stored) {
+                // The scheduler counts a preempted run's GPUs free at once; the device is free
+                // only when the run has exited (within its grace period). Start after it.
+                tracing::info!(
+                    lease = stored.dispatch.lease.0,
+                    "deferring a run until the runs stopping on its GPUs have exited"
+                );
+                self.running.insert(
+                    stored.dispatch.lease,
+                    Running {
+                        stored,
+                        stop: None,
+                        deferred: true,
+                    },
+                );
+                continue;
+            }
+            self.start(stored)?;
         }
         Ok(())
+    }
+
+    /// Whether a GPU of `run`'s share is still held by a run that is stopping.
+    fn held_by_stopping_runs(&self, run: &StoredRun) -> bool {
+        self.running.values().filter(|r| r.stopping()).any(|r| {
+            r.stored
+                .share
+                .gpus
+                .iter()
+                .any(|(g, _)| run.share.gpus.iter().any(|(h, _)| g == h))
+        })
+    }
+
+    /// Starts the deferred runs whose GPUs no stopping run holds any more.
+    fn start_deferred(&mut self) -> Result<(), ExecutorError> {
+        let ready: Vec<LeaseId> = self
+            .running
+            .iter()
+            .filter(|(_, r)| r.deferred && !self.held_by_stopping_runs(&r.stored))
+            .map(|(lease, _)| *lease)
+            .collect();
+        for lease in ready {
+            if let Some(run) = self.running.remove(&lease) {
+                self.start(run.stored)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn start(&mut self, stored: StoredRun) -> Result<(), ExecutorError> {
+        tracing::info!(
+            task = %stored.dispatch.task,
+            name = %stored.dispatch.launch.name,
+            workload = %stored.dispatch.launch.workload,
+            lease = stored.dispatch.lease.0,
+            "starting a run"
+        );
+        self.spawn(stored)
     }
 
     /// Starts a run.
@@ -363,6 +432,7 @@ impl Executor {
             Running {
                 stored,
                 stop: Some(stop_tx),
+                deferred: false,
             },
         );
         Ok(())
@@ -416,7 +486,7 @@ impl Executor {
                 let event = match end {
                     End::Abandoned => {
                         self.running.remove(&lease);
-                        return Ok(());
+                        return self.start_deferred();
                     }
                     End::Completed => {
                         self.state.forget_progress(task)?;
@@ -482,7 +552,7 @@ impl Executor {
         }
         self.state.forget(lease)?;
         self.running.remove(&lease);
-        Ok(())
+        self.start_deferred()
     }
 
     /// Publishes `envelope`, retrying with backoff until it is acknowledged or the executor
@@ -507,6 +577,8 @@ impl Executor {
 
     /// Stops every run for shutdown and waits (briefly) for them; they stay on record.
     async fn shutdown(mut self, rx: &mut mpsc::UnboundedReceiver<(LeaseId, Report)>) {
+        // Deferred runs never started: they stay on record for the next start to settle.
+        self.running.retain(|_, r| !r.deferred);
         for run in self.running.values_mut() {
             if let Some(stop) = run.stop.take() {
                 let _ = stop.send(Stop::Shutdown);
