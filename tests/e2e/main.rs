@@ -5,6 +5,7 @@ mod audit;
 mod cluster;
 mod inventory_crash;
 mod pipelines;
+mod quickstart;
 mod replay;
 mod submit;
 mod submit_wait;
