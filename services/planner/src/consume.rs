@@ -253,6 +253,8 @@ fn emit(c: &Connection, w: &Workload, effects: Vec<Effect>) -> Result<(), StoreE
                 not_before,
             } => {
                 info!(workload.id = %w.id, task = %task, attempt, task.id = %spec.id, "task ready");
+                // A preload still queued for it came too late to matter: the task is here.
+                store::withdraw(c, &event_id(&format!("preload/{}", spec.id.0)).to_string())?;
                 (
                     format!("ready/{}/{attempt}", spec.id.0),
                     not_before,

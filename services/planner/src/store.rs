@@ -312,6 +312,12 @@ pub fn enqueue(
     Ok(())
 }
 
+/// Withdraws a queued event not yet published (a preload overtaken by its task's readiness);
+/// whether there was one.
+pub fn withdraw(conn: &Connection, msg_id: &str) -> Result<bool, rusqlite::Error> {
+    Ok(conn.execute("DELETE FROM outbox WHERE msg_id = ?1", [msg_id])? > 0)
+}
+
 /// Up to `limit` events due at `now`, oldest first, and when the next one not yet due is.
 pub fn due(
     conn: &Connection,

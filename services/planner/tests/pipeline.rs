@@ -32,6 +32,7 @@ spec:
     - name: preprocess
       resources: {cpu: "4", memory: 8Gi}
       command: [python, prep.py]
+      durationEstimate: 10m
     - name: train-0
       resources: {gpus: 2, cpu: "4"}
       command: [torchrun, train.py]
@@ -388,6 +389,14 @@ fn a_pipeline_runs_stage_by_stage_and_holds_no_gpu_while_only_its_cpu_stage_runs
     );
     let gang = specs[&t("train-0")].gang.clone().unwrap();
     assert_eq!((gang.name, gang.size), (format!("{id}/train"), 2));
+    // Preprocessing was expected to take 10 minutes, so the trainers' preloads were queued
+    // for 9 minutes after its grant; it ended at once, so they were withdrawn, never sent.
+    let conn = allot_store::rusqlite::Connection::open(&h.db).unwrap();
+    let queued: i64 = conn
+        .query_row("SELECT count(*) FROM outbox", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(queued, 0, "events still queued after the workload finished");
+    assert!(h.workload_stream("allot.task.preload.>").is_empty());
 }
 
 #[test]
