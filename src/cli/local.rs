@@ -116,6 +116,13 @@ pub struct EmbeddedNats {
 }
 
 impl EmbeddedNats {
+    /// Writes `nats.url`, through which client commands in this folder find the server: call
+    /// it once the streams exist, so a command that finds the file finds a working Allot.
+    pub fn announce(&self) -> anyhow::Result<()> {
+        std::fs::write(&self.url_file, format!("{}\n", self.url))
+            .with_context(|| format!("writing {}", self.url_file.display()))
+    }
+
     /// Starts nats-server with JetStream, its store and log under `data_dir`, on `port`
     /// (0: 4222 if free, else any free port), and waits until it accepts clients.
     pub async fn start(binary: &Path, data_dir: &Path, port: u16) -> anyhow::Result<Self> {
@@ -162,8 +169,6 @@ impl EmbeddedNats {
             url_file: url_file(data_dir),
         };
         nats.wait_ready(port, &log).await?;
-        std::fs::write(&nats.url_file, format!("{url}\n"))
-            .with_context(|| format!("writing {}", nats.url_file.display()))?;
         tracing::info!(%url, store = %store.display(), log = %log.display(), pid = nats.pid(), "nats-server started");
         Ok(nats)
     }

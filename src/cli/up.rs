@@ -188,7 +188,8 @@ pub async fn up(args: UpArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
         (None, None) => unreachable!("either --nats or an embedded server"),
     };
 
-    let code = match run_services(&config, &url, shutdown.clone(), trigger).await {
+    let code = match run_services(&config, &url, embedded.as_ref(), shutdown.clone(), trigger).await
+    {
         Ok(code) => code,
         Err(e) => {
             tracing::error!(error = %format!("{e:#}"), "allot up failed");
@@ -204,6 +205,7 @@ pub async fn up(args: UpArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
 async fn run_services(
     config: &UpConfig,
     url: &str,
+    embedded: Option<&local::EmbeddedNats>,
     shutdown: super::Shutdown,
     trigger: tokio::sync::oneshot::Sender<()>,
 ) -> anyhow::Result<ExitCode> {
@@ -215,6 +217,9 @@ async fn run_services(
     .context("connecting to NATS")?;
     let js = async_nats::jetstream::new(admin.clone());
     allot_bus::ensure_streams(&js, &allot_bus::catalog(1)).await?;
+    if let Some(nats) = embedded {
+        nats.announce()?;
+    }
 
     let mut services: JoinSet<(String, anyhow::Result<()>)> = JoinSet::new();
     let mut inventory = allot_inventory::Config::new(url, config.data_dir.join("inventory"));
