@@ -47,6 +47,8 @@ pub const WORKLOAD_ALL: &str = "allot.workload.>";
 pub const TASK_ALL: &str = "allot.task.>";
 /// Every allocator journal entry and decision: `allot.alloc.>`.
 pub const ALLOC_ALL: &str = "allot.alloc.>";
+/// Every cost event, of every team: `allot.cost.>`.
+pub const COST_ALL: &str = "allot.cost.>";
 /// Dead letters: `allot.deadletter.<original subject>`.
 pub const DEAD_LETTER_PREFIX: &str = "allot.deadletter";
 /// Inventory's request/reply query endpoint (core NATS, not a stream).
@@ -95,6 +97,16 @@ pub fn task(event: &str, pool: &str) -> String {
 /// `allot.alloc.<pool>.journal`: the allocator's journal of a pool.
 pub fn alloc_journal(pool: &str) -> String {
     format!("allot.alloc.{pool}.journal")
+}
+
+/// `allot.cost.<team>.<workload>`: what one workload of a team cost (published by billing).
+pub fn cost(team: &str, workload: &str) -> String {
+    format!("allot.cost.{team}.{workload}")
+}
+
+/// `allot.cost.<team>.>`: every cost event of one team, and nothing of another's.
+pub fn cost_of_team(team: &str) -> String {
+    format!("allot.cost.{team}.>")
 }
 
 /// `allot.deadletter.<original subject>`
