@@ -69,7 +69,7 @@ use async_nats::jetstream::{
     context::GetStreamErrorKind,
     stream::{Config, DiscardPolicy, External, RetentionPolicy, Source, StorageType},
 };
-use rand::{CryptoRng, Rng, distr::Alphanumeric};
+use rand::{CryptoRng, Rng, SeedableRng, distr::Alphanumeric};
 use serde::{Deserialize, Serialize};
 
 use allot_events::subject::{self, InvalidToken, validate_token};
@@ -255,6 +255,11 @@ impl Accounts {
             platform_password,
             teams,
         })
+    }
+
+    /// [`Accounts::generate`] with passwords from `StdRng` (ChaCha12) seeded by the OS.
+    pub fn generate_random<S: AsRef<str>>(teams: &[S]) -> Result<Self, AccountsError> {
+        Self::generate(teams, &mut rand::rngs::StdRng::from_os_rng())
     }
 
     /// The team names, in order.
