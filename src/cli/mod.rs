@@ -11,6 +11,7 @@
 //! - [`audit`]: the hash-chained archive of the decision log (`allot audit archive|verify`).
 //! - [`bench`]: benchmarks that need the real bus (`allot bench telemetry`).
 //! - [`settings`]: flags and `ALLOT_*` variables, all problems reported at once.
+//! - [`nats_config`]: per-team NATS accounts and credentials, and the teams' cost streams.
 //! - [`local`]: the embedded nats-server and how client commands find it (`./.allot/`).
 
 use std::future::Future;
@@ -26,6 +27,7 @@ pub mod audit;
 pub mod bench;
 pub mod follow;
 pub mod local;
+pub mod nats_config;
 pub mod plots;
 pub mod replay;
 pub mod run;
@@ -77,6 +79,8 @@ pub enum Command {
     /// Benchmarks against a real nats-server.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Generate the nats-server accounts (platform + one per team) and per-team credentials.
+    NatsConfig(nats_config::NatsConfigArgs),
     /// Write the JSON Schemas of every event type into a folder (default `schemas/events`).
     Schemas {
         /// Output folder.
@@ -130,6 +134,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Sim(args) => sim::sim(args),
         Command::Replay(args) => replay::replay(args).await,
         Command::Explain(args) => replay::explain(args).await,
+        Command::NatsConfig(args) => nats_config::nats_config(args).await,
         Command::Schemas { out, spec_out } => {
             allot_events::schema::write_all(&out)?;
             std::fs::write(

@@ -11,14 +11,19 @@
 //! - [`consumer`]: [`ConsumerRunner`], which drives a [`Handler`] from a durable pull consumer
 //!   with explicit acks, retries with backoff, and dead-letters what cannot be handled —
 //!   undecodable messages and permanent handler failures — with the reason attached.
+//! - [`accounts`]: per-team isolation — the nats-server accounts configuration (a PLATFORM
+//!   account and one account per team that can read only its own cost events, live and through
+//!   its own stream) and [`ensure_team_streams`], which creates those team streams.
 //! - [`error`]: [`BusError`] and [`PublishError`], classified by who is at fault.
 
+pub mod accounts;
 pub mod connect;
 pub mod consumer;
 pub mod error;
 pub mod publish;
 pub mod streams;
 
+pub use accounts::{Accounts, Credentials, ensure_team_streams};
 pub use connect::{ConnectConfig, connect, server_list};
 pub use consumer::{
     ConsumerRunner, ConsumerSpec, Content, Delivery, Handler, HandlerError, Outcome, Raw,

@@ -108,6 +108,11 @@ pub const FLEET_MSGS_PER_SUBJECT: i64 = 64;
 /// is stored again, but with the same workload id, which the planner treats as known.
 pub const WORKLOADS_DUPLICATE_WINDOW: Duration = Duration::from_secs(3600);
 
+/// How long COSTS remembers a `Nats-Msg-Id`: billing gives every cost event a stable id and
+/// publishes it again after a crash or a lost acknowledgement; within this window the server
+/// stores it once, so a team is never charged twice for one period of one lease.
+pub const COSTS_DUPLICATE_WINDOW: Duration = Duration::from_secs(3600);
+
 /// Stream names, for consumers and tools.
 pub mod names {
     /// Node registrations and heartbeats.
@@ -122,7 +127,9 @@ pub mod names {
     pub const WORKLOADS: &str = "WORKLOADS";
     /// The allocator's append-only journal: every input it applied and every decision it made.
     pub const DECISIONS: &str = "DECISIONS";
-    /// What each team's workloads cost: the chargeback record (append-only).
+    /// Cost events of every team (`allot.cost.<team>.<workload>`), from billing; append-only.
+    /// Each team reads its own share through a stream in its own NATS account (see
+    /// [`crate::accounts`]), never this one.
     pub const COSTS: &str = "COSTS";
 }
 
@@ -172,23 +179,23 @@ pub fn catalog(replicas: usize) -> Vec<StreamSpec> {
                 &[subject::ALLOC_ALL],
             )
         },
-        // Finance's record: kept for ever, never edited; billing's event ids de-duplicate.
-        StreamSpec {
-            deny_delete: true,
-            deny_purge: true,
-            duplicate_window: WORKLOADS_DUPLICATE_WINDOW,
-            ..StreamSpec::new(
-                names::COSTS,
-                "What each team's workloads cost, per lease and period, in integer micro-units",
-                &[subject::COST_ALL],
-            )
-        },
         StreamSpec {
             deny_delete: true,
             ..StreamSpec::new(
                 names::DEADLETTER,
                 "Messages a consumer could not handle, with the error and origin in headers",
                 &["allot.deadletter.>"],
+            )
+        },
+        // What every team is charged: part of the durable record, like DECISIONS.
+        StreamSpec {
+            deny_delete: true,
+            deny_purge: true,
+            duplicate_window: COSTS_DUPLICATE_WINDOW,
+            ..StreamSpec::new(
+                names::COSTS,
+                "Cost events per team and workload, from billing; each team reads its own share",
+                &[subject::COST_ALL],
             )
         },
     ];

@@ -99,10 +99,14 @@ pub fn alloc_journal(pool: &str) -> String {
     format!("allot.alloc.{pool}.journal")
 }
 
-/// `allot.cost.<team>.<workload>`: what a workload of a team cost (one subject per workload,
-/// so a team reads all its costs with `allot.cost.<team>.>` and nothing of another team's).
+/// `allot.cost.<team>.<workload>`: what one workload of a team cost (published by billing).
 pub fn cost(team: &str, workload: &str) -> String {
     format!("allot.cost.{team}.{workload}")
+}
+
+/// `allot.cost.<team>.>`: every cost event of one team, and nothing of another's.
+pub fn cost_of_team(team: &str) -> String {
+    format!("allot.cost.{team}.>")
 }
 
 /// `allot.deadletter.<original subject>`
