@@ -75,6 +75,16 @@ fn editing_one_byte_of_the_archive_makes_verify_fail_and_name_the_record() {
         out.contains(&format!("archived {MESSAGES} new records")),
         "{out}"
     );
+    // A one-shot copy leaves no consumer behind on the audited stream.
+    let consumers = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let client = async_nats::connect(server.url()).await.unwrap();
+        let mut stream = async_nats::jetstream::new(client)
+            .get_stream("DECISIONS")
+            .await
+            .unwrap();
+        stream.info().await.unwrap().state.consumer_count
+    });
+    assert_eq!(consumers, 0, "allot audit archive left a consumer");
 
     let (ok, out) = run(dir.path(), &["audit", "verify", "--db", db_arg]);
     assert!(ok, "an untouched archive verifies:\n{out}");

@@ -242,6 +242,15 @@ pub async fn catch_up(
     )
     .await?;
     let result = catch_up_with(&client, &config, shutdown).await;
+    // A one-shot copy leaves no consumer behind on the server: the archive is its position
+    // (the next catch-up resumes after its head).
+    if let Ok(stream) = jetstream::new(client.clone())
+        .get_stream(&config.stream)
+        .await
+        && let Err(e) = stream.delete_consumer(&config.durable).await
+    {
+        tracing::debug!(consumer = %config.durable, error = %e, "removing the catch-up consumer");
+    }
     drain(client).await;
     result
 }
