@@ -6,7 +6,8 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::{
-    AllocEvent, InventoryEvent, NodeEvent, TYPE_PREFIX, TaskEvent, TelemetryEvent, WorkloadEvent,
+    AllocEvent, CostEvent, InventoryEvent, NodeEvent, TYPE_PREFIX, TaskEvent, TelemetryEvent,
+    WorkloadEvent,
 };
 
 /// The CloudEvents spec version Allot writes and accepts.
@@ -74,6 +75,8 @@ pub enum AnyEvent {
     Task(TaskEvent),
     /// The allocator's journal.
     Alloc(AllocEvent),
+    /// Costs and budgets.
+    Cost(CostEvent),
 }
 
 impl From<NodeEvent> for AnyEvent {
@@ -106,6 +109,11 @@ impl From<AllocEvent> for AnyEvent {
         Self::Alloc(e)
     }
 }
+impl From<CostEvent> for AnyEvent {
+    fn from(e: CostEvent) -> Self {
+        Self::Cost(e)
+    }
+}
 
 impl EventKind for AnyEvent {
     fn event_type(&self) -> String {
@@ -116,6 +124,7 @@ impl EventKind for AnyEvent {
             Self::Workload(e) => e.event_type(),
             Self::Task(e) => e.event_type(),
             Self::Alloc(e) => e.event_type(),
+            Self::Cost(e) => e.event_type(),
         }
     }
     fn nats_subject(&self) -> String {
@@ -126,6 +135,7 @@ impl EventKind for AnyEvent {
             Self::Workload(e) => e.nats_subject(),
             Self::Task(e) => e.nats_subject(),
             Self::Alloc(e) => e.nats_subject(),
+            Self::Cost(e) => e.nats_subject(),
         }
     }
     fn entity(&self) -> String {
@@ -136,6 +146,7 @@ impl EventKind for AnyEvent {
             Self::Workload(e) => e.entity(),
             Self::Task(e) => e.entity(),
             Self::Alloc(e) => e.entity(),
+            Self::Cost(e) => e.entity(),
         }
     }
     fn team(&self) -> Option<&str> {
@@ -146,6 +157,7 @@ impl EventKind for AnyEvent {
             Self::Workload(e) => e.team(),
             Self::Task(e) => e.team(),
             Self::Alloc(e) => e.team(),
+            Self::Cost(e) => e.team(),
         }
     }
 }
@@ -238,6 +250,7 @@ pub fn decode(bytes: &[u8]) -> Result<Envelope<AnyEvent>, DecodeError> {
         WorkloadEvent::DOMAIN => WorkloadEvent::VERSION,
         TaskEvent::DOMAIN => TaskEvent::VERSION,
         AllocEvent::DOMAIN => AllocEvent::VERSION,
+        CostEvent::DOMAIN => CostEvent::VERSION,
         _ => return Err(DecodeError::UnknownType(raw.ty)),
     };
     if version > supported {
@@ -264,6 +277,7 @@ pub fn decode(bytes: &[u8]) -> Result<Envelope<AnyEvent>, DecodeError> {
         AllocEvent::DOMAIN => {
             AllocEvent::decode_data(name, raw.data).map(|r| r.map(AnyEvent::Alloc))
         }
+        CostEvent::DOMAIN => CostEvent::decode_data(name, raw.data).map(|r| r.map(AnyEvent::Cost)),
         _ => None,
     };
     let data = match data {

@@ -10,6 +10,7 @@
 //! - [`workload`]: the workload spec a team submits (`apiVersion: allot/v1`, `kind: Workload`:
 //!   tasks, resources, dependencies, gangs, retries, checkpoints), kept as written, and the
 //!   `WorkloadEvent`s about it (submitted, aborted). Parsing and validation are `allot-workload`'s.
+//! - [`cost`]: billing's cost and budget events, in integer micro-units.
 //! - [`subject`]: subject builders (`allot.<domain>.<event>.<key…>`) and validation of the
 //!   tokens (node names, teams) that go into them.
 //! - [`schema`]: JSON Schema generation for every event type and for the workload spec;
@@ -23,6 +24,7 @@
 mod macros;
 
 pub mod alloc;
+pub mod cost;
 pub mod envelope;
 pub mod inventory;
 pub mod node;
@@ -33,6 +35,7 @@ pub mod telemetry;
 pub mod workload;
 
 pub use alloc::AllocEvent;
+pub use cost::CostEvent;
 pub use envelope::{AnyEvent, DecodeError, Envelope, EventKind, decode};
 pub use inventory::InventoryEvent;
 pub use node::NodeEvent;

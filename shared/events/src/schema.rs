@@ -9,7 +9,9 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::{AllocEvent, InventoryEvent, NodeEvent, TaskEvent, TelemetryEvent, WorkloadEvent};
+use crate::{
+    AllocEvent, CostEvent, InventoryEvent, NodeEvent, TaskEvent, TelemetryEvent, WorkloadEvent,
+};
 
 /// The folder, relative to the workspace root, that holds the committed event schemas.
 pub const DIR: &str = "schemas/events";
@@ -26,6 +28,7 @@ pub fn all() -> Vec<(String, Value)> {
         .chain(WorkloadEvent::data_schemas())
         .chain(TaskEvent::data_schemas())
         .chain(AllocEvent::data_schemas())
+        .chain(CostEvent::data_schemas())
         .map(|(ty, schema)| {
             let mut value = schema.to_value();
             pin_type(&mut value, &ty);

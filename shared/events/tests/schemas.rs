@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use allot_events::alloc::{Applied, Dispatch, Launch, LeaderElected, NodeGrant, Source};
+use allot_events::cost::{BudgetCrossed, BudgetLevel, CostAccrued, CostLine};
 use allot_events::inventory::{GpuHealth, GpuHealthChanged, NodeRecovered, NodeUnreachable};
 use allot_events::node::{GpuInfo, GpuSourceKind, HeartbeatSent, NodeRegistered};
 use allot_events::task::{
@@ -238,6 +239,38 @@ fn samples() -> Vec<AnyEvent> {
             workload: "train-eval-3f9a2c71d0".into(),
             name: "eval".into(),
             reason: "aborted by alice: wrong learning rate".into(),
+        }
+        .into(),
+        CostAccrued {
+            team: "vision".into(),
+            workload: "train-eval-3f9a2c71d0".into(),
+            task_name: "train".into(),
+            task: TaskId(7),
+            pool: "default".into(),
+            lease: LeaseId(5),
+            from_ms: 1_795_000_000_000,
+            to_ms: 1_795_000_060_000,
+            last: false,
+            currency: "EUR".into(),
+            lines: vec![CostLine {
+                resource: "gpu:H100".into(),
+                quantity: 2000,
+                unit: "milli-GPU".into(),
+                unit_price: 2_500_000,
+                amount: 83_333,
+                unpriced: false,
+            }],
+            amount: 83_333,
+        }
+        .into(),
+        BudgetCrossed {
+            team: "vision".into(),
+            period: "2026-11".into(),
+            level: BudgetLevel::Warning,
+            spent: 8_000_000_000,
+            budget: 10_000_000_000,
+            currency: "EUR".into(),
+            block_below: Some(100),
         }
         .into(),
         LeaderElected {
