@@ -1,0 +1,277 @@
+use super::*;
+use allot_events::alloc::{Launch, NodeGrant};
+use allot_sched::journal::Entry;
+use allot_sched::{TaskSpec, Time};
+
+const POOL: &str = "p";
+const MINUTE: Time = 60_000;
+const HOUR: Time = 3_600_000;
+
+fn prices() -> PriceTable {
+    PriceTable::parse(
+        r#"
+currency: EUR
+tables:
+  - effectiveFrom: "1970-01-01T00:00:00Z"
+    gpuHour: {H100: "2.50"}
+    cpuCoreHour: "0.04"
+    memoryGiBHour: "0.005"
+  - effectiveFrom: "1970-01-02T00:00:00Z"
+    gpuHour: {H100: "2.00"}
+    cpuCoreHour: "0.04"
+    memoryGiBHour: "0.005"
+"#,
+    )
+    .unwrap()
+}
+
+/// Journal entries, numbered in order.
+struct Journal(u64);
+
+impl Journal {
+    fn entry(
+        &mut self,
+        input: Input,
+        decisions: Vec<Decision>,
+        dispatch: Vec<Dispatch>,
+    ) -> Applied {
+        self.0 += 1;
+        Applied {
+            pool: POOL.into(),
+            source: None,
+            entry: Entry {
+                seq: self.0,
+                input,
+                decisions,
+                rejected: None,
+            },
+            launch: None,
+            dispatch,
+        }
+    }
+
+    fn submitted(&mut self, task: u64, team: &str, at: Time) -> Applied {
+        self.entry(
+            Input::TaskSubmitted {
+                task: TaskSpec::new(task, team, 1),
+                at,
+            },
+            vec![],
+            vec![],
+        )
+    }
+
+    /// A grant of `milli` of one H100 plus 2 cores and 4 GiB (`gpu_only`: the GPU alone).
+    fn granted(&mut self, task: u64, lease: u64, milli: u32, gpu_only: bool, at: Time) -> Applied {
+        let dispatch = Dispatch {
+            task: TaskId(task),
+            lease: LeaseId(lease),
+            launch: Launch {
+                workload: "w-1".into(),
+                name: format!("t{task}"),
+                run: Default::default(),
+            },
+            nodes: vec![NodeGrant {
+                node: "n1".into(),
+                gpu_model: "H100".into(),
+                gpus: vec![(0, milli)],
+                mig: None,
+                cpu_milli: if gpu_only { 0 } else { 2000 },
+                memory_mib: if gpu_only { 0 } else { 4096 },
+            }],
+        };
+        let decision = Decision::Granted {
+            task: TaskId(task),
+            lease: LeaseId(lease),
+            placement: Default::default(),
+            at,
+            reason: "r".into(),
+        };
+        self.entry(Input::Schedule { at }, vec![decision], vec![dispatch])
+    }
+
+    fn released(&mut self, task: u64, lease: u64, at: Time) -> Applied {
+        let d = Decision::Released {
+            task: TaskId(task),
+            lease: LeaseId(lease),
+            at,
+        };
+        self.entry(
+            Input::TaskFinished {
+                task: TaskId(task),
+                at,
+            },
+            vec![d],
+            vec![],
+        )
+    }
+
+    fn preempted(&mut self, task: u64, lease: u64, at: Time) -> Applied {
+        let d = Decision::Preempted {
+            task: TaskId(task),
+            lease: LeaseId(lease),
+            at,
+            for_task: None,
+            lost: 0,
+            reason: "r".into(),
+        };
+        self.entry(Input::Schedule { at }, vec![d], vec![])
+    }
+
+    fn tick(&mut self, at: Time) -> Applied {
+        self.entry(Input::Schedule { at }, vec![], vec![])
+    }
+}
+
+fn run(entries: &[Applied], interval: Time) -> Vec<CostAccrued> {
+    let mut ledger = PoolLedger::default();
+    entries
+        .iter()
+        .flat_map(|e| ledger.apply(POOL, e, &prices(), interval))
+        .collect()
+}
+
+fn total(events: &[CostAccrued]) -> i64 {
+    events.iter().map(|e| e.amount).sum()
+}
+
+#[test]
+fn a_lease_costs_its_seconds_times_its_price_to_the_micro_unit() {
+    struct Case {
+        name: &'static str,
+        milli: u32,
+        gpu_only: bool,
+        held: Time,
+        preempted: bool,
+        /// The analytic cost, micro-units.
+        want: i64,
+    }
+    let cases = [
+        Case {
+            name: "a whole H100 for an hour: 2.50",
+            milli: 1000,
+            gpu_only: true,
+            held: HOUR,
+            preempted: false,
+            want: 2_500_000,
+        },
+        Case {
+            name: "a quarter of an H100 for 30 minutes: 2.50 × 0.25 × 0.5",
+            milli: 250,
+            gpu_only: true,
+            held: 30 * MINUTE,
+            preempted: false,
+            want: 312_500,
+        },
+        Case {
+            name: "preempted after 10.5 minutes: billed for what it held until then",
+            milli: 1000,
+            gpu_only: true,
+            held: 10 * MINUTE + 30_000,
+            preempted: true,
+            want: 437_500,
+        },
+        Case {
+            name: "GPU, 2 cores and 4 GiB for an hour: 2.50 + 2 × 0.04 + 4 × 0.005",
+            milli: 1000,
+            gpu_only: false,
+            held: HOUR,
+            preempted: false,
+            want: 2_500_000 + 80_000 + 20_000,
+        },
+        Case {
+            name: "an odd fraction over periods: rounded down once, for the whole lease",
+            milli: 333,
+            gpu_only: true,
+            held: 150_000,
+            preempted: false,
+            // ⌊333 × 150,000 × 2,500,000 ÷ (1000 × 3,600,000)⌋ = ⌊34,687.5⌋
+            want: 34_687,
+        },
+    ];
+    for case in cases {
+        let mut j = Journal(0);
+        let start = 7 * MINUTE + 1_234;
+        let entries = vec![
+            j.submitted(1, "vision", start),
+            j.granted(1, 1, case.milli, case.gpu_only, start),
+            j.tick(start + case.held / 2),
+            if case.preempted {
+                j.preempted(1, 1, start + case.held)
+            } else {
+                j.released(1, 1, start + case.held)
+            },
+        ];
+        let events = run(&entries, MINUTE);
+        assert_eq!(total(&events), case.want, "{}: {events:#?}", case.name);
+        assert!(
+            events
+                .iter()
+                .all(|e| e.team == "vision" && e.workload == "w-1")
+        );
+        // Contiguous periods from the grant to the end, the last one marked.
+        assert_eq!(events[0].from_ms, start, "{}", case.name);
+        assert!(events.windows(2).all(|w| w[0].to_ms == w[1].from_ms));
+        assert_eq!(events.last().unwrap().to_ms, start + case.held);
+        assert_eq!(events.iter().filter(|e| e.last).count(), 1);
+        assert!(events.last().unwrap().last);
+        // Every full period is one interval long, aligned to it.
+        for e in &events[1..events.len() - 1] {
+            assert_eq!((e.from_ms % MINUTE, e.to_ms - e.from_ms), (0, MINUTE));
+        }
+    }
+}
+
+#[test]
+fn periods_are_billed_as_the_journal_clock_passes_them_and_never_twice() {
+    let mut j = Journal(0);
+    let submitted = j.submitted(1, "vision", 0);
+    let granted = j.granted(1, 1, 1000, true, 0);
+    let tick = j.tick(2 * MINUTE + 5);
+    let mut ledger = PoolLedger::default();
+    let p = prices();
+    assert!(ledger.apply(POOL, &submitted, &p, MINUTE).is_empty());
+    assert!(ledger.apply(POOL, &granted, &p, MINUTE).is_empty());
+    let due = ledger.apply(POOL, &tick, &p, MINUTE);
+    let periods: Vec<(Time, Time)> = due.iter().map(|e| (e.from_ms, e.to_ms)).collect();
+    assert_eq!(periods, [(0, MINUTE), (MINUTE, 2 * MINUTE)]);
+    // The same entries again (a redelivery, a replay): nothing new.
+    for e in [&submitted, &granted, &tick] {
+        assert!(ledger.apply(POOL, e, &p, MINUTE).is_empty());
+    }
+}
+
+#[test]
+fn a_lease_spanning_a_price_change_is_split_at_its_effective_time() {
+    let day = 24 * HOUR;
+    let mut j = Journal(0);
+    let entries = vec![
+        j.submitted(1, "vision", day - HOUR),
+        j.granted(1, 1, 1000, true, day - HOUR),
+        j.released(1, 1, day + HOUR),
+    ];
+    let events = run(&entries, 4 * HOUR);
+    // 1 h at 2.50, then 1 h at 2.00.
+    assert_eq!(total(&events), 4_500_000);
+    let split: Vec<(Time, i64)> = events
+        .iter()
+        .map(|e| (e.to_ms, e.lines[0].unit_price))
+        .collect();
+    assert_eq!(split, [(day, 2_500_000), (day + HOUR, 2_000_000)]);
+}
+
+#[test]
+fn a_resource_without_a_price_is_flagged_not_hidden() {
+    let mut j = Journal(0);
+    let mut grant = j.granted(1, 1, 1000, true, 0);
+    grant.dispatch[0].nodes[0].gpu_model = "B200".into();
+    let entries = vec![grant, j.released(1, 1, HOUR)];
+    let events = run(&entries, HOUR);
+    let line = &events[0].lines[0];
+    assert_eq!(
+        (line.resource.as_str(), line.unpriced, line.amount),
+        ("gpu:B200", true, 0)
+    );
+    // Submitted without a team on record: charged to "unattributed", never dropped.
+    assert_eq!(events[0].team, UNATTRIBUTED);
+}

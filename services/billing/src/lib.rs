@@ -1,0 +1,234 @@
+//! Billing: prices every lease in the allocators' journals and publishes what each team's
+//! workloads cost, on `allot.cost.<team>.<workload>` (the COSTS stream), in integer micro-units.
+//!
+//! # Layout
+//!
+//! - [`prices`]: the price table (per GPU model, MIG profile, CPU core and GiB of memory, per
+//!   hour; effective dates; one currency), read exactly into micro-units, every problem of a
+//!   file reported at once.
+//! - [`ledger`]: the pure rules — leases open at grants and close at releases and
+//!   preemptions, periods aligned to the interval and split at price changes, amounts rounded
+//!   down once per lease so periods add up exactly.
+//! - This file: the service. One durable consumer reads every pool's journal
+//!   (`allot.alloc.*.journal` in DECISIONS). For each entry it computes the events on a copy of
+//!   the pool's ledger, publishes them, each under an id derived from (pool, lease, period
+//!   start), and only then commits the ledger and the consumer's position in one SQLite
+//!   transaction. A crash in between re-publishes the same events under the same ids:
+//!   JetStream drops them within COSTS' one-hour duplicate window, and `allot costs` counts an
+//!   event id once in any case. A journal entry delivered twice bills nothing twice (each
+//!   pool's ledger remembers the last entry it applied).
+
+pub mod ledger;
+pub mod prices;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use futures::FutureExt;
+use uuid::Uuid;
+
+use allot_bus::consumer::{ConsumerRunner, ConsumerSpec, Delivery, Handler, HandlerError, Outcome};
+use allot_bus::streams::names;
+use allot_bus::{BusError, ConnectConfig, Publisher};
+use allot_events::cost::CostAccrued;
+use allot_events::{AllocEvent, AnyEvent, CostEvent, Envelope};
+use allot_store::rusqlite::{Connection, OptionalExtension, params};
+
+pub use ledger::PoolLedger;
+pub use prices::{InvalidPrices, PriceTable};
+
+/// The `source` of billing's events.
+pub const SOURCE: &str = "/allot/billing";
+/// The namespace of cost event ids (UUIDv5 of `<pool>/<lease>/<period start>`).
+pub const EVENT_ID_NAMESPACE: Uuid = Uuid::from_u128(0x9d3a_5c1e_84f2_4b07_a6e9_1f0c_72d4_b853);
+
+const MIGRATIONS: &[&str] = &["
+-- Each pool's ledger (JSON): open leases, tasks' teams, the last journal entry applied.
+CREATE TABLE ledgers (
+    pool   TEXT PRIMARY KEY,
+    ledger TEXT NOT NULL
+) STRICT;
+"];
+
+/// Billing's settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// NATS URL(s).
+    pub nats_url: String,
+    /// Folder for `billing.db`.
+    pub data_dir: PathBuf,
+    /// The prices.
+    pub prices: PriceTable,
+    /// Billing period: leases are billed per period aligned to it, and at their end.
+    pub interval: Duration,
+    /// The durable consumer's name (also its position's key).
+    pub consumer: String,
+}
+
+impl Config {
+    /// Defaults: a 60 s interval, consumer `billing`.
+    pub fn new(
+        nats_url: impl Into<String>,
+        data_dir: impl Into<PathBuf>,
+        prices: PriceTable,
+    ) -> Self {
+        Self {
+            nats_url: nats_url.into(),
+            data_dir: data_dir.into(),
+            prices,
+            interval: Duration::from_secs(60),
+            consumer: "billing".into(),
+        }
+    }
+
+    /// The database file.
+    pub fn db_path(&self) -> PathBuf {
+        self.data_dir.join("billing.db")
+    }
+}
+
+/// Why billing stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The bus failed.
+    #[error(transparent)]
+    Bus(#[from] BusError),
+    /// The database failed.
+    #[error("billing database: {0}")]
+    Store(#[from] allot_store::StoreError),
+}
+
+/// The event id of the cost of `pool`'s lease `lease` from `from_ms`.
+pub fn event_id(e: &CostAccrued) -> Uuid {
+    Uuid::new_v5(
+        &EVENT_ID_NAMESPACE,
+        format!("{}/{}/{}", e.pool, e.lease.0, e.from_ms).as_bytes(),
+    )
+}
+
+/// Runs billing until `shutdown`.
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let shutdown = shutdown.boxed().shared();
+    let client = allot_bus::connect(
+        &ConnectConfig::new(&config.nats_url, "allot-billing"),
+        shutdown.clone(),
+    )
+    .await?;
+    let conn = allot_store::open(&config.db_path(), MIGRATIONS)?;
+    tracing::info!(db = %config.db_path().display(), currency = %config.prices.currency, "billing started");
+    let spec = ConsumerSpec {
+        filter_subjects: vec!["allot.alloc.*.journal".into()],
+        ..ConsumerSpec::new(names::DECISIONS, config.consumer.clone())
+    };
+    let handler = Billing {
+        conn,
+        consumer: config.consumer.clone(),
+        publisher: Publisher::new(client.clone(), SOURCE),
+        prices: config.prices.clone(),
+        interval_ms: config.interval.as_millis().max(1) as u64,
+        ledgers: HashMap::new(),
+    };
+    let result = ConsumerRunner::new(client.clone(), spec, handler)
+        .run(shutdown)
+        .await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), client.drain()).await;
+    tracing::info!("billing stopped");
+    result.map(drop).map_err(Error::from)
+}
+
+/// The handler of the journal consumer.
+struct Billing {
+    conn: Connection,
+    consumer: String,
+    publisher: Publisher,
+    prices: PriceTable,
+    interval_ms: u64,
+    ledgers: HashMap<String, PoolLedger>,
+}
+
+impl Billing {
+    fn ledger(&mut self, pool: &str) -> Result<PoolLedger, HandlerError> {
+        if let Some(l) = self.ledgers.get(pool) {
+            return Ok(l.clone());
+        }
+        let stored: Option<String> = self
+            .conn
+            .query_row("SELECT ledger FROM ledgers WHERE pool = ?1", [pool], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(|e| HandlerError(format!("billing database: {e}")))?;
+        match stored {
+            Some(text) => serde_json::from_str(&text)
+                .map_err(|e| HandlerError(format!("billing database: ledger of {pool}: {e}"))),
+            None => Ok(PoolLedger::default()),
+        }
+    }
+}
+
+impl Handler for Billing {
+    fn resume_after(&mut self) -> Result<Option<u64>, HandlerError> {
+        let position = allot_store::position(&self.conn, &self.consumer)
+            .map_err(|e| HandlerError(format!("billing database: {e}")))?;
+        Ok(Some(position.unwrap_or(0)))
+    }
+
+    async fn handle(&mut self, batch: &[Delivery]) -> Result<Vec<Outcome>, HandlerError> {
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for d in batch {
+            let AnyEvent::Alloc(AllocEvent::Applied(applied)) = &d.event.data else {
+                // Leader elections: nothing to bill.
+                let tx = self.conn.transaction().map_err(db)?;
+                allot_store::record_position(&tx, &self.consumer, d.stream_sequence).map_err(db)?;
+                tx.commit().map_err(db)?;
+                outcomes.push(Outcome::Handled);
+                continue;
+            };
+            let pool = applied.pool.clone();
+            let mut ledger = self.ledger(&pool)?;
+            let events = ledger.apply(&pool, applied, &self.prices, self.interval_ms);
+            let mut pending = Vec::with_capacity(events.len());
+            for e in events {
+                let mut envelope = Envelope::at(
+                    SOURCE,
+                    CostEvent::Accrued(e.clone()),
+                    chrono::DateTime::from_timestamp_millis(e.to_ms as i64).unwrap_or_default(),
+                );
+                envelope.id = event_id(&e);
+                pending.push(
+                    self.publisher
+                        .send(&envelope)
+                        .await
+                        .map_err(|e| HandlerError(format!("publishing a cost event: {e}")))?,
+                );
+            }
+            for p in pending {
+                p.wait()
+                    .await
+                    .map_err(|e| HandlerError(format!("publishing a cost event: {e}")))?;
+            }
+            let text = serde_json::to_string(&ledger).expect("a ledger serializes");
+            let tx = self.conn.transaction().map_err(db)?;
+            tx.execute(
+                "INSERT INTO ledgers (pool, ledger) VALUES (?1, ?2)
+                 ON CONFLICT (pool) DO UPDATE SET ledger = excluded.ledger",
+                params![pool, text],
+            )
+            .map_err(db)?;
+            allot_store::record_position(&tx, &self.consumer, d.stream_sequence).map_err(db)?;
+            tx.commit().map_err(db)?;
+            self.ledgers.insert(pool, ledger);
+            outcomes.push(Outcome::Handled);
+        }
+        Ok(outcomes)
+    }
+}
+
+fn db(e: impl std::fmt::Display) -> HandlerError {
+    HandlerError(format!("billing database: {e}"))
+}
