@@ -98,7 +98,7 @@ pub fn parse_money(text: &str) -> Result<i64, String> {
     let whole: i64 = whole
         .parse()
         .ok()
-        .filter(|w| *w <= i64::MAX / MICROS - 1)
+        .filter(|w| *w < i64::MAX / MICROS)
         .ok_or_else(|| format!("{text:?} is too large"))?;
     let frac: i64 = format!("{frac:0<6}").parse().unwrap_or(0);
     Ok(whole * MICROS + frac)
