@@ -41,6 +41,23 @@ pub enum Service {
     /// The planner: runs workloads' DAGs, handing tasks to a pool's allocator as their
     /// dependencies succeed.
     Planner(PlannerArgs),
+    /// Billing: prices every lease in the allocators' journals and publishes cost events.
+    Billing(BillingArgs),
+}
+
+/// Flags of `allot run billing`.
+#[derive(Debug, Args)]
+pub struct BillingArgs {
+    /// Folder for billing.db (ALLOT_DATA_DIR; default: .allot/billing).
+    #[arg(long)]
+    pub data_dir: Option<String>,
+    /// The price table (ALLOT_PRICES; required; see examples/prices.yaml).
+    #[arg(long)]
+    pub prices: Option<String>,
+    /// Billing period: leases are billed per period of this length, and at their end
+    /// (ALLOT_BILLING_INTERVAL; default 60s).
+    #[arg(long)]
+    pub interval: Option<String>,
 }
 
 /// Flags of `allot run planner`.
@@ -173,6 +190,7 @@ pub async fn run(args: RunArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
             s.string(a.db.as_deref(), "ALLOT_ARCHIVE", ".allot/archive.db"),
         )),
         Service::Planner(a) => Configured::Planner(planner_config(a, &url, &mut s)),
+        Service::Billing(a) => Configured::Billing(Box::new(billing_config(a, &url, &mut s))),
     };
     s.finish()?;
     tracing::info!(nats = %url, from = %origin, "using NATS");
@@ -196,6 +214,7 @@ pub async fn run(args: RunArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
         Configured::Allocator(config) => allot_allocator::run(config, shutdown).await?,
         Configured::Archiver(config) => allot_archiver::run(config, shutdown).await?,
         Configured::Planner(config) => allot_planner::run(config, shutdown).await?,
+        Configured::Billing(config) => allot_billing::run(*config, shutdown).await?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -207,6 +226,44 @@ enum Configured {
     Allocator(allot_allocator::Config),
     Archiver(allot_archiver::Config),
     Planner(allot_planner::Config),
+    Billing(Box<allot_billing::Config>),
+}
+
+fn billing_config(a: &BillingArgs, url: &str, s: &mut Settings<'_>) -> allot_billing::Config {
+    let data_dir = s.string(a.data_dir.as_deref(), "ALLOT_DATA_DIR", ".allot/billing");
+    let prices = match s.optional(a.prices.as_deref(), "ALLOT_PRICES") {
+        Some(path) => match std::fs::read_to_string(&path) {
+            Ok(text) => allot_billing::PriceTable::parse(&text).unwrap_or_else(|e| {
+                s.problem(format!("--prices / ALLOT_PRICES: {path}: {e}"));
+                default_prices()
+            }),
+            Err(e) => {
+                s.problem(format!("--prices / ALLOT_PRICES: reading {path}: {e}"));
+                default_prices()
+            }
+        },
+        None => {
+            s.problem("--prices / ALLOT_PRICES: name the price table (see examples/prices.yaml)");
+            default_prices()
+        }
+    };
+    let mut config = allot_billing::Config::new(url, data_dir, prices);
+    config.interval = s.duration(
+        a.interval.as_deref(),
+        "ALLOT_BILLING_INTERVAL",
+        config.interval,
+    );
+    if config.interval.is_zero() {
+        s.problem("--interval / ALLOT_BILLING_INTERVAL: must be longer than zero");
+    }
+    config
+}
+
+/// The example price table (`examples/prices.yaml`), built in: what `allot up` bills with when
+/// given no other.
+pub fn default_prices() -> allot_billing::PriceTable {
+    allot_billing::PriceTable::parse(include_str!("../../examples/prices.yaml"))
+        .expect("examples/prices.yaml is valid (a unit test checks it)")
 }
 
 fn planner_config(a: &PlannerArgs, url: &str, s: &mut Settings<'_>) -> allot_planner::Config {

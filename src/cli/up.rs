@@ -54,6 +54,10 @@ pub struct UpArgs {
     /// (ALLOT_SIM_SPEEDUP).
     #[arg(long)]
     pub sim_speedup: Option<String>,
+    /// The price table billing uses (ALLOT_PRICES; default: the built-in copy of
+    /// examples/prices.yaml).
+    #[arg(long)]
+    pub prices: Option<String>,
 }
 
 /// How `allot up`'s nodes run tasks.
@@ -81,6 +85,7 @@ pub struct UpConfig {
     pub telemetry_interval: Duration,
     pub missed_heartbeats: u32,
     pub executor: ExecutorKind,
+    pub prices: allot_billing::PriceTable,
 }
 
 impl UpConfig {
@@ -151,6 +156,18 @@ impl UpConfig {
                 ExecutorKind::Simulated { speedup }
             }
         };
+        let prices = match s.optional(args.prices.as_deref(), "ALLOT_PRICES") {
+            None => super::run::default_prices(),
+            Some(path) => std::fs::read_to_string(&path)
+                .map_err(|e| format!("reading {path}: {e}"))
+                .and_then(|t| {
+                    allot_billing::PriceTable::parse(&t).map_err(|e| format!("{path}: {e}"))
+                })
+                .unwrap_or_else(|why| {
+                    s.problem(format!("--prices / ALLOT_PRICES: {why}"));
+                    super::run::default_prices()
+                }),
+        };
         if missed_heartbeats == 0 {
             s.problem("--missed-heartbeats / ALLOT_MISSED_HEARTBEATS: must be at least 1");
         }
@@ -166,6 +183,7 @@ impl UpConfig {
             telemetry_interval,
             missed_heartbeats,
             executor,
+            prices,
         })
     }
 }
@@ -261,6 +279,20 @@ async fn run_services(
             (
                 "planner".into(),
                 allot_planner::run(planner, shutdown)
+                    .await
+                    .map_err(Into::into),
+            )
+        }
+    });
+    // Billing: every lease in the journal priced, cost events per team and workload.
+    let billing =
+        allot_billing::Config::new(url, config.data_dir.join("billing"), config.prices.clone());
+    services.spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            (
+                "billing".into(),
+                allot_billing::run(billing, shutdown)
                     .await
                     .map_err(Into::into),
             )
@@ -392,6 +424,15 @@ mod tests {
             missed_heartbeats: None,
             executor: None,
             sim_speedup: None,
+            prices: None,
+        }
+    }
+
+    #[test]
+    fn the_built_in_price_table_prices_every_simulated_gpu_model() {
+        let prices = super::super::run::default_prices();
+        for model in ["H100", "A100-80GB", "A100-40GB", "V100", "L4", "T4", "A10"] {
+            assert!(prices.at(0).gpu(model).is_some(), "{model} has no price");
         }
     }
 

@@ -80,7 +80,7 @@ impl Resource {
     /// Price per hour of a whole unit, if the table has one.
     fn price(&self, p: &Prices) -> Option<i64> {
         match self {
-            Self::Gpu(m) => p.gpu_hour.get(m).copied(),
+            Self::Gpu(m) => p.gpu(m),
             Self::Mig(profile) => p.mig_hour.get(profile).copied(),
             Self::Cpu => Some(p.cpu_core_hour),
             Self::Memory => Some(p.memory_gib_hour),

@@ -124,6 +124,22 @@ fn money(problems: &mut Vec<String>, field: String, text: &str) -> i64 {
     })
 }
 
+impl Prices {
+    /// The GPU-hour price of `model`: its own entry, else the longest entry its name contains
+    /// (case aside), so `H100` prices an NVML `NVIDIA H100 80GB HBM3`.
+    pub fn gpu(&self, model: &str) -> Option<i64> {
+        if let Some(p) = self.gpu_hour.get(model) {
+            return Some(*p);
+        }
+        let lower = model.to_ascii_lowercase();
+        self.gpu_hour
+            .iter()
+            .filter(|(key, _)| lower.contains(&key.to_ascii_lowercase()))
+            .max_by_key(|(key, _)| key.len())
+            .map(|(_, p)| *p)
+    }
+}
+
 impl PriceTable {
     /// Reads a price file (YAML or JSON), reporting every problem at once.
     pub fn parse(text: &str) -> Result<PriceTable, InvalidPrices> {
@@ -287,6 +303,22 @@ tables:
             assert_eq!(table.at(t).cpu_core_hour, want * MICROS, "at {t}");
         }
         assert_eq!(table.next_change(1_000), Some(10_000));
+        let mut gpus = table.at(0).clone();
+        gpus.gpu_hour = BTreeMap::from([
+            ("A100".into(), 1),
+            ("A100-80GB".into(), 2),
+            ("H100".into(), 3),
+        ]);
+        let cases = [
+            ("H100", Some(3)),
+            ("NVIDIA H100 80GB HBM3", Some(3)),
+            ("NVIDIA A100-SXM4-40GB", Some(1)),
+            ("a100-80gb", Some(2)),
+            ("L4", None),
+        ];
+        for (model, want) in cases {
+            assert_eq!(gpus.gpu(model), want, "{model}");
+        }
         assert_eq!(table.next_change(10_000), None);
     }
 }
