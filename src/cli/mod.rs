@@ -25,6 +25,7 @@ use futures::future::{BoxFuture, Shared};
 pub mod abort;
 pub mod audit;
 pub mod bench;
+pub mod costs;
 pub mod follow;
 pub mod local;
 pub mod nats_config;
@@ -67,6 +68,8 @@ pub enum Command {
     Submit(workload::SubmitArgs),
     /// Stop a workload, or one of its stages: running tasks stop, downstream tasks are cancelled.
     Abort(abort::AbortArgs),
+    /// The chargeback report: what each team, workload, project or GPU model cost.
+    Costs(costs::CostsArgs),
     /// Replay a GPU-cluster trace through the scheduling core under several policies.
     Sim(sim::SimArgs),
     /// Rebuild the allocator's state from its journal and recompute every decision.
@@ -129,6 +132,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Validate(args) => workload::validate(args, &env),
         Command::Submit(args) => workload::submit(args, &env).await,
         Command::Abort(args) => abort::abort(args, &env).await,
+        Command::Costs(args) => costs::costs(args, &env).await,
         Command::Audit(cmd) => audit::audit(cmd, &env).await,
         Command::Bench(cmd) => bench::bench(cmd, &env).await,
         Command::Sim(args) => sim::sim(args),

@@ -3,6 +3,7 @@
 
 mod audit;
 mod cluster;
+mod costs;
 mod inventory_crash;
 mod pipelines;
 mod quickstart;
