@@ -18,10 +18,11 @@
 //!   event id once in any case. A journal entry delivered twice bills nothing twice (each
 //!   pool's ledger remembers the last entry it applied).
 
+pub mod budget;
 pub mod ledger;
 pub mod prices;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -32,11 +33,13 @@ use uuid::Uuid;
 use allot_bus::consumer::{ConsumerRunner, ConsumerSpec, Delivery, Handler, HandlerError, Outcome};
 use allot_bus::streams::names;
 use allot_bus::{BusError, ConnectConfig, Publisher};
-use allot_events::cost::CostAccrued;
+use allot_events::cost::{BudgetCrossed, BudgetLevel, CostAccrued};
 use allot_events::{AllocEvent, AnyEvent, CostEvent, Envelope};
 use allot_store::rusqlite::{Connection, OptionalExtension, params};
 
 pub use ledger::PoolLedger;
+
+use budget::{Limit, Spend};
 pub use prices::{InvalidPrices, PriceTable};
 
 /// The `source` of billing's events.
@@ -49,6 +52,16 @@ const MIGRATIONS: &[&str] = &["
 CREATE TABLE ledgers (
     pool   TEXT PRIMARY KEY,
     ledger TEXT NOT NULL
+) STRICT;
+
+-- Each budgeted team's spending per budget period, and the threshold last announced.
+CREATE TABLE spend (
+    team    TEXT NOT NULL,
+    period  TEXT NOT NULL,            -- 2026-11 or 2026-11-22
+    micros  INTEGER NOT NULL,
+    gpu_use TEXT NOT NULL,            -- milli-GPU x ms (a decimal integer: may exceed 64 bits)
+    level   INTEGER NOT NULL,         -- 0 none, 1 warning, 2 exceeded
+    PRIMARY KEY (team, period)
 ) STRICT;
 "];
 
@@ -65,6 +78,8 @@ pub struct Config {
     pub interval: Duration,
     /// The durable consumer's name (also its position's key).
     pub consumer: String,
+    /// Each team's budget (from the teams file).
+    pub budgets: budget::Budgets,
 }
 
 impl Config {
@@ -80,6 +95,7 @@ impl Config {
             prices,
             interval: Duration::from_secs(60),
             consumer: "billing".into(),
+            budgets: budget::Budgets::new(),
         }
     }
 
@@ -132,6 +148,7 @@ pub async fn run(
         prices: config.prices.clone(),
         interval_ms: config.interval.as_millis().max(1) as u64,
         ledgers: HashMap::new(),
+        budgets: config.budgets.clone(),
     };
     let result = ConsumerRunner::new(client.clone(), spec, handler)
         .run(shutdown)
@@ -149,9 +166,110 @@ struct Billing {
     prices: PriceTable,
     interval_ms: u64,
     ledgers: HashMap<String, PoolLedger>,
+    budgets: budget::Budgets,
+}
+
+/// The events and spending changes a batch of cost events makes to the budgets.
+#[derive(Debug, Default)]
+struct BudgetChanges {
+    /// Each with the index of the cost event that caused it (published right after it).
+    events: Vec<(usize, BudgetCrossed)>,
+    spend: BTreeMap<(String, String), Spend>,
 }
 
 impl Billing {
+    /// Spending of `team` in `period` as stored.
+    fn spend(&self, team: &str, period: &str) -> Result<Option<Spend>, HandlerError> {
+        self.conn
+            .query_row(
+                "SELECT micros, gpu_use, level FROM spend WHERE team = ?1 AND period = ?2",
+                [team, period],
+                |r| {
+                    Ok(Spend {
+                        micros: r.get(0)?,
+                        gpu_use: r.get::<_, String>(1)?.parse().unwrap_or(0),
+                        level: r.get(2)?,
+                    })
+                },
+            )
+            .optional()
+            .map_err(db)
+    }
+
+    /// The threshold the team last announced in its latest period before `period`.
+    fn previous_level(&self, team: &str, period: &str) -> Result<u8, HandlerError> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT level FROM spend WHERE team = ?1 AND period < ?2 ORDER BY period DESC LIMIT 1",
+                [team, period],
+                |r| r.get::<_, u8>(0),
+            )
+            .optional()
+            .map_err(db)?
+            .unwrap_or(0))
+    }
+
+    /// What `costs` do to the budgets.
+    fn budget_changes(&self, costs: &[CostAccrued]) -> Result<BudgetChanges, HandlerError> {
+        let mut out = BudgetChanges::default();
+        for (i, c) in costs.iter().enumerate() {
+            let Some(b) = self.budgets.get(&c.team) else {
+                continue;
+            };
+            let period = budget::period_of(b.period, c.to_ms);
+            let key = (c.team.clone(), period.clone());
+            let spend = match out.spend.get(&key) {
+                Some(s) => *s,
+                None => match self.spend(&c.team, &period)? {
+                    Some(s) => s,
+                    None => {
+                        if self.previous_level(&c.team, &period)? >= 2 {
+                            let within = BudgetLevel::Within;
+                            let e = self.crossing(c, b, &period, within, Spend::default());
+                            out.events.push((i, e));
+                        }
+                        Spend::default()
+                    }
+                },
+            };
+            let mut spend = spend;
+            spend.add(c);
+            for level in spend.crossed(b.limit) {
+                out.events
+                    .push((i, self.crossing(c, b, &period, level, spend)));
+            }
+            out.spend.insert(key, spend);
+        }
+        Ok(out)
+    }
+
+    fn crossing(
+        &self,
+        c: &CostAccrued,
+        b: &budget::Budget,
+        period: &str,
+        level: BudgetLevel,
+        spend: Spend,
+    ) -> BudgetCrossed {
+        let (spent, budget) = match b.limit {
+            Limit::Money(cap) => (spend.micros, cap),
+            // GPU budgets are reported in milli-GPU-hours.
+            Limit::GpuUse(cap) => ((spend.gpu_use / 3_600_000) as i64, (cap / 3_600_000) as i64),
+        };
+        BudgetCrossed {
+            team: c.team.clone(),
+            period: period.to_owned(),
+            level,
+            spent,
+            budget,
+            currency: match b.limit {
+                Limit::Money(_) => c.currency.clone(),
+                Limit::GpuUse(_) => "milli-GPU-hours".into(),
+            },
+            block_below: b.block_below,
+        }
+    }
     fn ledger(&mut self, pool: &str) -> Result<PoolLedger, HandlerError> {
         if let Some(l) = self.ledgers.get(pool) {
             return Ok(l.clone());
@@ -192,17 +310,32 @@ impl Handler for Billing {
             let pool = applied.pool.clone();
             let mut ledger = self.ledger(&pool)?;
             let events = ledger.apply(&pool, applied, &self.prices, self.interval_ms);
-            let mut pending = Vec::with_capacity(events.len());
-            for e in events {
+            let budgets = self.budget_changes(&events)?;
+            let mut envelopes = Vec::with_capacity(events.len() + budgets.events.len());
+            for (i, e) in events.iter().enumerate() {
                 let mut envelope = Envelope::at(
                     SOURCE,
                     CostEvent::Accrued(e.clone()),
                     chrono::DateTime::from_timestamp_millis(e.to_ms as i64).unwrap_or_default(),
                 );
-                envelope.id = event_id(&e);
+                envelope.id = event_id(e);
+                envelopes.push(envelope);
+                // A threshold is announced right after the cost that crossed it.
+                for (_, b) in budgets.events.iter().filter(|(at, _)| *at == i) {
+                    let mut envelope = Envelope::new(SOURCE, CostEvent::BudgetCrossed(b.clone()));
+                    envelope.id = Uuid::new_v5(
+                        &EVENT_ID_NAMESPACE,
+                        format!("budget/{}/{}/{:?}", b.team, b.period, b.level).as_bytes(),
+                    );
+                    tracing::info!(team = %b.team, period = %b.period, level = ?b.level, "budget threshold");
+                    envelopes.push(envelope);
+                }
+            }
+            let mut pending = Vec::with_capacity(envelopes.len());
+            for envelope in &envelopes {
                 pending.push(
                     self.publisher
-                        .send(&envelope)
+                        .send(envelope)
                         .await
                         .map_err(|e| HandlerError(format!("publishing a cost event: {e}")))?,
                 );
@@ -220,6 +353,15 @@ impl Handler for Billing {
                 params![pool, text],
             )
             .map_err(db)?;
+            for ((team, period), s) in &budgets.spend {
+                tx.execute(
+                    "INSERT INTO spend (team, period, micros, gpu_use, level) VALUES (?1, ?2, ?3, ?4, ?5)
+                     ON CONFLICT (team, period) DO UPDATE SET micros = excluded.micros,
+                        gpu_use = excluded.gpu_use, level = excluded.level",
+                    params![team, period, s.micros, s.gpu_use.to_string(), s.level],
+                )
+                .map_err(db)?;
+            }
             allot_store::record_position(&tx, &self.consumer, d.stream_sequence).map_err(db)?;
             tx.commit().map_err(db)?;
             self.ledgers.insert(pool, ledger);

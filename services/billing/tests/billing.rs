@@ -146,8 +146,13 @@ async fn costs(client: &async_nats::Client) -> Vec<(String, CostAccrued)> {
 }
 
 /// Runs billing until the three leases' last periods are stored (or 30 s pass).
-async fn bill(url: &str, dir: &std::path::Path, client: &async_nats::Client) {
+async fn bill(url: &str, dir: &std::path::Path, client: &async_nats::Client, teams: Option<&str>) {
     let mut config = Config::new(url, dir, PriceTable::parse(PRICES).unwrap());
+    if let Some(teams) = teams {
+        config.budgets = allot_billing::budget::from_teams(
+            &allot_workload::TeamsConfig::from_yaml(teams).unwrap(),
+        );
+    }
     config.interval = Duration::from_secs(60);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let billing = tokio::spawn(allot_billing::run(config, async {
@@ -204,7 +209,7 @@ async fn costs_equal_lease_time_times_price_and_redelivery_or_restart_bills_noth
         }
     }
     let dir = tempfile::tempdir().unwrap();
-    bill(&server.url(), dir.path(), &client).await;
+    bill(&server.url(), dir.path(), &client, None).await;
     let first = costs(&client).await;
     let want = BTreeMap::from([
         ("nlp".to_owned(), 312_500),
@@ -237,8 +242,60 @@ async fn costs_equal_lease_time_times_price_and_redelivery_or_restart_bills_noth
     // Billing restarted from scratch (its database lost): it re-reads the whole journal and
     // publishes the same events under the same ids; JetStream stores none of them again.
     let fresh = tempfile::tempdir().unwrap();
-    bill(&server.url(), fresh.path(), &client).await;
+    bill(&server.url(), fresh.path(), &client, None).await;
     let again = costs(&client).await;
     assert_eq!(again.len(), first.len());
     assert_eq!(totals(&again), want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budget_warning_and_exceeded_fire_once_each_when_spending_crosses_them() {
+    let server = NatsServer::start();
+    let client = async_nats::connect(server.url()).await.unwrap();
+    ensure_streams(&async_nats::jetstream::new(client.clone()), &catalog(1))
+        .await
+        .unwrap();
+    let publisher = Publisher::new(client.clone(), "/allot/allocator/test");
+    for applied in journal() {
+        publisher
+            .publish(AllocEvent::Applied(applied))
+            .await
+            .unwrap();
+    }
+    // vision spends 2.9375 this month; its budget is 2.00 (warning at 1.60).
+    let teams = "teams:\n  - {name: vision, budget: {amount: \"2.00\", blockBelow: standard}}\n  - {name: nlp}\n";
+    let dir = tempfile::tempdir().unwrap();
+    bill(&server.url(), dir.path(), &client, Some(teams)).await;
+
+    let mut vision_spent = 0i64;
+    let mut crossings = Vec::new();
+    for m in allot_testkit::streams::read_all(&client, "COSTS").await {
+        match decode(&m.payload).unwrap().data {
+            AnyEvent::Cost(CostEvent::Accrued(c)) if c.team == "vision" => vision_spent += c.amount,
+            AnyEvent::Cost(CostEvent::BudgetCrossed(b)) => {
+                assert_eq!(m.subject.as_str(), "allot.cost.vision._budget");
+                crossings.push((b.level, vision_spent, b.spent, b.block_below));
+            }
+            _ => {}
+        }
+    }
+    use allot_events::cost::BudgetLevel::{Exceeded, Warning};
+    let levels: Vec<_> = crossings.iter().map(|c| c.0).collect();
+    assert_eq!(levels, [Warning, Exceeded], "{crossings:?}");
+    for (level, spent_before, reported, floor) in crossings {
+        let threshold = if level == Warning {
+            1_600_000
+        } else {
+            2_000_000
+        };
+        // Announced with the cost that crossed it: the spending it reports is what the cost
+        // events up to it add to, it is past the threshold, and the minute before was not.
+        assert_eq!(reported, spent_before);
+        assert!(reported >= threshold, "{level:?} at {reported}");
+        assert!(
+            reported - 2 * 41_667 < threshold,
+            "{level:?} late: at {reported}"
+        );
+        assert_eq!(floor, Some(100));
+    }
 }

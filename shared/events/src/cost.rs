@@ -111,6 +111,8 @@ pub enum BudgetLevel {
     Warning,
     /// All of it.
     Exceeded,
+    /// Within budget again: a new period began after one that ended over budget.
+    Within,
 }
 
 /// A team's spending in a budget period crossed a threshold.

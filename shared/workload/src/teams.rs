@@ -42,6 +42,40 @@ pub struct Team {
     /// Its share of the pool, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quota: Option<Quota>,
+    /// Its spending limit per period, when it has one (billing watches it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Budget>,
+}
+
+/// A budget period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BudgetPeriod {
+    /// A calendar day, UTC.
+    Day,
+    /// A calendar month, UTC.
+    #[default]
+    Month,
+}
+
+/// A team's spending limit: money or GPU-hours per period. Billing announces 80% (warning) and
+/// 100% (exceeded); while exceeded, the allocator starts none of the team's new work below
+/// `blockBelow` — or, without it, starts it and flags the grant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Budget {
+    /// The period it renews on (default `month`).
+    #[serde(default)]
+    pub period: BudgetPeriod,
+    /// Money per period, in the price table's currency (`"5000.00"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amount: Option<String>,
+    /// GPU-hours per period (fractions count pro rata).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_hours: Option<u64>,
+    /// While exceeded: the lowest priority class still started; absent: allow and flag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_below: Option<String>,
 }
 
 /// A team's quota (Kueue's: nominal, and how much it may borrow or lend).
@@ -101,6 +135,33 @@ impl TeamsConfig {
         for (i, team) in self.teams.iter().enumerate() {
             if let Err(e) = validate_token("team", &team.name) {
                 problems.push(format!("teams[{i}].name: {e}"));
+            }
+            if let Some(b) = &team.budget {
+                let at = format!("teams[{i}].budget");
+                match (&b.amount, b.gpu_hours) {
+                    (Some(_), Some(_)) | (None, None) => problems.push(format!(
+                        "{at}: give exactly one of amount (money) and gpuHours"
+                    )),
+                    (Some(a), None) => {
+                        let (whole, frac) = a.split_once('.').unwrap_or((a, ""));
+                        let digits = |t: &str| t.bytes().all(|c| c.is_ascii_digit());
+                        if whole.is_empty() || !digits(whole) || !digits(frac) || frac.len() > 6 {
+                            problems.push(format!(
+                                "{at}.amount: {a:?} is not an amount like \"5000.00\""
+                            ));
+                        }
+                    }
+                    (None, Some(0)) => problems.push(format!("{at}.gpuHours: must be above 0")),
+                    (None, Some(_)) => {}
+                }
+                if let Some(class) = &b.block_below
+                    && !self.priority_classes.contains_key(class)
+                {
+                    problems.push(format!(
+                        "{at}.blockBelow: {class:?} is not one of the priorityClasses ({})",
+                        self.class_list()
+                    ));
+                }
             }
             if !seen.insert(team.name.as_str()) {
                 problems.push(format!(
@@ -183,6 +244,36 @@ mod tests {
         assert_eq!(
             err.0[2],
             "defaultPriorityClass: \"standard\" is not one of the priorityClasses (low (1))"
+        );
+    }
+
+    #[test]
+    fn budgets_name_one_limit_and_a_known_class() {
+        let ok = TeamsConfig::from_yaml(
+            "teams:\n  - name: vision\n    budget: {amount: \"5000.00\", blockBelow: standard}\n",
+        )
+        .unwrap();
+        let b = ok.team("vision").unwrap().budget.clone().unwrap();
+        assert_eq!(
+            (b.period, b.block_below.as_deref()),
+            (BudgetPeriod::Month, Some("standard"))
+        );
+        let err = TeamsConfig::from_yaml(
+            "teams:\n  - {name: a, budget: {amount: \"5,000\"}}\n  - {name: b, budget: {amount: \"1\", gpuHours: 3}}\n  - {name: c, budget: {gpuHours: 3, blockBelow: urgent}}\n",
+        )
+        .unwrap_err();
+        assert_eq!(err.0.len(), 3, "{err}");
+        assert!(
+            err.0[0].starts_with("teams[0].budget.amount: \"5,000\""),
+            "{err}"
+        );
+        assert!(
+            err.0[1].starts_with("teams[1].budget: give exactly one"),
+            "{err}"
+        );
+        assert!(
+            err.0[2].starts_with("teams[2].budget.blockBelow: \"urgent\""),
+            "{err}"
         );
     }
 }
