@@ -8,6 +8,7 @@
 //! | task preload (its pool) | task preloaded: room is held for it until it is ready |
 //! | task checkpointed | task checkpointed |
 //! | task completed / failed / cancelled | task finished |
+//! | budget exceeded / within again (billing, any pool) | team budget: its new work below the floor waits, or is flagged |
 //!
 //! A cancellation (the planner gave the task up: its workload was aborted or failed) ends the
 //! task like a completion, so its lease is released; one for a task that is not running is
@@ -18,8 +19,9 @@
 //! (its collector restarted) is already known and changes nothing; one that changes shape
 //! must leave the pool and join again (not supported yet: the first registration stands).
 
+use allot_events::cost::BudgetLevel;
 use allot_events::node::NodeRegistered;
-use allot_events::{AnyEvent, InventoryEvent, NodeEvent, TaskEvent};
+use allot_events::{AnyEvent, CostEvent, InventoryEvent, NodeEvent, TaskEvent};
 use allot_sched::{Input, NodeSpec, Scheduler, Time};
 
 /// The input `event` means for `pool`'s scheduler at `at`, if any.
@@ -45,6 +47,19 @@ pub fn input(pool: &str, scheduler: &Scheduler, event: &AnyEvent, at: Time) -> O
             task: t.task.clone(),
             at,
         }),
+        AnyEvent::Cost(CostEvent::BudgetCrossed(b)) => match b.level {
+            BudgetLevel::Warning => None,
+            BudgetLevel::Exceeded => Some(Input::TeamBudget {
+                team: b.team.clone(),
+                exceeded: true,
+                block_below: b.block_below,
+            }),
+            BudgetLevel::Within => Some(Input::TeamBudget {
+                team: b.team.clone(),
+                exceeded: false,
+                block_below: b.block_below,
+            }),
+        },
         AnyEvent::Task(TaskEvent::Preload(t)) if t.pool == pool => Some(Input::TaskPreloaded {
             task: t.task.clone(),
             expected_at: t.expected_at,

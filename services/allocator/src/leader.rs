@@ -276,10 +276,17 @@ async fn lead(
     .boxed()
     .shared();
     let pool = &config.pool;
-    let sources: [(&'static str, Vec<String>); 3] = [
+    let sources: [(&'static str, Vec<String>); 4] = [
         (names::FLEET, vec!["allot.node.registered.>".into()]),
         (names::INVENTORY, Vec::new()),
         (names::WORKLOADS, vec![format!("allot.task.*.{pool}")]),
+        (
+            names::COSTS,
+            vec![allot_events::subject::cost(
+                "*",
+                allot_events::cost::BUDGET_TOKEN,
+            )],
+        ),
     ];
     let mut runners = Vec::new();
     for (stream, filter) in sources {

@@ -238,3 +238,105 @@ fn a_deposed_leaders_append_is_rejected() {
         assert!(matches!(err, JournalError::PolicyChanged { .. }), "{err}");
     });
 }
+
+#[test]
+fn a_team_over_budget_gets_nothing_new_below_its_floor_until_it_is_within_again() {
+    use allot_events::CostEvent;
+    use allot_events::cost::{BudgetCrossed, BudgetLevel};
+    let server = NatsServer::start();
+    let url = server.url();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client = async_nats::connect(&url).await.unwrap();
+        let js = async_nats::jetstream::new(client.clone());
+        ensure_streams(&js, &catalog(1)).await.unwrap();
+        let publisher = Publisher::new(client.clone(), "/test");
+        let crossed = |level| {
+            CostEvent::BudgetCrossed(BudgetCrossed {
+                team: "vision".into(),
+                period: "2026-11".into(),
+                level,
+                spent: 10,
+                budget: 10,
+                currency: "EUR".into(),
+                block_below: Some(100),
+            })
+        };
+        let registered = node("n1").gpus(4).pool(POOL).registered();
+        publisher
+            .publish(NodeEvent::Registered(registered))
+            .await
+            .unwrap();
+        tokio::spawn(allot_allocator::run(
+            config(&url, "a"),
+            std::future::pending(),
+        ));
+        // Billing says the team is over budget; the allocator journals it (a warning changes
+        // nothing and is not journalled).
+        publisher
+            .publish(crossed(BudgetLevel::Warning))
+            .await
+            .unwrap();
+        publisher
+            .publish(crossed(BudgetLevel::Exceeded))
+            .await
+            .unwrap();
+        let budgets = |e: &[AllocEvent]| {
+            entries(e)
+                .iter()
+                .filter(|e| matches!(e.input, allot_sched::Input::TeamBudget { .. }))
+                .count()
+        };
+        let events = journal_until(&js, |e| budgets(e) == 1).await;
+        assert_eq!(budgets(&events), 1);
+        // A batch task (priority 0) and a critical one (1000) of the over-budget team.
+        publisher.publish(ready(1, 1)).await.unwrap();
+        let mut critical = TaskSpec::new(2, "vision", 1);
+        critical.priority = 1000;
+        publisher
+            .publish(TaskEvent::Ready(TaskReady {
+                pool: POOL.into(),
+                workload: "w".into(),
+                name: "t2".into(),
+                task: critical,
+                run: Default::default(),
+            }))
+            .await
+            .unwrap();
+        let waiting_on_budget = |e: &[AllocEvent]| {
+            entries(e).iter().flat_map(|e| &e.decisions).any(|d| {
+                matches!(
+                    d,
+                    Decision::Waiting {
+                        task: TaskId(1),
+                        reason: allot_sched::WaitReason::Budget { floor: 100, .. },
+                        ..
+                    }
+                )
+            })
+        };
+        let events = journal_until(&js, |e| granted(e).contains(&2) && waiting_on_budget(e)).await;
+        assert_eq!(
+            granted(&events),
+            BTreeSet::from([2]),
+            "only the critical task starts"
+        );
+        assert!(
+            waiting_on_budget(&events),
+            "the batch task waits, saying why"
+        );
+
+        // A new period: the team is within its budget again, and the batch task starts.
+        publisher
+            .publish(crossed(BudgetLevel::Within))
+            .await
+            .unwrap();
+        let events = journal_until(&js, |e| granted(e).contains(&1)).await;
+        assert_eq!(granted(&events), BTreeSet::from([1, 2]));
+        assert_eq!(budgets(&events), 2);
+    });
+}

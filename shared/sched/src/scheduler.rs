@@ -1046,6 +1046,10 @@ impl Scheduler {
                     };
                     blocked = Some((*leader, reason));
                 }
+                // Held back by its team's budget, not by capacity: it blocks no one.
+                if floor.is_some() {
+                    continue;
+                }
                 match self.policy.when_blocked() {
                     WhenBlocked::Stop => break,
                     WhenBlocked::Continue => continue,

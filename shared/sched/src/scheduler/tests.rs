@@ -690,9 +690,9 @@ fn a_team_over_budget_starts_nothing_below_its_floor_or_is_flagged() {
             want_flagged: false,
         },
     ];
-    for case in cases {
-        let mut s = scheduler(crate::policy::by_name("kueue").unwrap(), vec![node("n1")]);
-        if let Some(budget) = case.budget {
+    for (case, policy) in cases.iter().flat_map(|c| ["kueue", "fifo"].map(|p| (c, p))) {
+        let mut s = scheduler(crate::policy::by_name(policy).unwrap(), vec![node("n1")]);
+        if let Some(budget) = case.budget.clone() {
             s.apply(budget).unwrap();
         }
         let mut batch = task(1).0;
