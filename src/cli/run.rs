@@ -58,6 +58,9 @@ pub struct BillingArgs {
     /// (ALLOT_BILLING_INTERVAL; default 60s).
     #[arg(long)]
     pub interval: Option<String>,
+    /// Teams file with the teams' budgets (ALLOT_TEAMS_FILE; default: none, no budgets).
+    #[arg(long)]
+    pub teams: Option<String>,
 }
 
 /// Flags of `allot run planner`.
@@ -256,7 +259,31 @@ fn billing_config(a: &BillingArgs, url: &str, s: &mut Settings<'_>) -> allot_bil
     if config.interval.is_zero() {
         s.problem("--interval / ALLOT_BILLING_INTERVAL: must be longer than zero");
     }
+    if let Some(teams) = teams_file(a.teams.as_deref(), s) {
+        config.budgets = allot_billing::budget::from_teams(&teams);
+    }
     config
+}
+
+/// The teams file named by `flag` or ALLOT_TEAMS_FILE, if any, read and checked.
+pub(super) fn teams_file(
+    flag: Option<&str>,
+    s: &mut Settings<'_>,
+) -> Option<allot_workload::TeamsConfig> {
+    let path = s.optional(flag, "ALLOT_TEAMS_FILE")?;
+    match std::fs::read_to_string(&path) {
+        Ok(text) => match allot_workload::TeamsConfig::from_yaml(&text) {
+            Ok(teams) => Some(teams),
+            Err(e) => {
+                s.problem(format!("--teams / ALLOT_TEAMS_FILE: {path}: {e}"));
+                None
+            }
+        },
+        Err(e) => {
+            s.problem(format!("--teams / ALLOT_TEAMS_FILE: reading {path}: {e}"));
+            None
+        }
+    }
 }
 
 /// The example price table (`examples/prices.yaml`), built in: what `allot up` bills with when
@@ -273,15 +300,7 @@ fn planner_config(a: &PlannerArgs, url: &str, s: &mut Settings<'_>) -> allot_pla
     if let Err(e) = allot_events::subject::validate_token("pool", &config.pool) {
         s.problem(format!("--pool / ALLOT_POOL: {e}"));
     }
-    if let Some(path) = s.optional(a.teams.as_deref(), "ALLOT_TEAMS_FILE") {
-        match std::fs::read_to_string(&path) {
-            Ok(text) => match allot_workload::TeamsConfig::from_yaml(&text) {
-                Ok(teams) => config.teams = Some(teams),
-                Err(e) => s.problem(format!("--teams / ALLOT_TEAMS_FILE: {path}: {e}")),
-            },
-            Err(e) => s.problem(format!("--teams / ALLOT_TEAMS_FILE: reading {path}: {e}")),
-        }
-    }
+    config.teams = teams_file(a.teams.as_deref(), s);
     config.consumer_prefix = s.string(
         a.consumer_prefix.as_deref(),
         "ALLOT_CONSUMER_PREFIX",

@@ -58,6 +58,10 @@ pub struct UpArgs {
     /// examples/prices.yaml).
     #[arg(long)]
     pub prices: Option<String>,
+    /// Teams file: teams, priority classes and budgets, for the planner and billing
+    /// (ALLOT_TEAMS_FILE; default: none).
+    #[arg(long)]
+    pub teams: Option<String>,
 }
 
 /// How `allot up`'s nodes run tasks.
@@ -86,6 +90,7 @@ pub struct UpConfig {
     pub missed_heartbeats: u32,
     pub executor: ExecutorKind,
     pub prices: allot_billing::PriceTable,
+    pub teams: Option<allot_workload::TeamsConfig>,
 }
 
 impl UpConfig {
@@ -168,6 +173,7 @@ impl UpConfig {
                     super::run::default_prices()
                 }),
         };
+        let teams = super::run::teams_file(args.teams.as_deref(), &mut s);
         if missed_heartbeats == 0 {
             s.problem("--missed-heartbeats / ALLOT_MISSED_HEARTBEATS: must be at least 1");
         }
@@ -184,6 +190,7 @@ impl UpConfig {
             missed_heartbeats,
             executor,
             prices,
+            teams,
         })
     }
 }
@@ -272,7 +279,8 @@ async fn run_services(
         }
     });
     // The planner hands the pool's allocator each workload's tasks as their dependencies succeed.
-    let planner = allot_planner::Config::new(url, config.data_dir.join("planner"));
+    let mut planner = allot_planner::Config::new(url, config.data_dir.join("planner"));
+    planner.teams.clone_from(&config.teams);
     services.spawn({
         let shutdown = shutdown.clone();
         async move {
@@ -285,8 +293,11 @@ async fn run_services(
         }
     });
     // Billing: every lease in the journal priced, cost events per team and workload.
-    let billing =
+    let mut billing =
         allot_billing::Config::new(url, config.data_dir.join("billing"), config.prices.clone());
+    if let Some(teams) = &config.teams {
+        billing.budgets = allot_billing::budget::from_teams(teams);
+    }
     services.spawn({
         let shutdown = shutdown.clone();
         async move {
@@ -425,6 +436,7 @@ mod tests {
             executor: None,
             sim_speedup: None,
             prices: None,
+            teams: None,
         }
     }
 
