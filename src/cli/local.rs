@@ -56,7 +56,7 @@ pub async fn connect_client(
         .or_else(|| env("ALLOT_DATA_DIR"))
         .unwrap_or_else(|| ".allot".into());
     let (url, origin) = discover_url(nats, env, Path::new(&data_dir));
-    async_nats::ConnectOptions::new()
+    allot_bus::connect::with_url_credentials(async_nats::ConnectOptions::new(), &url)
         .name(name)
         .connection_timeout(Duration::from_secs(2))
         .connect(allot_bus::server_list(&url))

@@ -289,7 +289,8 @@ type Entries = Box<dyn Iterator<Item = anyhow::Result<Entry>>>;
 /// Reads a pool's journal from the DECISIONS stream: the policy from its elections, the
 /// entries in order.
 async fn from_stream(url: &str, pool: &str) -> anyhow::Result<(Header, Entries)> {
-    let client = async_nats::connect(url)
+    let client = allot_bus::connect::with_url_credentials(async_nats::ConnectOptions::new(), url)
+        .connect(allot_bus::server_list(url))
         .await
         .with_context(|| format!("connecting to {url}"))?;
     let js = async_nats::jetstream::new(client);

@@ -50,7 +50,7 @@ pub async fn status(args: StatusArgs, env: Lookup<'_>) -> anyhow::Result<ExitCod
 }
 
 async fn fetch(url: &str) -> anyhow::Result<ClusterStatus> {
-    let client = async_nats::ConnectOptions::new()
+    let client = allot_bus::connect::with_url_credentials(async_nats::ConnectOptions::new(), url)
         .name("allot-status")
         .connection_timeout(Duration::from_secs(2))
         .connect(allot_bus::server_list(url))

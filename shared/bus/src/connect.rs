@@ -39,6 +39,24 @@ pub fn server_list(url: &str) -> Vec<&str> {
         .collect()
 }
 
+/// `options` with the credentials written in `url` (`nats://user:password@host:4222`, or
+/// `nats://token@host`), from its first server that has any.
+///
+/// async-nats parses credentials in server URLs but does not send them (nats.rs issue #1623),
+/// so every Allot connection passes them explicitly.
+pub fn with_url_credentials(options: ConnectOptions, url: &str) -> ConnectOptions {
+    let credentials = server_list(url).into_iter().find_map(|s| {
+        let addr: async_nats::ServerAddr = s.parse().ok()?;
+        let user = addr.username()?.to_owned();
+        Some((user, addr.password().map(str::to_owned)))
+    });
+    match credentials {
+        Some((user, Some(password))) => options.user_and_password(user, password),
+        Some((token, None)) => options.token(token),
+        None => options,
+    }
+}
+
 /// The wait before attempt `attempt` (1-based): 100 ms doubling, capped.
 pub fn backoff(attempt: u32, cap: Duration) -> Duration {
     let exp = attempt.saturating_sub(1).min(16);
@@ -101,7 +119,7 @@ pub async fn connect(
 fn options(config: &ConnectConfig) -> ConnectOptions {
     let name = config.name.clone();
     let cap = config.max_backoff;
-    ConnectOptions::new()
+    with_url_credentials(ConnectOptions::new(), &config.url)
         .name(&config.name)
         .connection_timeout(Duration::from_secs(2))
         .max_reconnects(None)

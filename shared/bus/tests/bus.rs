@@ -389,3 +389,28 @@ async fn connecting_gives_up_at_once_on_a_malformed_url_and_on_shutdown() {
         "{err}"
     );
 }
+
+/// A server that requires a password: the credentials in the URL are what logs in (async-nats
+/// alone would drop them), and wrong ones fail at once, naming the server.
+#[tokio::test]
+async fn credentials_in_the_url_log_in_and_wrong_ones_are_refused() {
+    let server =
+        NatsServer::start_with_config("authorization { user: platform, password: s3cret }");
+    let url = |userinfo: &str| format!("nats://{userinfo}127.0.0.1:{}", server.port());
+    let good = allot_bus::ConnectConfig::new(url("platform:s3cret@"), "test");
+    let client = allot_bus::connect(&good, std::future::pending())
+        .await
+        .unwrap();
+    client.flush().await.unwrap();
+    for bad in ["platform:wrong@", ""] {
+        let config = allot_bus::ConnectConfig::new(url(bad), "test");
+        let err = tokio::time::timeout(
+            Duration::from_secs(10),
+            allot_bus::connect(&config, std::future::pending()),
+        )
+        .await
+        .expect("a refusal is not retried for ever")
+        .unwrap_err();
+        assert!(err.to_string().contains("authorization"), "{bad:?}: {err}");
+    }
+}
