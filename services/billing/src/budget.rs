@@ -153,6 +153,7 @@ mod tests {
                 unpriced: false,
             }],
             amount,
+            idle: None,
         }
     }
 

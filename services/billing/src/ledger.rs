@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use allot_events::alloc::{Applied, Dispatch};
-use allot_events::cost::{CostAccrued, CostLine};
+use allot_events::cost::{CostAccrued, CostLine, IdleCost};
 use allot_sched::{Decision, Input, LeaseId, TaskId};
 
 use crate::prices::{PriceTable, Prices};
@@ -283,6 +283,17 @@ fn accrue(
         periods.push((from, until.max(from)));
     }
     let count = periods.len();
+    // The lease's whole GPU cost, for the idle share its last period reports.
+    let gpu_amount: i64 = open
+        .holds
+        .iter()
+        .filter(|(r, _)| matches!(r, Resource::Gpu(_) | Resource::Mig(_)))
+        .map(|(r, q)| cumulative(open, r, *q, until, prices))
+        .sum();
+    let holds_gpus = open
+        .holds
+        .iter()
+        .any(|(r, _)| matches!(r, Resource::Gpu(_) | Resource::Mig(_)));
     let mut out = Vec::with_capacity(count);
     for (i, (from, to)) in periods.into_iter().enumerate() {
         let in_force = prices.at(from);
@@ -315,6 +326,12 @@ fn accrue(
             currency: prices.currency.clone(),
             amount: lines.iter().map(|l| l.amount).sum(),
             lines,
+            idle: (last && i + 1 == count && holds_gpus).then_some(IdleCost {
+                samples: 0,
+                idle_samples: 0,
+                gpu_amount,
+                amount: 0,
+            }),
         });
         open.billed_ms = to;
     }

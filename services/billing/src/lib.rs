@@ -17,6 +17,11 @@
 //!   JetStream drops them within COSTS' one-hour duplicate window, and `allot costs` counts an
 //!   event id once in any case. A journal entry delivered twice bills nothing twice (each
 //!   pool's ledger remembers the last entry it applied).
+//! - Idle cost: a second consumer reads GPU telemetry (TELEMETRY) and counts, for every GPU an
+//!   open lease holds, the samples taken while it did and those at 0% utilization. A lease's
+//!   last cost event reports the idle share of its GPU cost beside its amount (`idle`).
+//!   Telemetry and the journal are separate streams: samples read after the lease's close are
+//!   not counted, so the share is a measurement, not an invoice line.
 
 pub mod budget;
 pub mod ledger;
@@ -34,7 +39,8 @@ use allot_bus::consumer::{ConsumerRunner, ConsumerSpec, Delivery, Handler, Handl
 use allot_bus::streams::names;
 use allot_bus::{BusError, ConnectConfig, Publisher};
 use allot_events::cost::{BudgetCrossed, BudgetLevel, CostAccrued};
-use allot_events::{AllocEvent, AnyEvent, CostEvent, Envelope};
+use allot_events::{AllocEvent, AnyEvent, CostEvent, Envelope, TelemetryEvent};
+use allot_sched::Decision;
 use allot_store::rusqlite::{Connection, OptionalExtension, params};
 
 pub use ledger::PoolLedger;
@@ -63,6 +69,18 @@ CREATE TABLE spend (
     level   INTEGER NOT NULL,         -- 0 none, 1 warning, 2 exceeded
     PRIMARY KEY (team, period)
 ) STRICT;
+
+-- The GPUs open leases hold, and what telemetry said of each while they did.
+CREATE TABLE holdings (
+    node         TEXT NOT NULL,
+    gpu          INTEGER NOT NULL,
+    pool         TEXT NOT NULL,
+    lease        INTEGER NOT NULL,
+    samples      INTEGER NOT NULL DEFAULT 0,
+    idle_samples INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (pool, lease, node, gpu)
+) STRICT;
+CREATE INDEX holdings_gpu ON holdings (node, gpu);
 "];
 
 /// Billing's settings.
@@ -150,9 +168,21 @@ pub async fn run(
         ledgers: HashMap::new(),
         budgets: config.budgets.clone(),
     };
+    let telemetry = Telemetry {
+        conn: allot_store::open(&config.db_path(), MIGRATIONS)?,
+        consumer: format!("{}-telemetry", config.consumer),
+    };
+    let telemetry_spec =
+        ConsumerSpec::new(names::TELEMETRY, format!("{}-telemetry", config.consumer));
+    let idle = tokio::spawn(
+        ConsumerRunner::new(client.clone(), telemetry_spec, telemetry).run(shutdown.clone()),
+    );
     let result = ConsumerRunner::new(client.clone(), spec, handler)
         .run(shutdown)
         .await;
+    if let Ok(Err(e)) = idle.await {
+        tracing::warn!(error = %e, "the telemetry consumer stopped with an error");
+    }
     let _ = tokio::time::timeout(Duration::from_secs(5), client.drain()).await;
     tracing::info!("billing stopped");
     result.map(drop).map_err(Error::from)
@@ -309,7 +339,26 @@ impl Handler for Billing {
             };
             let pool = applied.pool.clone();
             let mut ledger = self.ledger(&pool)?;
-            let events = ledger.apply(&pool, applied, &self.prices, self.interval_ms);
+            let mut events = ledger.apply(&pool, applied, &self.prices, self.interval_ms);
+            for e in events.iter_mut().filter(|e| e.last) {
+                if let Some(idle) = &mut e.idle {
+                    let (samples, idle_samples): (i64, i64) = self
+                        .conn
+                        .query_row(
+                            "SELECT coalesce(sum(samples), 0), coalesce(sum(idle_samples), 0)
+                             FROM holdings WHERE pool = ?1 AND lease = ?2",
+                            params![pool, e.lease.0 as i64],
+                            |r| Ok((r.get(0)?, r.get(1)?)),
+                        )
+                        .map_err(db)?;
+                    idle.samples = samples as u64;
+                    idle.idle_samples = idle_samples as u64;
+                    if samples > 0 {
+                        idle.amount = (i128::from(idle.gpu_amount) * i128::from(idle_samples)
+                            / i128::from(samples)) as i64;
+                    }
+                }
+            }
             let budgets = self.budget_changes(&events)?;
             let mut envelopes = Vec::with_capacity(events.len() + budgets.events.len());
             for (i, e) in events.iter().enumerate() {
@@ -362,12 +411,84 @@ impl Handler for Billing {
                 )
                 .map_err(db)?;
             }
+            holdings(&tx, &pool, applied).map_err(db)?;
             allot_store::record_position(&tx, &self.consumer, d.stream_sequence).map_err(db)?;
             tx.commit().map_err(db)?;
             self.ledgers.insert(pool, ledger);
             outcomes.push(Outcome::Handled);
         }
         Ok(outcomes)
+    }
+}
+
+/// Records the GPUs `applied` grants and forgets those of the leases it ends.
+fn holdings(
+    tx: &allot_store::rusqlite::Transaction<'_>,
+    pool: &str,
+    applied: &allot_events::alloc::Applied,
+) -> Result<(), allot_store::rusqlite::Error> {
+    for d in &applied.entry.decisions {
+        match d {
+            Decision::Released { lease, .. } | Decision::Preempted { lease, .. } => {
+                tx.execute(
+                    "DELETE FROM holdings WHERE pool = ?1 AND lease = ?2",
+                    params![pool, lease.0 as i64],
+                )?;
+            }
+            Decision::Granted { lease, .. } => {
+                for g in applied.dispatch.iter().filter(|g| g.lease == *lease) {
+                    for n in &g.nodes {
+                        for (gpu, _) in &n.gpus {
+                            tx.execute(
+                                "INSERT OR IGNORE INTO holdings (node, gpu, pool, lease)
+                                 VALUES (?1, ?2, ?3, ?4)",
+                                params![n.node, gpu, pool, lease.0 as i64],
+                            )?;
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Counts GPU telemetry against the leases holding the GPUs sampled.
+struct Telemetry {
+    conn: Connection,
+    consumer: String,
+}
+
+impl Handler for Telemetry {
+    fn resume_after(&mut self) -> Result<Option<u64>, HandlerError> {
+        let position = allot_store::position(&self.conn, &self.consumer).map_err(db)?;
+        Ok(Some(position.unwrap_or(0)))
+    }
+
+    async fn handle(&mut self, batch: &[Delivery]) -> Result<Vec<Outcome>, HandlerError> {
+        let items: Vec<(u64, &Delivery)> = batch.iter().map(|d| (d.stream_sequence, d)).collect();
+        allot_store::apply_batch(&mut self.conn, &self.consumer, &items, |tx, fresh| {
+            for d in fresh {
+                let AnyEvent::Telemetry(TelemetryEvent::GpusSampled(s)) = &d.event.data else {
+                    continue;
+                };
+                for g in &s.samples {
+                    let Some(util) = g.utilization_pct else {
+                        continue;
+                    };
+                    tx.execute(
+                        "UPDATE holdings SET samples = samples + 1,
+                            idle_samples = idle_samples + ?3
+                         WHERE node = ?1 AND gpu = ?2",
+                        params![s.node, g.index, i64::from(util == 0)],
+                    )?;
+                }
+            }
+            Ok::<_, allot_store::rusqlite::Error>(())
+        })
+        .map_err(db)?;
+        Ok(vec![Outcome::Handled; batch.len()])
     }
 }
 

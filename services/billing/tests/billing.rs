@@ -299,3 +299,83 @@ async fn budget_warning_and_exceeded_fire_once_each_when_spending_crosses_them()
         assert_eq!(floor, Some(100));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leases_last_cost_reports_the_idle_share_telemetry_saw() {
+    use allot_events::TelemetryEvent;
+    let server = NatsServer::start();
+    let client = async_nats::connect(server.url()).await.unwrap();
+    ensure_streams(&async_nats::jetstream::new(client.clone()), &catalog(1))
+        .await
+        .unwrap();
+    let publisher = Publisher::new(client.clone(), "/test");
+    // One lease of a whole H100 (GPU 0 of n1) for an hour.
+    let mut journal = Journal(0, Vec::new());
+    journal.lease(0, "vision", 1000, T0, T0 + 60 * MINUTE, false);
+    let release = journal.1.pop().unwrap();
+    for applied in journal.1 {
+        publisher
+            .publish(AllocEvent::Applied(applied))
+            .await
+            .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::new(server.url(), dir.path(), PriceTable::parse(PRICES).unwrap());
+    config.interval = Duration::from_secs(3600);
+    let billing = tokio::spawn(allot_billing::run(config, std::future::pending()));
+    let db = dir.path().join("billing.db");
+    let counted = |want: i64| {
+        let db = db.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let n: Option<i64> = allot_store::rusqlite::Connection::open(&db)
+                    .ok()
+                    .and_then(|c| {
+                        c.query_row("SELECT sum(samples) FROM holdings", [], |r| r.get(0))
+                            .ok()
+                    })
+                    .flatten();
+                if n == Some(want) {
+                    return;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{n:?} samples counted, want {want}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    counted(0).await;
+    // Three samples of the leased GPU idle, one busy; GPU 1 (not leased) counts for nothing.
+    let n1 = allot_testkit::node("n1").gpus(2);
+    for util in [0, 0, 50, 0] {
+        let mut sample = n1.sampled(util);
+        sample.samples[1].utilization_pct = Some(0);
+        publisher
+            .publish(TelemetryEvent::GpusSampled(sample))
+            .await
+            .unwrap();
+    }
+    counted(4).await;
+    publisher
+        .publish(AllocEvent::Applied(release))
+        .await
+        .unwrap();
+    let last = loop {
+        if let Some((_, c)) = costs(&client).await.into_iter().find(|(_, c)| c.last) {
+            break c;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    billing.abort();
+    let idle = last.idle.expect("a GPU lease reports its idle share");
+    assert_eq!((idle.samples, idle.idle_samples), (4, 3));
+    assert_eq!(idle.gpu_amount, 2_500_000);
+    assert_eq!(idle.amount, 1_875_000, "three quarters of 2.50");
+    assert_eq!(
+        last.amount, 2_500_000,
+        "reported beside the amount, not deducted"
+    );
+}

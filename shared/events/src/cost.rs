@@ -101,6 +101,24 @@ pub struct CostAccrued {
     pub lines: Vec<CostLine>,
     /// The sum of the lines, micro-units.
     pub amount: i64,
+    /// On a lease's last period, when it held GPUs: how much of its GPU time telemetry showed
+    /// unused, reported beside the amount (not deducted from it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle: Option<IdleCost>,
+}
+
+/// The idle share of a lease's GPU cost.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IdleCost {
+    /// GPU samples taken while the lease held the GPU (one per GPU per telemetry sample).
+    pub samples: u64,
+    /// Of those, samples at 0% utilization.
+    pub idle_samples: u64,
+    /// The lease's whole GPU cost, micro-units.
+    pub gpu_amount: i64,
+    /// `gpu_amount × idle_samples ÷ samples`, rounded down; 0 without samples.
+    pub amount: i64,
 }
 
 /// Which threshold a team's spending crossed.

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use allot_events::alloc::{Applied, Dispatch, Launch, LeaderElected, NodeGrant, Source};
-use allot_events::cost::{BudgetCrossed, BudgetLevel, CostAccrued, CostLine};
+use allot_events::cost::{BudgetCrossed, BudgetLevel, CostAccrued, CostLine, IdleCost};
 use allot_events::inventory::{GpuHealth, GpuHealthChanged, NodeRecovered, NodeUnreachable};
 use allot_events::node::{GpuInfo, GpuSourceKind, HeartbeatSent, NodeRegistered};
 use allot_events::task::{
@@ -261,6 +261,12 @@ fn samples() -> Vec<AnyEvent> {
                 unpriced: false,
             }],
             amount: 83_333,
+            idle: Some(IdleCost {
+                samples: 12,
+                idle_samples: 3,
+                gpu_amount: 333_332,
+                amount: 83_333,
+            }),
         }
         .into(),
         BudgetCrossed {
