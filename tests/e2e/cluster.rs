@@ -15,6 +15,27 @@ use allot_testkit::NatsServer;
 
 use crate::support::{allot, log_of, spawn_logged, wait_for};
 
+/// A 4-GPU batch job of team nlp that checkpoints on SIGTERM and, resumed, finishes at once;
+/// left alone it runs 90 s (long enough for any test to preempt it).
+pub const PREEMPTIBLE_BATCH: &str = r#"
+apiVersion: allot/v1
+kind: Workload
+metadata: {name: sweep, team: nlp, priorityClass: batch}
+spec:
+  tasks:
+    - name: sweep
+      resources: {gpus: 4}
+      checkpoint: {supported: true}
+      command:
+        - sh
+        - -c
+        - |
+          if [ "$ALLOT_RESUMED" = 1 ]; then echo resumed from checkpoint; exit 0; fi
+          trap 'echo saving; touch "$ALLOT_CHECKPOINT_FILE"; exit 0' TERM
+          echo fresh start
+          i=0; while [ $i -lt 900 ]; do sleep 0.1; i=$((i+1)); done
+"#;
+
 /// How long a workload may take before a test gives up (the tasks themselves take seconds).
 pub const PATIENCE: Duration = Duration::from_secs(120);
 

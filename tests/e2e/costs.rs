@@ -12,7 +12,7 @@ use allot_events::workload::WorkloadOutcome;
 use allot_events::{AnyEvent, CostEvent};
 use allot_sched::{Decision, LeaseId};
 
-use crate::cluster::{Cluster, PATIENCE};
+use crate::cluster::{Cluster, PATIENCE, PREEMPTIBLE_BATCH};
 use crate::support::{allot, wait_for};
 
 /// examples/prices.yaml: an H100-hour, in micro-units.
@@ -85,26 +85,7 @@ fn costs_of_a_run_equal_lease_time_times_price_to_the_micro_unit() {
             data.to_str().unwrap(),
         ],
     );
-    let batch = cluster.submit(
-        "batch",
-        r#"
-apiVersion: allot/v1
-kind: Workload
-metadata: {name: sweep, team: nlp, priorityClass: batch}
-spec:
-  tasks:
-    - name: sweep
-      resources: {gpus: 4}
-      checkpoint: {supported: true}
-      command:
-        - sh
-        - -c
-        - |
-          if [ "$ALLOT_RESUMED" = 1 ]; then sleep 0.5; exit 0; fi
-          trap 'touch "$ALLOT_CHECKPOINT_FILE"; exit 0' TERM
-          i=0; while [ $i -lt 900 ]; do sleep 0.1; i=$((i+1)); done
-"#,
-    );
+    let batch = cluster.submit("batch", PREEMPTIBLE_BATCH);
     cluster.started(&batch, "sweep", 1);
     std::thread::sleep(Duration::from_millis(700));
     let urgent = cluster.submit(

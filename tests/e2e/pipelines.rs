@@ -14,7 +14,7 @@ use allot_events::workload::WorkloadOutcome;
 use allot_events::{AnyEvent, TaskEvent};
 use allot_sched::{Decision, LeaseId, TaskId};
 
-use crate::cluster::{Cluster, PATIENCE};
+use crate::cluster::{Cluster, PATIENCE, PREEMPTIBLE_BATCH};
 use crate::support::{allot, wait_for};
 
 /// Runs of `workload` whose task names start with `prefix` that started, in order.
@@ -246,27 +246,7 @@ fn a_three_stage_pipeline_runs_in_order_and_holds_no_gpu_during_its_cpu_stage() 
 #[test]
 fn a_critical_workload_preempts_a_batch_one_which_resumes_from_its_checkpoint() {
     let cluster = Cluster::start(&[("n1", 4)]);
-    let batch = cluster.submit(
-        "batch",
-        r#"
-apiVersion: allot/v1
-kind: Workload
-metadata: {name: sweep, team: nlp, priorityClass: batch}
-spec:
-  tasks:
-    - name: sweep
-      resources: {gpus: 4}
-      checkpoint: {supported: true}
-      command:
-        - sh
-        - -c
-        - |
-          if [ "$ALLOT_RESUMED" = 1 ]; then echo resumed from checkpoint; exit 0; fi
-          trap 'echo saving; touch "$ALLOT_CHECKPOINT_FILE"; exit 0' TERM
-          echo fresh start
-          i=0; while [ $i -lt 900 ]; do sleep 0.1; i=$((i+1)); done
-"#,
-    );
+    let batch = cluster.submit("batch", PREEMPTIBLE_BATCH);
     cluster.started(&batch, "sweep", 1);
     let urgent = cluster.submit(
         "urgent",

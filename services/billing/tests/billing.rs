@@ -130,6 +130,16 @@ fn journal() -> Vec<Applied> {
     j.1
 }
 
+/// A server with Allot's streams, and a client of it.
+async fn bus() -> (NatsServer, async_nats::Client) {
+    let server = NatsServer::start();
+    let client = async_nats::connect(server.url()).await.unwrap();
+    ensure_streams(&async_nats::jetstream::new(client.clone()), &catalog(1))
+        .await
+        .unwrap();
+    (server, client)
+}
+
 /// Every cost event stored, with its id.
 async fn costs(client: &async_nats::Client) -> Vec<(String, CostAccrued)> {
     allot_testkit::streams::read_all(client, "COSTS")
@@ -193,11 +203,7 @@ fn totals(events: &[(String, CostAccrued)]) -> BTreeMap<String, i64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn costs_equal_lease_time_times_price_and_redelivery_or_restart_bills_nothing_twice() {
-    let server = NatsServer::start();
-    let client = async_nats::connect(server.url()).await.unwrap();
-    ensure_streams(&async_nats::jetstream::new(client.clone()), &catalog(1))
-        .await
-        .unwrap();
+    let (server, client) = bus().await;
     let publisher = Publisher::new(client.clone(), "/allot/allocator/test");
     // Every journal message twice (a re-sent append stored again under a new id).
     for applied in journal() {
@@ -250,11 +256,7 @@ async fn costs_equal_lease_time_times_price_and_redelivery_or_restart_bills_noth
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn budget_warning_and_exceeded_fire_once_each_when_spending_crosses_them() {
-    let server = NatsServer::start();
-    let client = async_nats::connect(server.url()).await.unwrap();
-    ensure_streams(&async_nats::jetstream::new(client.clone()), &catalog(1))
-        .await
-        .unwrap();
+    let (server, client) = bus().await;
     let publisher = Publisher::new(client.clone(), "/allot/allocator/test");
     for applied in journal() {
         publisher
@@ -303,11 +305,7 @@ async fn budget_warning_and_exceeded_fire_once_each_when_spending_crosses_them()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leases_last_cost_reports_the_idle_share_telemetry_saw() {
     use allot_events::TelemetryEvent;
-    let server = NatsServer::start();
-    let client = async_nats::connect(server.url()).await.unwrap();
-    ensure_streams(&async_nats::jetstream::new(client.clone()), &catalog(1))
-        .await
-        .unwrap();
+    let (server, client) = bus().await;
     let publisher = Publisher::new(client.clone(), "/test");
     // One lease of a whole H100 (GPU 0 of n1) for an hour.
     let mut journal = Journal(0, Vec::new());
