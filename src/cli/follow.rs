@@ -615,6 +615,15 @@ impl Progress {
                         }
                         // The end of a run is told by the executor's report.
                         Decision::Released { .. } => {}
+                        Decision::Withdrawn { reason, .. } => {
+                            let t = &self.tasks[i];
+                            line(
+                                Some(t),
+                                attempt,
+                                "withdrawn",
+                                format!("left the queue before it was granted; {reason}"),
+                            );
+                        }
                         Decision::Reserved { until, at, .. } => {
                             let t = &self.tasks[i];
                             line(
@@ -700,7 +709,8 @@ fn decision_task(d: &Decision) -> TaskId {
         | Decision::Waiting { task, .. }
         | Decision::Preempted { task, .. }
         | Decision::Released { task, .. }
-        | Decision::Reserved { task, .. } => *task,
+        | Decision::Reserved { task, .. }
+        | Decision::Withdrawn { task, .. } => *task,
     }
 }
 

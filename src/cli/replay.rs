@@ -243,6 +243,13 @@ fn history(entry: &Entry, task: TaskId) -> Vec<String> {
             Decision::Released { task: t, lease, at } if *t == task => {
                 out.push(format!("#{seq} t={at} released lease {}", lease.0));
             }
+            Decision::Withdrawn {
+                task: t,
+                reason,
+                at,
+            } if *t == task => {
+                out.push(format!("#{seq} t={at} withdrawn from the queue: {reason}"));
+            }
             Decision::Reserved {
                 task: t,
                 placement,
@@ -272,7 +279,8 @@ fn mentions(input: &Input, task: TaskId) -> bool {
         }
         Input::TaskFinished { task: t, .. }
         | Input::TaskCheckpointed { task: t, .. }
-        | Input::TaskRequeued { task: t, .. } => *t == task,
+        | Input::TaskRequeued { task: t, .. }
+        | Input::TaskWithdrawn { task: t, .. } => *t == task,
         _ => false,
     }
 }

@@ -66,7 +66,9 @@ fn facts(journal: &[Applied]) -> (Vec<Fact>, Names) {
                 Decision::Granted { task, lease, .. } => ("granted", *task, *lease),
                 Decision::Preempted { task, lease, .. } => ("preempted", *task, *lease),
                 Decision::Released { task, lease, .. } => ("released", *task, *lease),
-                Decision::Waiting { .. } | Decision::Reserved { .. } => continue,
+                Decision::Waiting { .. }
+                | Decision::Reserved { .. }
+                | Decision::Withdrawn { .. } => continue,
             };
             facts.push(Fact {
                 entry: i,

@@ -7,13 +7,15 @@
 //! | task ready (its pool) | task submitted |
 //! | task preload (its pool) | task preloaded: room is held for it until it is ready |
 //! | task checkpointed | task checkpointed |
-//! | task completed / failed / cancelled | task finished |
+//! | task completed / failed | task finished |
+//! | task cancelled (a task the scheduler holds) | task withdrawn: queued, it leaves the queue; running, its lease is released |
 //! | budget exceeded / within again (billing, any pool) | team budget: its new work below the floor waits, or is flagged |
 //!
-//! A cancellation (the planner gave the task up: its workload was aborted or failed) ends the
-//! task like a completion, so its lease is released; one for a task that is not running is
-//! journalled as rejected and changes nothing (the planner cancels a queued task again when
-//! it is granted).
+//! A cancellation (the planner gave the task up: its workload was aborted or failed) withdraws
+//! the task: a queued one (its gang whole) leaves the queue at once, so it never takes GPUs or
+//! preempts anything; a preloaded one's hold ends; a running one's lease is released. One for
+//! a task the scheduler no longer holds (already released, or a late duplicate) becomes
+//! nothing, so the journal does not fill with refusals.
 //!
 //! Everything else concerns other services and becomes nothing. A node that registers again
 //! (its collector restarted) is already known and changes nothing; one that changes shape
@@ -22,10 +24,19 @@
 use allot_events::cost::BudgetLevel;
 use allot_events::node::NodeRegistered;
 use allot_events::{AnyEvent, CostEvent, InventoryEvent, NodeEvent, TaskEvent};
-use allot_sched::{Input, NodeSpec, Scheduler, Time};
+use std::collections::BTreeMap;
 
-/// The input `event` means for `pool`'s scheduler at `at`, if any.
-pub fn input(pool: &str, scheduler: &Scheduler, event: &AnyEvent, at: Time) -> Option<Input> {
+use allot_sched::{Input, NodeSpec, Scheduler, TaskId, TaskSpec, Time};
+
+/// The input `event` means for `pool`'s scheduler at `at`, if any; `parked` are the tasks
+/// waiting outside the scheduler for the pool to grow (a cancellation withdraws them too).
+pub fn input(
+    pool: &str,
+    scheduler: &Scheduler,
+    parked: &BTreeMap<TaskId, TaskSpec>,
+    event: &AnyEvent,
+    at: Time,
+) -> Option<Input> {
     let known = |node: &str| scheduler.cluster().find(node).is_some();
     match event {
         AnyEvent::Node(NodeEvent::Registered(r)) if r.pool == pool && !known(&r.node) => {
@@ -74,8 +85,14 @@ pub fn input(pool: &str, scheduler: &Scheduler, event: &AnyEvent, at: Time) -> O
         AnyEvent::Task(TaskEvent::Failed(t)) if t.pool == pool => {
             Some(Input::TaskFinished { task: t.task, at })
         }
-        AnyEvent::Task(TaskEvent::Cancelled(t)) if t.pool == pool => {
-            Some(Input::TaskFinished { task: t.task, at })
+        AnyEvent::Task(TaskEvent::Cancelled(t))
+            if t.pool == pool && (scheduler.holds(t.task) || parked.contains_key(&t.task)) =>
+        {
+            Some(Input::TaskWithdrawn {
+                task: t.task,
+                reason: t.reason.clone(),
+                at,
+            })
         }
         _ => None,
     }
@@ -101,15 +118,21 @@ pub fn node_spec(r: &NodeRegistered) -> NodeSpec {
 mod tests {
     use super::*;
     use allot_events::task::{TaskCancelled, TaskCompleted, TaskReady};
-    use allot_sched::{TaskId, TaskSpec};
     use allot_testkit::node;
 
     #[test]
     fn events_of_the_pool_become_inputs_and_the_rest_nothing() {
         let mut s = Scheduler::new(allot_sched::policy::by_name("fifo").unwrap());
+        let mut parked = BTreeMap::new();
         let n1 = node("n1").gpus(4).model("A100").pool("p").registered();
         let other = node("n2").gpus(4).pool("q").registered();
-        let added = input("p", &s, &NodeEvent::Registered(n1.clone()).into(), 5);
+        let added = input(
+            "p",
+            &s,
+            &parked,
+            &NodeEvent::Registered(n1.clone()).into(),
+            5,
+        );
         assert!(
             matches!(&added, Some(Input::NodeAdded(spec)) if spec.gpus == 4 && spec.gpu_model == "A100"),
             "{added:?}"
@@ -127,6 +150,13 @@ mod tests {
             task: TaskSpec::new(7, "vision", 2),
             run: Default::default(),
         };
+        let cancelled = TaskEvent::Cancelled(TaskCancelled {
+            pool: "p".into(),
+            task: TaskId(7),
+            workload: "w".into(),
+            name: "train".into(),
+            reason: "aborted by alice: wrong data".into(),
+        });
         let cases = [
             Case {
                 name: "a node registering again changes nothing",
@@ -150,7 +180,7 @@ mod tests {
                 name: "another pool's task is not ours",
                 event: TaskEvent::Ready(TaskReady {
                     pool: "q".into(),
-                    ..ready
+                    ..ready.clone()
                 })
                 .into(),
                 want: None,
@@ -169,19 +199,9 @@ mod tests {
                 }),
             },
             Case {
-                name: "a cancellation by the planner finishes the task, releasing its lease",
-                event: TaskEvent::Cancelled(TaskCancelled {
-                    pool: "p".into(),
-                    task: TaskId(7),
-                    workload: "w".into(),
-                    name: "train".into(),
-                    reason: "aborted by alice: wrong data".into(),
-                })
-                .into(),
-                want: Some(Input::TaskFinished {
-                    task: TaskId(7),
-                    at: 5,
-                }),
+                name: "a cancellation of a task the scheduler does not hold is nothing",
+                event: cancelled.clone().into(),
+                want: None,
             },
             Case {
                 name: "another pool's cancellation is not ours",
@@ -197,7 +217,34 @@ mod tests {
             },
         ];
         for case in cases {
-            assert_eq!(input("p", &s, &case.event, 5), case.want, "{}", case.name);
+            assert_eq!(
+                input("p", &s, &parked, &case.event, 5),
+                case.want,
+                "{}",
+                case.name
+            );
         }
+        let withdrawn = Some(Input::TaskWithdrawn {
+            task: TaskId(7),
+            reason: "aborted by alice: wrong data".into(),
+            at: 6,
+        });
+        parked.insert(TaskId(7), ready.task.clone());
+        assert_eq!(
+            input("p", &s, &parked, &cancelled.clone().into(), 6),
+            withdrawn,
+            "a cancellation of a parked task withdraws it (journalled, so it stays unparked)"
+        );
+        parked.clear();
+        s.apply(Input::TaskSubmitted {
+            task: ready.task.clone(),
+            at: 5,
+        })
+        .unwrap();
+        assert_eq!(
+            input("p", &s, &parked, &cancelled.into(), 6),
+            withdrawn,
+            "a cancellation of a queued task withdraws it"
+        );
     }
 }

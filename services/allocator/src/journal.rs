@@ -202,12 +202,18 @@ impl Journal {
                     let seq = a.entry.seq;
                     let (recomputed, error) =
                         journal::apply_typed(&mut rebuilt.scheduler, seq, a.entry.input.clone());
-                    if let Input::TaskSubmitted { task, .. } = &a.entry.input {
-                        if error.as_ref().is_some_and(parks) {
-                            rebuilt.parked.insert(task.id, task.clone());
-                        } else if error.is_none() {
-                            rebuilt.parked.remove(&task.id);
+                    match &a.entry.input {
+                        Input::TaskSubmitted { task, .. } => {
+                            if error.as_ref().is_some_and(parks) {
+                                rebuilt.parked.insert(task.id, task.clone());
+                            } else if error.is_none() {
+                                rebuilt.parked.remove(&task.id);
+                            }
                         }
+                        Input::TaskWithdrawn { task, .. } => {
+                            rebuilt.parked.remove(task);
+                        }
+                        _ => {}
                     }
                     if seq != journal.entries + 1 || recomputed != a.entry {
                         return Err(JournalError::Diverged {

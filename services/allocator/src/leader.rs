@@ -147,9 +147,13 @@ impl Leading<'_> {
             let done = self.positions.get(batch.stream).copied().unwrap_or(0);
             if d.stream_sequence > done {
                 let at = self.now();
-                if let Some(input) =
-                    inputs::input(&self.config.pool, &self.scheduler, &d.event.data, at)
-                {
+                if let Some(input) = inputs::input(
+                    &self.config.pool,
+                    &self.scheduler,
+                    &self.parked,
+                    &d.event.data,
+                    at,
+                ) {
                     let source = Source {
                         stream: batch.stream.to_owned(),
                         sequence: d.stream_sequence,
@@ -164,6 +168,10 @@ impl Leading<'_> {
                     );
                     let submitted = match &input {
                         Input::TaskSubmitted { task, .. } => Some(task.clone()),
+                        Input::TaskWithdrawn { task, .. } => {
+                            self.parked.remove(task);
+                            None
+                        }
                         _ => None,
                     };
                     let launch = match &d.event.data {

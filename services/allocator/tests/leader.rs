@@ -112,7 +112,9 @@ fn assert_no_gpu_granted_twice(entries: &[Entry]) {
                         held.remove(&gpu);
                     }
                 }
-                Decision::Waiting { .. } | Decision::Reserved { .. } => {}
+                Decision::Waiting { .. }
+                | Decision::Reserved { .. }
+                | Decision::Withdrawn { .. } => {}
             }
         }
     }

@@ -210,6 +210,11 @@ impl PoolLedger {
                         self.teams.remove(task);
                     }
                 }
+                Decision::Withdrawn { task, at, .. } => {
+                    // Withdrawn while queued: it holds no lease and will not run again.
+                    clock = clock.max(*at);
+                    self.teams.remove(task);
+                }
                 Decision::Waiting { at, .. } | Decision::Reserved { at, .. } => {
                     clock = clock.max(*at);
                 }

@@ -169,7 +169,8 @@ fn step(
                     }
                     Decision::Waiting { .. }
                     | Decision::Released { .. }
-                    | Decision::Reserved { .. } => continue,
+                    | Decision::Reserved { .. }
+                    | Decision::Withdrawn { .. } => continue,
                 };
                 queued |= step.queued;
             }
@@ -290,10 +291,24 @@ fn emit(c: &Connection, w: &Workload, effects: Vec<Effect>) -> Result<(), StoreE
             }
             Effect::Cancel {
                 task,
+                attempt,
                 id,
                 lease,
                 reason,
             } => {
+                // Whatever of the run is still in the outbox goes with it; a run whose
+                // `TaskReady` was never published is unknown to the allocator, so there is
+                // nothing to withdraw there.
+                store::withdraw(c, &event_id(&format!("preload/{}", id.0)).to_string())?;
+                let unpublished = lease.is_none()
+                    && store::withdraw(
+                        c,
+                        &event_id(&format!("ready/{}/{attempt}", id.0)).to_string(),
+                    )?;
+                if unpublished {
+                    info!(workload.id = %w.id, task = %task, task.id = %id, reason = %reason, "task cancelled before it was published");
+                    continue;
+                }
                 info!(workload.id = %w.id, task = %task, task.id = %id, reason = %reason, "task cancelled");
                 (
                     format!("cancelled/{}/{}", id.0, lease.map_or(0, |l| l.0 + 1)),

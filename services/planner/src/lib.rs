@@ -45,22 +45,18 @@
 //! task fails, every task not done is cancelled, and the workload finishes as failed.
 //!
 //! An abort cancels the workload's tasks (or one task, its dependents and their gang mates)
-//! that are not done. A running one gets a `TaskCancelled`, which the allocator treats as the
-//! end of the run (its lease is released) and the executor as a stop order. One that is only
-//! ready — queued in the allocator — cannot be withdrawn from the scheduler (it has no such
-//! input), so it is cancelled when its grant appears in the journal: the planner cancels
-//! every grant of a run it no longer wants. The run's place in the queue is the cost.
+//! that are not done. A running or ready (queued in the allocator) one gets a
+//! `TaskCancelled`, which the allocator turns into `Input::TaskWithdrawn`: a queued run leaves
+//! the queue at once, a running one's lease is released and its executor stops it. A ready run
+//! whose `TaskReady` is still in the outbox (a retry's backoff) is withdrawn from the outbox
+//! instead. A grant that raced the cancellation is cancelled when it appears in the journal:
+//! the planner cancels every grant of a run it no longer wants.
 //!
 //! # Not done yet
 //!
-//! - TODO(look-ahead): `TaskPreload` — when a running task's predecessor is predicted (from
-//!   `durationEstimate`, later the predictor) to finish within a configurable window, publish
-//!   `TaskPreload` for the tasks it unblocks so the allocator can reserve GPUs and the
-//!   executor warm the next stage. Needs the event, an allocator input that reserves without
-//!   granting, and a timer in the relay's style driven by grant times from the journal.
 //! - Deadlines are validated but not passed to the scheduler (`TaskSpec` has no deadline).
-//! - A scheduler input that withdraws a queued task would release cancelled tasks at once
-//!   rather than at their grant.
+//! - A preload already published for a task that is cancelled while still waiting is not
+//!   withdrawn; its hold lapses on its own (`allot_sched::scheduler::PRELOAD_GRACE` after its time).
 
 use std::future::Future;
 use std::path::PathBuf;

@@ -188,10 +188,13 @@ pub enum Effect {
         /// When to publish it: `expected_at` less the look-ahead window.
         not_before: Time,
     },
-    /// Publish `TaskCancelled`: the allocator must release what this run holds.
+    /// Publish `TaskCancelled`: the allocator must withdraw this run — take it out of its
+    /// queue, or release what it holds.
     Cancel {
         /// Task name.
         task: String,
+        /// The attempt.
+        attempt: u32,
         /// The run's id.
         id: TaskId,
         /// The grant that prompted it, if a grant did (so two grants of one id each get
@@ -282,6 +285,7 @@ impl Workload {
                     let reason = t.reason.clone().unwrap_or_else(|| "cancelled".into());
                     return vec![Effect::Cancel {
                         task: task.into(),
+                        attempt,
                         id: task_id(&self.id, task, attempt),
                         lease: Some(lease),
                         reason,
@@ -294,6 +298,7 @@ impl Workload {
         // A run that was given up (its gang was retried as a whole) got its grant late.
         vec![Effect::Cancel {
             task: task.into(),
+            attempt,
             id: task_id(&self.id, task, attempt),
             lease: Some(lease),
             reason: format!("attempt {attempt} was superseded by attempt {}", t.attempt),
@@ -400,6 +405,7 @@ impl Workload {
                 if cancel {
                     out.push(Effect::Cancel {
                         task: self.tasks[j].name.clone(),
+                        attempt: self.tasks[j].attempt,
                         id: self.spec(j).id,
                         lease: None,
                         reason: format!("gang mate {task} failed; the gang is retried"),
@@ -485,16 +491,22 @@ impl Workload {
         set
     }
 
-    /// Cancels the tasks `which` that are not done; those running get a [`Effect::Cancel`].
-    /// (Ready ones are cancelled when their grant arrives, see [`Workload::granted`].)
+    /// Cancels the tasks `which` that are not done; those running or ready (queued in the
+    /// allocator) get a [`Effect::Cancel`], which withdraws them there. (One granted before
+    /// the allocator saw the cancellation is cancelled again by its grant, see
+    /// [`Workload::granted`].)
     fn cancel(&mut self, which: &[usize], reason: &str, out: &mut Vec<Effect>) {
         for &i in which {
             if self.tasks[i].status.is_done() {
                 continue;
             }
-            if self.tasks[i].status == TaskStatus::Running {
+            if matches!(
+                self.tasks[i].status,
+                TaskStatus::Running | TaskStatus::Ready
+            ) {
                 out.push(Effect::Cancel {
                     task: self.tasks[i].name.clone(),
+                    attempt: self.tasks[i].attempt,
                     id: self.spec(i).id,
                     lease: None,
                     reason: reason.to_owned(),

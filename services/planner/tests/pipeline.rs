@@ -288,6 +288,7 @@ fn timeline(entries: &[Entry]) -> Vec<(&'static str, TaskId)> {
             Decision::Granted { task, .. } => Some(("granted", *task)),
             Decision::Released { task, .. } => Some(("released", *task)),
             Decision::Preempted { task, .. } => Some(("preempted", *task)),
+            Decision::Withdrawn { task, .. } => Some(("withdrawn", *task)),
             Decision::Waiting { .. } | Decision::Reserved { .. } => None,
         })
         .collect()
@@ -478,6 +479,97 @@ fn an_abort_during_training_releases_the_gpus_and_cancels_evaluation() {
         })
         .collect();
     assert_eq!(cancelled, BTreeSet::from(training));
+}
+
+/// A one-task workload that takes the whole 4-GPU node.
+fn whole_node(name: &str) -> Workload {
+    workload(&format!(
+        r#"
+apiVersion: allot/v1
+kind: Workload
+metadata: {{name: {name}, team: vision}}
+spec:
+  tasks:
+    - name: train
+      resources: {{gpus: 4}}
+      command: [torchrun, train.py]
+"#
+    ))
+}
+
+#[test]
+fn an_aborted_workload_waiting_in_the_queue_leaves_it_and_is_never_granted() {
+    let h = Harness::start();
+    let running = h.submit(whole_node("running"));
+    h.executor(&running, &["train"], |_, _| Run::Hold);
+    let hog = task_id(&running, "train", 1);
+    let granted = h.until(|h| {
+        grants(&h.journal())
+            .iter()
+            .any(|(t, _)| *t == hog)
+            .then_some(())
+    });
+    assert!(granted.is_some(), "the first workload holds the node");
+
+    // Two more wait behind it, in this order; the first of them is aborted while it waits.
+    let aborted = h.submit(whole_node("aborted"));
+    let next = h.submit(whole_node("next"));
+    let (queued, after) = (task_id(&aborted, "train", 1), task_id(&next, "train", 1));
+    let both_queued = h.until(|h| {
+        let submitted: BTreeSet<TaskId> = h
+            .journal()
+            .iter()
+            .filter_map(|e| match &e.input {
+                Input::TaskSubmitted { task, .. } => Some(task.id),
+                _ => None,
+            })
+            .collect();
+        (submitted.contains(&queued) && submitted.contains(&after)).then_some(())
+    });
+    assert!(both_queued.is_some(), "both wait in the allocator's queue");
+    h.rt.block_on(async {
+        h.publisher
+            .publish(WorkloadAborted {
+                workload_id: aborted.clone(),
+                team: "vision".into(),
+                task: None,
+                reason: "superseded".into(),
+                by: "alice".into(),
+            })
+            .await
+            .unwrap()
+    });
+    assert_eq!(h.finished(&aborted), Some(WorkloadOutcome::Aborted));
+    let withdrawn = h.until(|h| {
+        timeline(&h.journal())
+            .contains(&("withdrawn", queued))
+            .then_some(())
+    });
+    assert!(
+        withdrawn.is_some(),
+        "the allocator took the aborted task out of its queue"
+    );
+
+    // The node frees: the next in line gets it; the aborted task never holds a GPU.
+    h.rt.block_on(async {
+        h.publisher
+            .publish(TaskEvent::Completed(TaskCompleted {
+                pool: POOL.into(),
+                task: hog,
+                node: "n1".into(),
+            }))
+            .await
+            .unwrap()
+    });
+    let line = h.until(|h| {
+        let line = timeline(&h.journal());
+        line.contains(&("granted", after)).then_some(line)
+    });
+    let line = line.expect("the workload behind the aborted one started");
+    assert!(
+        !line.contains(&("granted", queued)),
+        "the aborted task was granted: {line:?}"
+    );
 }
 
 #[test]

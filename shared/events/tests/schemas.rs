@@ -421,7 +421,7 @@ fn committed_schemas_match_the_rust_types() {
     }
     assert!(
         stale.is_empty(),
-        "schemas/ is stale; regenerate with `cargo run -- schemas write`:\n  {}",
+        "schemas/ is stale; regenerate with `cargo run -- schemas`:\n  {}",
         stale.join("\n  ")
     );
 }

@@ -62,6 +62,16 @@ pub enum Decision {
         /// When.
         at: Time,
     },
+    /// A queued or preloaded task was withdrawn (see `Input::TaskWithdrawn`): it left the
+    /// queue without ever running again, or its hold ended.
+    Withdrawn {
+        /// The task.
+        task: TaskId,
+        /// Why.
+        reason: String,
+        /// When.
+        at: Time,
+    },
     /// A finished or cancelled task's resources were returned.
     Released {
         /// The task.

@@ -60,6 +60,7 @@ impl Input {
             | Self::TaskCheckpointed { at, .. }
             | Self::TaskRequeued { at, .. }
             | Self::TaskPreloaded { at, .. }
+            | Self::TaskWithdrawn { at, .. }
             | Self::Schedule { at } => Some(*at),
             Self::NodeAdded(_)
             | Self::NodeSchedulable { .. }
@@ -148,6 +149,7 @@ pub fn describe(input: &Input) -> String {
         Input::TaskFinished { task, at } => format!("{task} finished at {at}"),
         Input::TaskCheckpointed { task, at } => format!("{task} checkpointed at {at}"),
         Input::TaskRequeued { task, at, .. } => format!("{task} requeued at {at}"),
+        Input::TaskWithdrawn { task, at, .. } => format!("{task} withdrawn at {at}"),
         Input::TaskPreloaded {
             task,
             expected_at,

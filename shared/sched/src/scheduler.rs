@@ -118,6 +118,18 @@ pub enum Input {
         /// When.
         at: Time,
     },
+    /// A task is no longer wanted (its workload was aborted, or gave it up): queued, it
+    /// leaves the queue at once — a gang whole, so no part of it is ever granted — and a
+    /// preloaded one's hold ends; running, its resources are released like a finished one's,
+    /// but the cut-short run teaches the duration estimator nothing.
+    TaskWithdrawn {
+        /// The task.
+        task: TaskId,
+        /// Why, for the decision log.
+        reason: String,
+        /// When.
+        at: Time,
+    },
     /// Run a scheduling pass.
     Schedule {
         /// When.
@@ -134,6 +146,10 @@ pub enum ApplyError {
     /// A finish, checkpoint or requeue for a task that is not running.
     #[error("{0} is not running")]
     NotRunning(TaskId),
+    /// A withdrawal of a task the scheduler does not hold (never submitted, or already
+    /// finished).
+    #[error("{0} is neither queued, preloaded nor running")]
+    UnknownTask(TaskId),
     /// An input named a node the scheduler does not know.
     #[error("unknown node {0:?}")]
     UnknownNode(String),
@@ -469,6 +485,7 @@ impl Scheduler {
                 _ => return Err(ApplyError::NotRunning(task)),
             },
             Input::TaskRequeued { task, reason, at } => self.requeue(task, &reason, at, out)?,
+            Input::TaskWithdrawn { task, reason, at } => self.withdraw(task, reason, at, out)?,
             Input::TeamBudget {
                 team,
                 exceeded,
@@ -813,7 +830,81 @@ impl Scheduler {
         )
     }
 
+    /// Whether the task is queued, preloaded or running: one a withdrawal would affect.
+    pub fn holds(&self, task: TaskId) -> bool {
+        self.tasks.contains_key(&task) || self.preloads.contains_key(&task)
+    }
+
     fn finish(&mut self, id: TaskId, at: Time, out: &mut Vec<Decision>) -> Result<(), ApplyError> {
+        self.end(id, at, true, out)
+    }
+
+    /// Takes a task that is no longer wanted out of the scheduler; see
+    /// [`Input::TaskWithdrawn`].
+    fn withdraw(
+        &mut self,
+        id: TaskId,
+        reason: String,
+        at: Time,
+        out: &mut Vec<Decision>,
+    ) -> Result<(), ApplyError> {
+        if self.preloads.remove(&id).is_some() {
+            out.push(Decision::Withdrawn {
+                task: id,
+                reason,
+                at,
+            });
+            return Ok(());
+        }
+        let Some(task) = self.tasks.get(&id) else {
+            return Err(ApplyError::UnknownTask(id));
+        };
+        if task.is_running() {
+            return self.end(id, at, false, out);
+        }
+        // Pending: the whole unit goes, whether queued or a gang still incomplete.
+        let members = match task.spec.gang.as_ref().map(|g| g.name.clone()) {
+            Some(gang) => {
+                let all = self.gangs.remove(&gang).unwrap_or_default();
+                let (running, pending): (Vec<TaskId>, Vec<TaskId>) =
+                    all.into_iter().partition(|m| self.tasks[m].is_running());
+                if !running.is_empty() {
+                    self.gangs.insert(gang, running);
+                }
+                pending
+            }
+            None => vec![id],
+        };
+        for member in members {
+            let Some(task) = self.tasks.remove(&member) else {
+                continue;
+            };
+            if let State::Pending { key, .. } = task.state
+                && self.queue.get(&key) == Some(&member)
+            {
+                self.queue.remove(&key);
+                if task.spec.gang.is_none() {
+                    self.forget_shape(&task.shape);
+                }
+            }
+            out.push(Decision::Withdrawn {
+                task: member,
+                reason: reason.clone(),
+                at,
+            });
+        }
+        Ok(())
+    }
+
+    /// Ends a running task: releases its resources and, when it ran to its end (`observed`),
+    /// tells the estimator how long it took.
+    fn end(
+        &mut self,
+        id: TaskId,
+        at: Time,
+        observed: bool,
+        out: &mut Vec<Decision>,
+    ) -> Result<(), ApplyError> {
         if !self.tasks.get(&id).is_some_and(Task::is_running) {
             return Err(ApplyError::NotRunning(id));
         }
@@ -839,8 +930,10 @@ impl Scheduler {
             self.no_room.clear();
             self.quotas
                 .refund(&task.spec.team, quota::demand(&task.spec));
-            self.estimator
-                .observe(&task.spec, task.attained + at.saturating_sub(since));
+            if observed {
+                self.estimator
+                    .observe(&task.spec, task.attained + at.saturating_sub(since));
+            }
             out.push(Decision::Released {
                 task: id,
                 lease,

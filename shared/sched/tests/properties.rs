@@ -702,7 +702,9 @@ fn drive(policy: &'static str, scenario: &Scenario) -> Run {
                     running.remove(task);
                     finished.insert(*task);
                 }
-                Decision::Waiting { .. } | Decision::Reserved { .. } => {}
+                Decision::Waiting { .. }
+                | Decision::Reserved { .. }
+                | Decision::Withdrawn { .. } => {}
             }
         }
     };
@@ -857,7 +859,9 @@ fn gpus_hold_at_most_their_capacity(scenario: &Scenario, run: &Run) -> Result<()
                         }
                     }
                 }
-                Decision::Waiting { .. } | Decision::Reserved { .. } => {}
+                Decision::Waiting { .. }
+                | Decision::Reserved { .. }
+                | Decision::Withdrawn { .. } => {}
             }
         }
         // Nodes join one step at a time: compare those that have.
@@ -1000,7 +1004,9 @@ fn gpu_memory_and_mig_hold_at_most_their_capacity(
                         }
                     }
                 }
-                Decision::Waiting { .. } | Decision::Reserved { .. } => {}
+                Decision::Waiting { .. }
+                | Decision::Reserved { .. }
+                | Decision::Withdrawn { .. } => {}
             }
         }
         // Nodes join one step at a time: compare those that have. A node that does not track
@@ -1187,7 +1193,7 @@ fn leases_open_and_close_in_order(scenario: &Scenario, run: &Run) -> Result<(), 
                         "{policy}: step {i}: {task} told to wait while running"
                     );
                 }
-                Decision::Reserved { .. } => {}
+                Decision::Reserved { .. } | Decision::Withdrawn { .. } => {}
             }
         }
     }
@@ -1347,7 +1353,9 @@ fn gangs_start_and_stop_whole(scenario: &Scenario, run: &Run) -> Result<(), Test
                         finished.insert(*task);
                     }
                 }
-                Decision::Waiting { .. } | Decision::Reserved { .. } => {}
+                Decision::Waiting { .. }
+                | Decision::Reserved { .. }
+                | Decision::Withdrawn { .. } => {}
             }
         }
         for (g, ids) in &started {
@@ -1509,7 +1517,9 @@ fn quotas_hold(scenario: &Scenario, run: &Run, enforced: bool) -> Result<(), Tes
                         cohort = cohort.saturating_sub(milli);
                     }
                 }
-                Decision::Waiting { .. } | Decision::Reserved { .. } => {}
+                Decision::Waiting { .. }
+                | Decision::Reserved { .. }
+                | Decision::Withdrawn { .. } => {}
             }
         }
         prop_assert_eq!(

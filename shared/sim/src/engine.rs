@@ -567,9 +567,11 @@ fn simulate(
                         }
                     }
                 }
+                // The simulator never withdraws a task.
                 Decision::Waiting { .. }
                 | Decision::Released { .. }
-                | Decision::Reserved { .. } => {}
+                | Decision::Reserved { .. }
+                | Decision::Withdrawn { .. } => {}
             }
         }
         let waiting = scheduler.pending() > 0;

@@ -277,6 +277,7 @@ fn script(policy: &str, nodes: Vec<NodeBuilder>, inputs: Vec<Input>) -> Vec<Stri
                 )),
                 Decision::Released { task, .. } => log.push(format!("release {}", task.0)),
                 Decision::Reserved { task, .. } => log.push(format!("reserve {}", task.0)),
+                Decision::Withdrawn { task, .. } => log.push(format!("withdraw {}", task.0)),
                 Decision::Waiting { .. } => {}
             }
         }

@@ -222,6 +222,132 @@ fn a_task_past_its_usage_limit_yields_to_any_waiting_task() {
     ]);
 }
 
+fn withdraw(id: u64, at: u64) -> Input {
+    Input::TaskWithdrawn {
+        task: TaskId(id),
+        reason: "workload aborted".into(),
+        at,
+    }
+}
+
+#[test]
+fn a_withdrawn_task_leaves_the_queue_at_once_and_never_runs() {
+    check(vec![
+        Case {
+            name: "a queued task leaves, and the next in line takes the room it waited for",
+            policy: "fifo",
+            nodes: vec![node("n1")],
+            inputs: vec![
+                submit(task(1).gpus(8), 0),
+                submit(task(2).gpus(8), 0),
+                submit(task(3).gpus(8), 0),
+                pass(0),
+                withdraw(2, 5),
+                finish(1, 10),
+                pass(10),
+            ],
+            want: vec!["grant 1@n1", "withdraw 2", "release 1", "grant 3@n1"],
+        },
+        Case {
+            name: "a withdrawn high-priority task preempts nothing",
+            policy: "kueue",
+            nodes: vec![node("n1")],
+            inputs: vec![
+                submit(task(1).gpus(8), 0),
+                pass(0),
+                submit(task(2).gpus(8).priority(5), 1),
+                withdraw(2, 2),
+                pass(3),
+            ],
+            want: vec!["grant 1@n1", "withdraw 2"],
+        },
+        Case {
+            name: "a queued gang leaves whole when one member is withdrawn",
+            policy: "fifo",
+            nodes: vec![node("n1")],
+            inputs: vec![
+                submit(task(9).gpus(8), 0),
+                pass(0),
+                submit(task(1).gpus(4).gang("g", 2), 1),
+                submit(task(2).gpus(4).gang("g", 2), 1),
+                withdraw(2, 2),
+                finish(9, 3),
+                pass(3),
+            ],
+            want: vec!["grant 9@n1", "withdraw 1", "withdraw 2", "release 9"],
+        },
+        Case {
+            name: "an incomplete gang's members leave too; a later member starts nothing",
+            policy: "fifo",
+            nodes: vec![node("n1")],
+            inputs: vec![
+                submit(task(1).gpus(4).gang("g", 2), 0),
+                withdraw(1, 1),
+                submit(task(2).gpus(4).gang("g", 2), 2),
+                pass(2),
+            ],
+            want: vec!["withdraw 1"],
+        },
+        Case {
+            name: "a running task is released like a finished one",
+            policy: "fifo",
+            nodes: vec![node("n1")],
+            inputs: vec![
+                submit(task(1).gpus(8), 0),
+                submit(task(2).gpus(8), 0),
+                pass(0),
+                withdraw(1, 5),
+                pass(5),
+            ],
+            want: vec!["grant 1@n1", "release 1", "grant 2@n1"],
+        },
+    ]);
+}
+
+#[test]
+fn a_withdrawn_preload_gives_up_its_hold_and_a_withdrawn_run_teaches_no_estimate() {
+    let mut s = scheduler(crate::policy::by_name("allot").unwrap(), vec![node("n1")]);
+    s.apply(Input::TaskPreloaded {
+        task: task(1).gpus(8).0,
+        expected_at: HOUR,
+        at: 0,
+    })
+    .unwrap();
+    s.apply(submit(task(2).gpus(4), 1)).unwrap();
+    let held = s.apply(pass(1)).unwrap();
+    assert!(
+        held.iter()
+            .any(|d| matches!(d, Decision::Reserved { task, .. } if task.0 == 1))
+            && !held.iter().any(|d| matches!(d, Decision::Granted { .. })),
+        "the preload holds the node: {held:?}"
+    );
+    let gone = s.apply(withdraw(1, 2)).unwrap();
+    assert!(
+        matches!(&gone[..], [Decision::Withdrawn { task, .. }] if task.0 == 1),
+        "{gone:?}"
+    );
+    assert!(!s.holds(TaskId(1)));
+    let granted = s.apply(pass(2)).unwrap();
+    assert!(
+        granted
+            .iter()
+            .any(|d| matches!(d, Decision::Granted { task, .. } if task.0 == 2)),
+        "the hold is gone, so the waiting task starts: {granted:?}"
+    );
+
+    // Task 2 is cut short after a minute: the estimator must not learn "a minute".
+    s.apply(withdraw(2, MIN)).unwrap();
+    assert!(
+        !s.estimator().learned(&task(3).gpus(4).0),
+        "a withdrawn run is no observation of how long such tasks take"
+    );
+    assert_eq!(
+        s.apply(withdraw(2, MIN + 1)),
+        Err(ApplyError::UnknownTask(TaskId(2))),
+        "withdrawing twice is an error the journal records"
+    );
+}
+
 #[test]
 fn a_requeued_gang_member_takes_its_gang_back_to_the_queue() {
     check(vec![Case {
