@@ -83,7 +83,7 @@ struct Arrival {
 }
 
 /// At `at`, something happens to one of the tasks running then (`pick` among them, in id
-/// order); nothing if none runs.
+/// order) — or, for a withdrawal, one of those running or queued; nothing if there is none.
 #[derive(Debug, Clone, Copy)]
 struct Disruption {
     at: Time,
@@ -97,6 +97,8 @@ enum Disrupt {
     Requeue,
     /// It reports a checkpoint: `Input::TaskCheckpointed`.
     Checkpoint,
+    /// Its workload was aborted: `Input::TaskWithdrawn` (a queued gang leaves whole).
+    Withdraw,
 }
 
 impl Scenario {
@@ -530,7 +532,11 @@ fn scenario() -> impl Strategy<Value = Scenario> {
     let disruption = (
         1u64..=160,
         any::<Index>(),
-        prop_oneof![2 => Just(Disrupt::Requeue), 1 => Just(Disrupt::Checkpoint)],
+        prop_oneof![
+            2 => Just(Disrupt::Requeue),
+            1 => Just(Disrupt::Checkpoint),
+            1 => Just(Disrupt::Withdraw),
+        ],
     )
         .prop_map(|(at, pick, what)| Disruption {
             at: at * MINUTE,
@@ -599,6 +605,8 @@ struct Run {
     /// Tasks refused at submission, with every member of a gang one of whose members was.
     rejected: BTreeSet<TaskId>,
     finished: BTreeSet<TaskId>,
+    /// Tasks withdrawn while queued, or never submitted because their gang was.
+    withdrawn: BTreeSet<TaskId>,
 }
 
 impl Run {
@@ -650,6 +658,7 @@ fn drive(policy: &'static str, scenario: &Scenario) -> Run {
         cohort_nominal: 0,
         rejected: BTreeSet::new(),
         finished: BTreeSet::new(),
+        withdrawn: BTreeSet::new(),
     };
     for node in &scenario.nodes {
         run.apply(&mut scheduler, Input::NodeAdded(node.clone()));
@@ -686,7 +695,8 @@ fn drive(policy: &'static str, scenario: &Scenario) -> Run {
                   now: Time,
                   running: &mut BTreeMap<TaskId, Time>,
                   left: &mut HashMap<TaskId, Time>,
-                  finished: &mut BTreeSet<TaskId>| {
+                  finished: &mut BTreeSet<TaskId>,
+                  withdrawn: &mut BTreeSet<TaskId>| {
         for d in decisions {
             match d {
                 Decision::Granted { task, .. } => {
@@ -702,9 +712,11 @@ fn drive(policy: &'static str, scenario: &Scenario) -> Run {
                     running.remove(task);
                     finished.insert(*task);
                 }
-                Decision::Waiting { .. }
-                | Decision::Reserved { .. }
-                | Decision::Withdrawn { .. } => {}
+                Decision::Withdrawn { task, .. } => {
+                    running.remove(task);
+                    withdrawn.insert(*task);
+                }
+                Decision::Waiting { .. } | Decision::Reserved { .. } => {}
             }
         }
     };
@@ -730,11 +742,21 @@ fn drive(policy: &'static str, scenario: &Scenario) -> Run {
             .collect();
         for id in done {
             let decisions = run.apply(&mut scheduler, Input::TaskFinished { task: id, at: now });
-            follow(&decisions, now, &mut running, &mut left, &mut run.finished);
+            follow(
+                &decisions,
+                now,
+                &mut running,
+                &mut left,
+                &mut run.finished,
+                &mut run.withdrawn,
+            );
             // A finish the scheduler refused must not come back every turn.
             running.remove(&id);
         }
         for task in arrivals.remove(&now).unwrap_or_default() {
+            if run.withdrawn.contains(&task.id) {
+                continue;
+            }
             let input = Input::TaskSubmitted {
                 task: task.clone(),
                 at: now,
@@ -756,9 +778,33 @@ fn drive(policy: &'static str, scenario: &Scenario) -> Run {
             }
         }
         for d in disruptions.remove(&now).unwrap_or_default() {
-            let Some(task) = running.keys().nth(d.pick.index(running.len().max(1))) else {
+            let candidates: Vec<TaskId> = match d.what {
+                Disrupt::Withdraw => {
+                    let held: BTreeSet<TaskId> = running
+                        .keys()
+                        .copied()
+                        .chain(scheduler.pending_specs().map(|t| t.id))
+                        .collect();
+                    held.into_iter().collect()
+                }
+                _ => running.keys().copied().collect(),
+            };
+            let Some(task) = candidates.get(d.pick.index(candidates.len().max(1))) else {
                 continue;
             };
+            if d.what == Disrupt::Withdraw
+                && !running.contains_key(task)
+                && let Some(g) = scenario.spec(*task).and_then(|t| t.gang.as_ref())
+            {
+                // A queued gang leaves whole; its members yet to arrive never will.
+                run.withdrawn.extend(
+                    scenario
+                        .arrivals
+                        .iter()
+                        .filter(|a| a.task.gang.as_ref().is_some_and(|o| o.name == g.name))
+                        .map(|a| a.task.id),
+                );
+            }
             let input = match d.what {
                 Disrupt::Requeue => Input::TaskRequeued {
                     task: *task,
@@ -769,12 +815,31 @@ fn drive(policy: &'static str, scenario: &Scenario) -> Run {
                     task: *task,
                     at: now,
                 },
+                Disrupt::Withdraw => Input::TaskWithdrawn {
+                    task: *task,
+                    reason: "workload aborted".into(),
+                    at: now,
+                },
             };
             let decisions = run.apply(&mut scheduler, input);
-            follow(&decisions, now, &mut running, &mut left, &mut run.finished);
+            follow(
+                &decisions,
+                now,
+                &mut running,
+                &mut left,
+                &mut run.finished,
+                &mut run.withdrawn,
+            );
         }
         let decisions = run.apply(&mut scheduler, Input::Schedule { at: now });
-        follow(&decisions, now, &mut running, &mut left, &mut run.finished);
+        follow(
+            &decisions,
+            now,
+            &mut running,
+            &mut left,
+            &mut run.finished,
+            &mut run.withdrawn,
+        );
     }
     run
 }
@@ -1066,8 +1131,25 @@ fn leases_open_and_close_in_order(scenario: &Scenario, run: &Run) -> Result<(), 
     let mut leases: BTreeSet<LeaseId> = BTreeSet::new();
     // When each running task started its run, and its last reported checkpoint.
     let mut runs: HashMap<TaskId, (Time, Time)> = HashMap::new();
+    let mut withdrawn: BTreeSet<TaskId> = BTreeSet::new();
     for (i, step) in run.steps.iter().enumerate() {
         match (&step.input, &step.result) {
+            (Input::TaskWithdrawn { task, .. }, Ok(d)) => {
+                // Running: its lease is released, and nothing else. Queued: it (and its
+                // queued gang mates) leave, and nothing else.
+                let was_running = running.contains_key(task);
+                let expected = if was_running {
+                    matches!(&d[..], [Decision::Released { task: t, .. }] if t == task)
+                } else {
+                    d.iter().all(|d| matches!(d, Decision::Withdrawn { .. }))
+                        && d.iter()
+                            .any(|d| matches!(d, Decision::Withdrawn { task: t, .. } if t == task))
+                };
+                prop_assert!(
+                    expected,
+                    "{policy}: step {i}: withdrawing {task} (running: {was_running}) decided {d:?}"
+                );
+            }
             (Input::TaskSubmitted { task, .. }, Err(ApplyError::Unplaceable { task: id, .. })) => {
                 prop_assert_eq!(task.id, *id);
             }
@@ -1119,6 +1201,10 @@ fn leases_open_and_close_in_order(scenario: &Scenario, run: &Run) -> Result<(), 
                     prop_assert!(
                         !running.contains_key(task),
                         "{policy}: step {i}: {task} granted while running"
+                    );
+                    prop_assert!(
+                        !withdrawn.contains(task),
+                        "{policy}: step {i}: {task} granted after it was withdrawn"
                     );
                     prop_assert!(
                         leases.insert(*lease),
@@ -1193,7 +1279,14 @@ fn leases_open_and_close_in_order(scenario: &Scenario, run: &Run) -> Result<(), 
                         "{policy}: step {i}: {task} told to wait while running"
                     );
                 }
-                Decision::Reserved { .. } | Decision::Withdrawn { .. } => {}
+                Decision::Withdrawn { task, .. } => {
+                    prop_assert!(
+                        !running.contains_key(task),
+                        "{policy}: step {i}: {task} withdrawn from the queue while running"
+                    );
+                    withdrawn.insert(*task);
+                }
+                Decision::Reserved { .. } => {}
             }
         }
     }
@@ -1770,7 +1863,10 @@ proptest! {
             let runnable = scenario.only(|t| ok.contains(&t.id));
             let run = drive(name, &runnable);
             prop_assert!(run.rejected.is_empty(), "{name}: rejected {:?}", run.rejected);
-            let starved: Vec<&TaskId> = ok.difference(&run.finished).collect();
+            let starved: Vec<&TaskId> = ok
+                .difference(&run.finished)
+                .filter(|t| !run.withdrawn.contains(t))
+                .collect();
             prop_assert!(starved.is_empty(), "{name}: never finished: {starved:?}");
         }
     }
