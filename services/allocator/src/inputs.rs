@@ -8,7 +8,7 @@
 //! | task preload (its pool) | task preloaded: room is held for it until it is ready |
 //! | task checkpointed | task checkpointed |
 //! | task completed / failed | task finished |
-//! | task cancelled (a task the scheduler holds) | task withdrawn: queued, it leaves the queue; running, its lease is released |
+//! | task cancelled (a task the scheduler holds, or parked) | task withdrawn: queued, it leaves the queue; running, its lease is released |
 //! | budget exceeded / within again (billing, any pool) | team budget: its new work below the floor waits, or is flagged |
 //!
 //! A cancellation (the planner gave the task up: its workload was aborted or failed) withdraws

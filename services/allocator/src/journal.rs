@@ -145,6 +145,28 @@ pub fn parks(error: &ApplyError) -> bool {
     matches!(error, ApplyError::Unplaceable { .. })
 }
 
+/// Keeps `parked` in step with one journalled input and its outcome: a submission the pool
+/// cannot hold parks its task; one accepted, or a withdrawal, unparks it. The leader and the
+/// rebuild from the journal both go through here, so they cannot disagree.
+pub fn track_parked(
+    parked: &mut BTreeMap<TaskId, TaskSpec>,
+    input: &Input,
+    error: Option<&ApplyError>,
+) {
+    match input {
+        Input::TaskSubmitted { task, .. } if error.is_some_and(parks) => {
+            parked.insert(task.id, task.clone());
+        }
+        Input::TaskSubmitted { task, .. } if error.is_none() => {
+            parked.remove(&task.id);
+        }
+        Input::TaskWithdrawn { task, .. } => {
+            parked.remove(task);
+        }
+        _ => {}
+    }
+}
+
 /// Appends to a pool's journal, fenced by the journal's last sequence.
 #[derive(Debug)]
 pub struct Journal {
@@ -202,19 +224,7 @@ impl Journal {
                     let seq = a.entry.seq;
                     let (recomputed, error) =
                         journal::apply_typed(&mut rebuilt.scheduler, seq, a.entry.input.clone());
-                    match &a.entry.input {
-                        Input::TaskSubmitted { task, .. } => {
-                            if error.as_ref().is_some_and(parks) {
-                                rebuilt.parked.insert(task.id, task.clone());
-                            } else if error.is_none() {
-                                rebuilt.parked.remove(&task.id);
-                            }
-                        }
-                        Input::TaskWithdrawn { task, .. } => {
-                            rebuilt.parked.remove(task);
-                        }
-                        _ => {}
-                    }
+                    track_parked(&mut rebuilt.parked, &a.entry.input, error.as_ref());
                     if seq != journal.entries + 1 || recomputed != a.entry {
                         return Err(JournalError::Diverged {
                             pool: pool.into(),

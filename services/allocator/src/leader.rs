@@ -22,7 +22,7 @@ use allot_events::alloc::{Launch, Source};
 use allot_events::{AnyEvent, TaskEvent};
 use allot_sched::{Input, Scheduler, TaskId, TaskSpec, Time};
 
-use crate::journal::{Journal, JournalError, Rebuilt};
+use crate::journal::{self, Journal, JournalError, Rebuilt};
 use crate::lease::{self, Lease};
 use crate::{AllocatorError, Config, inputs};
 
@@ -166,14 +166,6 @@ impl Leading<'_> {
                                 ..
                             }
                     );
-                    let submitted = match &input {
-                        Input::TaskSubmitted { task, .. } => Some(task.clone()),
-                        Input::TaskWithdrawn { task, .. } => {
-                            self.parked.remove(task);
-                            None
-                        }
-                        _ => None,
-                    };
                     let launch = match &d.event.data {
                         AnyEvent::Task(TaskEvent::Ready(t)) => Some(Launch {
                             workload: t.workload.clone(),
@@ -182,15 +174,11 @@ impl Leading<'_> {
                         }),
                         _ => None,
                     };
-                    let (_, error) = self
+                    let (entry, error) = self
                         .journal
                         .apply(&mut self.scheduler, input, Some(source), launch)
                         .await?;
-                    if let Some(task) = submitted
-                        && error.as_ref().is_some_and(crate::journal::parks)
-                    {
-                        self.parked.insert(task.id, task);
-                    }
+                    journal::track_parked(&mut self.parked, &entry.input, error.as_ref());
                     if grows {
                         self.unpark().await?;
                     }
@@ -211,19 +199,14 @@ impl Leading<'_> {
     /// stay parked.
     async fn unpark(&mut self) -> Result<(), JournalError> {
         let parked = std::mem::take(&mut self.parked);
-        for (id, task) in parked {
+        for task in parked.into_values() {
             let at = self.now();
-            let input = Input::TaskSubmitted {
-                task: task.clone(),
-                at,
-            };
-            let (_, error) = self
+            let input = Input::TaskSubmitted { task, at };
+            let (entry, error) = self
                 .journal
                 .apply(&mut self.scheduler, input, None, None)
                 .await?;
-            if error.as_ref().is_some_and(crate::journal::parks) {
-                self.parked.insert(id, task);
-            }
+            journal::track_parked(&mut self.parked, &entry.input, error.as_ref());
         }
         Ok(())
     }

@@ -476,7 +476,7 @@ impl Scheduler {
                 self.no_room.clear();
             }
             Input::TaskSubmitted { task, at } => self.submit(task, at)?,
-            Input::TaskFinished { task, at } => self.finish(task, at, out)?,
+            Input::TaskFinished { task, at } => self.end(task, at, true, out)?,
             Input::TaskCheckpointed { task, at } => match self.tasks.get_mut(&task) {
                 Some(Task {
                     state: State::Running { checkpointed, .. },
@@ -835,10 +835,6 @@ impl Scheduler {
         self.tasks.contains_key(&task) || self.preloads.contains_key(&task)
     }
 
-    fn finish(&mut self, id: TaskId, at: Time, out: &mut Vec<Decision>) -> Result<(), ApplyError> {
-        self.end(id, at, true, out)
-    }
-
     /// Takes a task that is no longer wanted out of the scheduler; see
     /// [`Input::TaskWithdrawn`].
     fn withdraw(
@@ -848,38 +844,32 @@ impl Scheduler {
         at: Time,
         out: &mut Vec<Decision>,
     ) -> Result<(), ApplyError> {
-        if self.preloads.remove(&id).is_some() {
-            out.push(Decision::Withdrawn {
-                task: id,
-                reason,
-                at,
-            });
-            return Ok(());
-        }
-        let Some(task) = self.tasks.get(&id) else {
-            return Err(ApplyError::UnknownTask(id));
-        };
-        if task.is_running() {
-            return self.end(id, at, false, out);
-        }
-        // Pending: the whole unit goes, whether queued or a gang still incomplete.
-        let members = match task.spec.gang.as_ref().map(|g| g.name.clone()) {
-            Some(gang) => {
-                let all = self.gangs.remove(&gang).unwrap_or_default();
-                let (running, pending): (Vec<TaskId>, Vec<TaskId>) =
-                    all.into_iter().partition(|m| self.tasks[m].is_running());
-                if !running.is_empty() {
-                    self.gangs.insert(gang, running);
-                }
-                pending
+        let members = if self.preloads.remove(&id).is_some() {
+            vec![id]
+        } else {
+            let Some(task) = self.tasks.get(&id) else {
+                return Err(ApplyError::UnknownTask(id));
+            };
+            if task.is_running() {
+                return self.end(id, at, false, out);
             }
-            None => vec![id],
+            // Pending: the whole unit goes, whether queued or a gang still incomplete.
+            match task.spec.gang.as_ref().map(|g| g.name.clone()) {
+                Some(gang) => {
+                    let all = self.gangs.remove(&gang).unwrap_or_default();
+                    let (running, pending): (Vec<TaskId>, Vec<TaskId>) =
+                        all.into_iter().partition(|m| self.tasks[m].is_running());
+                    if !running.is_empty() {
+                        self.gangs.insert(gang, running);
+                    }
+                    pending
+                }
+                None => vec![id],
+            }
         };
         for member in members {
-            let Some(task) = self.tasks.remove(&member) else {
-                continue;
-            };
-            if let State::Pending { key, .. } = task.state
+            if let Some(task) = self.tasks.remove(&member)
+                && let State::Pending { key, .. } = task.state
                 && self.queue.get(&key) == Some(&member)
             {
                 self.queue.remove(&key);
