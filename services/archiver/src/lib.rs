@@ -158,7 +158,7 @@ pub fn entry(d: &Delivery<Raw>) -> chain::Entry {
 impl Handler<Raw> for Archiver {
     fn resume_after(&mut self) -> Result<Option<u64>, HandlerError> {
         let position = allot_store::position(&self.conn, &self.consumer)
-            .map_err(|e| HandlerError(format!("archive database: {e}")))?;
+            .map_err(|e| HandlerError::transient(format!("archive database: {e}")))?;
         Ok(Some(position.unwrap_or(0)))
     }
 
@@ -166,7 +166,7 @@ impl Handler<Raw> for Archiver {
         let entries: Vec<chain::Entry> = batch.iter().map(entry).collect();
         let now = chrono::Utc::now().timestamp_nanos_opt().unwrap_or(i64::MAX);
         let results = chain::append(&mut self.conn, &self.consumer, &entries, now)
-            .map_err(|e| HandlerError(format!("archive database: {e}")))?;
+            .map_err(|e| HandlerError::transient(format!("archive database: {e}")))?;
         let mut outcomes = Vec::with_capacity(results.len());
         let mut progress = self.progress.borrow().clone();
         for (e, result) in entries.iter().zip(results) {

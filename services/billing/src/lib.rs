@@ -310,10 +310,11 @@ impl Billing {
                 r.get(0)
             })
             .optional()
-            .map_err(|e| HandlerError(format!("billing database: {e}")))?;
+            .map_err(|e| HandlerError::transient(format!("billing database: {e}")))?;
         match stored {
-            Some(text) => serde_json::from_str(&text)
-                .map_err(|e| HandlerError(format!("billing database: ledger of {pool}: {e}"))),
+            Some(text) => serde_json::from_str(&text).map_err(|e| {
+                HandlerError::transient(format!("billing database: ledger of {pool}: {e}"))
+            }),
             None => Ok(PoolLedger::default()),
         }
     }
@@ -322,7 +323,7 @@ impl Billing {
 impl Handler for Billing {
     fn resume_after(&mut self) -> Result<Option<u64>, HandlerError> {
         let position = allot_store::position(&self.conn, &self.consumer)
-            .map_err(|e| HandlerError(format!("billing database: {e}")))?;
+            .map_err(|e| HandlerError::transient(format!("billing database: {e}")))?;
         Ok(Some(position.unwrap_or(0)))
     }
 
@@ -382,17 +383,14 @@ impl Handler for Billing {
             }
             let mut pending = Vec::with_capacity(envelopes.len());
             for envelope in &envelopes {
-                pending.push(
-                    self.publisher
-                        .send(envelope)
-                        .await
-                        .map_err(|e| HandlerError(format!("publishing a cost event: {e}")))?,
-                );
+                pending.push(self.publisher.send(envelope).await.map_err(|e| {
+                    HandlerError::transient(format!("publishing a cost event: {e}"))
+                })?);
             }
             for p in pending {
-                p.wait()
-                    .await
-                    .map_err(|e| HandlerError(format!("publishing a cost event: {e}")))?;
+                p.wait().await.map_err(|e| {
+                    HandlerError::transient(format!("publishing a cost event: {e}"))
+                })?;
             }
             let text = serde_json::to_string(&ledger).expect("a ledger serializes");
             let tx = self.conn.transaction().map_err(db)?;
@@ -493,5 +491,5 @@ impl Handler for Telemetry {
 }
 
 fn db(e: impl std::fmt::Display) -> HandlerError {
-    HandlerError(format!("billing database: {e}"))
+    HandlerError::transient(format!("billing database: {e}"))
 }

@@ -234,7 +234,7 @@ impl Projector {
 impl Handler for Projector {
     fn resume_after(&mut self) -> Result<Option<u64>, HandlerError> {
         let position = allot_store::position(&self.conn, &self.consumer)
-            .map_err(|e| HandlerError(format!("inventory database: {e}")))?;
+            .map_err(|e| HandlerError::transient(format!("inventory database: {e}")))?;
         Ok(Some(position.unwrap_or(0)))
     }
 
@@ -258,7 +258,7 @@ impl Handler for Projector {
             let fresh: Vec<&Delivery> = fresh.iter().map(|d| **d).collect();
             projection::apply_all(c, &fresh)
         })
-        .map_err(|e| HandlerError(format!("inventory database: {e}")))?;
+        .map_err(|e| HandlerError::transient(format!("inventory database: {e}")))?;
         Ok(outcomes)
     }
 }

@@ -66,7 +66,7 @@ impl Planner {
 impl Handler for Planner {
     fn resume_after(&mut self) -> Result<Option<u64>, HandlerError> {
         let position = allot_store::position(&self.conn, &self.consumer)
-            .map_err(|e| HandlerError(format!("planner database: {e}")))?;
+            .map_err(|e| HandlerError::transient(format!("planner database: {e}")))?;
         Ok(Some(position.unwrap_or(0)))
     }
 
@@ -82,7 +82,7 @@ impl Handler for Planner {
                 outcome = step.outcome;
                 Ok::<_, StoreError>(())
             })
-            .map_err(|e| HandlerError(format!("planner database: {e}")))?;
+            .map_err(|e| HandlerError::transient(format!("planner database: {e}")))?;
             outcomes.push(outcome);
         }
         if queued {

@@ -7,11 +7,15 @@
 //!    dead-letter stream with the reason and its origin (subject, stream, sequence, consumer,
 //!    deliveries) in headers, and only then acknowledged: it never blocks the stream and is
 //!    never silently dropped.
-//! 3. A handler failure that may pass (a busy database, a full disk) is retried in place with
-//!    backoff, so later messages never overtake it. After [`ConsumerSpec::max_deliveries`]
-//!    attempts the batch is split and each message retried alone; one that still fails is
-//!    dead-lettered. A message the server has already delivered that many times without an
-//!    acknowledgement (the process kept dying on it) is dead-lettered on sight.
+//! 3. A handler error has a kind ([`HandlerErrorKind`]). A *transient* one (a busy database, a
+//!    full disk, the bus away) is retried in place with backoff for as long as it takes —
+//!    keeping the batch's messages from being redelivered meanwhile, and stopping (without
+//!    acknowledging) on shutdown — so later messages never overtake it and an infrastructure
+//!    episode dead-letters nothing. A *fatal* one stops the runner with an error, leaving the
+//!    batch unacknowledged, so the service stops and its orchestrator restarts it. Only a
+//!    message that is malformed or that the handler rejects ([`Outcome::Rejected`]) is ever
+//!    dead-lettered: how often a message was delivered says nothing about whether it is bad
+//!    (a paused or starved process sees redeliveries too), so it is not a reason.
 //! 4. A handler that stores its applied position with its state ([`Handler::resume_after`])
 //!    decides where the consumer starts: the durable consumer is recreated right after that
 //!    position on start-up. Without this, a restarted instance would receive never-delivered
@@ -58,9 +62,7 @@ pub struct ConsumerSpec {
     pub batch: usize,
     /// How long the server waits for an acknowledgement before redelivering.
     pub ack_wait: Duration,
-    /// Attempts (local retries and server redeliveries) before a message is dead-lettered.
-    pub max_deliveries: u32,
-    /// Longest wait between two attempts.
+    /// Longest wait between two attempts at a batch that failed transiently.
     pub max_backoff: Duration,
     /// How long to wait for more messages once one has arrived, to hand the handler a larger
     /// batch. Zero hands over only what is already there. A projection that commits per batch
@@ -69,8 +71,7 @@ pub struct ConsumerSpec {
 }
 
 impl ConsumerSpec {
-    /// A spec with defaults: batches of 256, 30 s ack wait, 5 attempts, 5 s backoff cap, no
-    /// linger.
+    /// A spec with defaults: batches of 256, 30 s ack wait, 5 s backoff cap, no linger.
     pub fn new(stream: impl Into<String>, durable: impl Into<String>) -> Self {
         Self {
             stream: stream.into(),
@@ -78,7 +79,6 @@ impl ConsumerSpec {
             filter_subjects: Vec::new(),
             batch: 256,
             ack_wait: Duration::from_secs(30),
-            max_deliveries: 5,
             max_backoff: Duration::from_secs(5),
             linger: Duration::ZERO,
         }
@@ -97,8 +97,8 @@ impl ConsumerSpec {
             },
             ack_policy: AckPolicy::Explicit,
             ack_wait: self.ack_wait,
-            // Redelivery is bounded by the runner, which dead-letters rather than letting the
-            // server stop delivering a message that then sits unacknowledged forever.
+            // Never give up on a message server-side: one the server stopped delivering would
+            // sit unacknowledged for ever. Bad messages are dead-lettered by the runner.
             max_deliver: -1,
             max_ack_pending: (self.batch * 8) as i64,
             ..pull::Config::default()
@@ -164,10 +164,48 @@ pub enum Outcome {
     Rejected(String),
 }
 
-/// A batch could not be handled now (infrastructure trouble); it will be retried.
+/// Why a handler could not handle a batch, and so what the runner does with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandlerErrorKind {
+    /// Infrastructure trouble that may pass (database busy, disk full, bus away): the batch is
+    /// retried in place, with backoff, for as long as it takes. Never dead-lettered.
+    Transient,
+    /// The service cannot go on (its state is inconsistent, it lost its role): the runner
+    /// stops without acknowledging the batch and returns the error.
+    Fatal,
+}
+
+/// A batch could not be handled. (A single bad message is not an error: the handler returns
+/// [`Outcome::Rejected`] for it.)
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct HandlerError(pub String);
+#[error("{message}")]
+pub struct HandlerError {
+    kind: HandlerErrorKind,
+    message: String,
+}
+
+impl HandlerError {
+    /// Trouble that may pass: retry the batch.
+    pub fn transient(message: impl std::fmt::Display) -> Self {
+        Self {
+            kind: HandlerErrorKind::Transient,
+            message: message.to_string(),
+        }
+    }
+
+    /// The service must stop.
+    pub fn fatal(message: impl std::fmt::Display) -> Self {
+        Self {
+            kind: HandlerErrorKind::Fatal,
+            message: message.to_string(),
+        }
+    }
+
+    /// What the runner does about it.
+    pub fn kind(&self) -> HandlerErrorKind {
+        self.kind
+    }
+}
 
 /// Applies a consumer's messages, whose content it reads as `E`.
 pub trait Handler<E = Envelope>: Send {
@@ -235,7 +273,7 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
             .map_err(|e| BusError::JetStream {
                 operation: "reading the applied position",
                 name: self.settler.spec.durable.clone(),
-                message: e.0,
+                message: e.to_string(),
             })?;
         let consumer = create_consumer(&self.js, &self.settler.spec, resume_after).await?;
         'pull: loop {
@@ -271,8 +309,9 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
                         }
                     }
                 }
-                if !pulled.is_empty() {
-                    self.process(pulled).await;
+                if !pulled.is_empty() && self.process(pulled, &mut shutdown).await? == Flow::Stopped
+                {
+                    break 'pull;
                 }
             }
         }
@@ -311,33 +350,27 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
     fn open(&self, message: jetstream::Message) -> Pulled<E> {
         let delivery = match message.info() {
             Err(e) => Err(format!("message has no JetStream metadata: {e}")),
-            Ok(info) => {
-                let deliveries = info.delivered.max(1) as u32;
-                let stream_sequence = info.stream_sequence;
-                let published =
-                    DateTime::from_timestamp_nanos(info.published.unix_timestamp_nanos() as i64);
-                if deliveries > self.settler.spec.max_deliveries {
-                    Err(format!(
-                        "delivered {deliveries} times without being acknowledged (limit {})",
-                        self.settler.spec.max_deliveries
-                    ))
-                } else {
-                    E::read(&message).map(|event| Delivery {
-                        stream_sequence,
-                        subject: message.subject.to_string(),
-                        published,
-                        deliveries,
-                        event,
-                    })
-                }
-            }
+            Ok(info) => E::read(&message).map(|event| Delivery {
+                stream_sequence: info.stream_sequence,
+                subject: message.subject.to_string(),
+                published: DateTime::from_timestamp_nanos(
+                    info.published.unix_timestamp_nanos() as i64
+                ),
+                deliveries: info.delivered.max(1) as u32,
+                event,
+            }),
         };
         Pulled { message, delivery }
     }
 
     /// Handles one pulled chunk: dead-letters what did not decode, hands the rest to the
-    /// handler in order, and acknowledges everything it settled.
-    async fn process(&mut self, pulled: Vec<Pulled<E>>) {
+    /// handler in order, and acknowledges everything it settled. `Stopped` if shutdown came
+    /// while a batch was being retried (that batch stays unacknowledged).
+    async fn process<S: Future<Output = ()>>(
+        &mut self,
+        pulled: Vec<Pulled<E>>,
+        shutdown: &mut std::pin::Pin<&mut S>,
+    ) -> Result<Flow, BusError> {
         // Split into runs of decodable messages so order is kept around dead letters.
         let mut run: Vec<Pulled<E>> = Vec::new();
         for p in pulled {
@@ -345,91 +378,107 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
                 Ok(_) => run.push(p),
                 Err(reason) => {
                     let reason = reason.clone();
-                    self.flush_run(std::mem::take(&mut run)).await;
+                    if self.flush_run(std::mem::take(&mut run), shutdown).await? == Flow::Stopped {
+                        return Ok(Flow::Stopped);
+                    }
                     self.settler.dead_letter(&p.message, &reason).await;
                 }
             }
         }
-        self.flush_run(run).await;
+        self.flush_run(run, shutdown).await
     }
 
-    async fn flush_run(&mut self, run: Vec<Pulled<E>>) {
+    async fn flush_run<S: Future<Output = ()>>(
+        &mut self,
+        run: Vec<Pulled<E>>,
+        shutdown: &mut std::pin::Pin<&mut S>,
+    ) -> Result<Flow, BusError> {
         if run.is_empty() {
-            return;
+            return Ok(Flow::Continue);
         }
         let deliveries: Vec<Delivery<E>> = run
             .iter()
             .filter_map(|p| p.delivery.as_ref().ok().cloned())
             .collect();
-        match self.handle_with_retries(&run, &deliveries).await {
-            Ok(outcomes) => self.settler.settle(&run, outcomes).await,
-            Err(_) if run.len() > 1 => {
-                // Find the message that keeps failing: retry each alone.
-                for (p, d) in run.iter().zip(&deliveries) {
-                    let single = std::slice::from_ref(p);
-                    match self
-                        .handle_with_retries(single, std::slice::from_ref(d))
-                        .await
-                    {
-                        Ok(outcomes) => self.settler.settle(single, outcomes).await,
-                        Err(e) => {
-                            self.settler
-                                .dead_letter(
-                                    &p.message,
-                                    &give_up(self.settler.spec.max_deliveries, &e),
-                                )
-                                .await
-                        }
-                    }
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let error = match self.handle_keeping_alive(&run, &deliveries).await {
+                Ok(outcomes) if outcomes.len() == deliveries.len() => {
+                    self.settler.settle(&run, outcomes).await;
+                    return Ok(Flow::Continue);
                 }
+                Ok(outcomes) => HandlerError::fatal(format!(
+                    "handler returned {} outcomes for {} messages",
+                    outcomes.len(),
+                    deliveries.len()
+                )),
+                Err(e) => e,
+            };
+            if error.kind() == HandlerErrorKind::Fatal {
+                tracing::error!(consumer = %self.settler.spec.durable, error = %error, "handler failed; stopping");
+                // Not handled: whoever consumes next gets the batch at once, not after the
+                // ack wait.
+                for p in &run {
+                    let _ = p.message.ack_with(jetstream::AckKind::Nak(None)).await;
+                }
+                return Err(BusError::Handler {
+                    consumer: self.settler.spec.durable.clone(),
+                    message: error.to_string(),
+                });
             }
-            Err(e) => {
-                let reason = give_up(self.settler.spec.max_deliveries, &e);
-                self.settler.dead_letter(&run[0].message, &reason).await;
+            let wait = backoff(attempt, self.settler.spec.max_backoff);
+            tracing::warn!(
+                consumer = %self.settler.spec.durable,
+                attempt,
+                retry_in_ms = wait.as_millis() as u64,
+                error = %error,
+                "handler failed; retrying"
+            );
+            self.settler.in_progress(&run).await;
+            tokio::select! {
+                biased;
+                () = shutdown.as_mut() => return Ok(Flow::Stopped),
+                () = tokio::time::sleep(wait) => {}
             }
         }
     }
 
-    async fn handle_with_retries(
+    /// Runs the handler on a batch, telling the server every third of the ack wait that the
+    /// batch is still in hand, so a slow handler never sees its own batch redelivered.
+    async fn handle_keeping_alive(
         &mut self,
         run: &[Pulled<E>],
         deliveries: &[Delivery<E>],
     ) -> Result<Vec<Outcome>, HandlerError> {
-        let first = deliveries.iter().map(|d| d.deliveries).min().unwrap_or(1);
-        let mut attempt = first;
+        let handling = self.handler.handle(deliveries);
+        tokio::pin!(handling);
+        let period = (self.settler.spec.ack_wait / 3).max(Duration::from_millis(100));
+        let mut alive = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         loop {
-            match self.handler.handle(deliveries).await {
-                Ok(outcomes) if outcomes.len() == deliveries.len() => return Ok(outcomes),
-                Ok(outcomes) => {
-                    return Err(HandlerError(format!(
-                        "handler returned {} outcomes for {} messages",
-                        outcomes.len(),
-                        deliveries.len()
-                    )));
-                }
-                Err(e) if attempt >= self.settler.spec.max_deliveries => return Err(e),
-                Err(e) => {
-                    let wait = backoff(attempt, self.settler.spec.max_backoff);
-                    tracing::warn!(
-                        consumer = %self.settler.spec.durable,
-                        attempt,
-                        retry_in_ms = wait.as_millis() as u64,
-                        error = %e,
-                        "handler failed; retrying"
-                    );
-                    for p in run {
-                        // Keep the server from redelivering while we retry in place.
-                        let _ = p.message.ack_with(jetstream::AckKind::Progress).await;
-                    }
-                    tokio::time::sleep(wait).await;
-                    attempt += 1;
-                }
+            tokio::select! {
+                result = &mut handling => return result,
+                _ = alive.tick() => self.settler.in_progress(run).await,
             }
         }
     }
 }
 
+/// Whether the runner goes on after a chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    Continue,
+    Stopped,
+}
+
 impl Settler {
+    /// Keeps the server from redelivering messages still in hand.
+    async fn in_progress<E>(&self, run: &[Pulled<E>]) {
+        for p in run {
+            let _ = p.message.ack_with(jetstream::AckKind::Progress).await;
+        }
+    }
+
     async fn settle<E>(&self, run: &[Pulled<E>], outcomes: Vec<Outcome>) {
         for (p, outcome) in run.iter().zip(outcomes) {
             match outcome {
@@ -447,56 +496,103 @@ impl Settler {
     }
 
     /// Publishes `message` to the dead-letter stream with `reason`, then acknowledges it.
-    /// Retries the dead-letter publish until it succeeds: acknowledging without it would lose
-    /// the message.
     async fn dead_letter(&self, message: &jetstream::Message, reason: &str) {
-        let (stream, seq, deliveries) = match message.info() {
+        let (stream, sequence, deliveries) = match message.info() {
             Ok(i) => (i.stream.to_owned(), i.stream_sequence, i.delivered),
             Err(_) => (self.spec.stream.clone(), 0, 0),
         };
-        tracing::warn!(
-            consumer = %self.spec.durable,
-            subject = %message.subject,
-            stream_seq = seq,
+        let letter = DeadLetter {
+            payload: message.payload.clone(),
+            subject: &message.subject,
+            stream: &stream,
+            sequence,
+            deliveries: deliveries.max(0) as u64,
+            consumer: &self.spec.durable,
             reason,
-            "dead-lettering message"
-        );
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let publish = PublishMessage::build()
-                .payload(message.payload.clone())
-                .message_id(format!("deadletter:{stream}:{seq}:{}", self.spec.durable))
-                .header(headers::ERROR, truncate(reason, 2048))
-                .header(headers::ORIGINAL_SUBJECT, message.subject.as_str())
-                .header(headers::ORIGINAL_STREAM, stream.as_str())
-                .header(headers::ORIGINAL_SEQUENCE, seq.to_string().as_str())
-                .header(headers::CONSUMER, self.spec.durable.as_str())
-                .header(headers::DELIVERIES, deliveries.to_string().as_str());
-            let sent = self
-                .dead_letters
-                .send_raw(subject::dead_letter(&message.subject), publish)
-                .await;
-            let result = match sent {
-                Ok(pending) => pending.wait().await.map(|_| ()),
-                Err(e) => Err(e),
-            };
-            match result {
-                Ok(()) => break,
-                Err(e) => {
-                    let wait = backoff(attempt, self.spec.max_backoff);
-                    tracing::error!(
-                        consumer = %self.spec.durable,
-                        error = %e,
-                        retry_in_ms = wait.as_millis() as u64,
-                        "could not publish dead letter; retrying"
-                    );
-                    let _ = message.ack_with(jetstream::AckKind::Progress).await;
-                    tokio::time::sleep(wait).await;
-                }
+        };
+        // Keep the message ours while the dead letter is retried.
+        let keep = async {
+            loop {
+                tokio::time::sleep(self.spec.ack_wait / 3).await;
+                let _ = message.ack_with(jetstream::AckKind::Progress).await;
             }
+        };
+        tokio::select! {
+            () = dead_letter(&self.dead_letters, letter) => {}
+            () = keep => {}
         }
         self.ack(message).await;
+    }
+}
+
+/// A message a consumer will not apply: where it came from and why.
+#[derive(Debug, Clone)]
+pub struct DeadLetter<'a> {
+    /// The message's payload, as stored.
+    pub payload: Bytes,
+    /// The subject it was published on.
+    pub subject: &'a str,
+    /// The stream it is in.
+    pub stream: &'a str,
+    /// Its sequence there.
+    pub sequence: u64,
+    /// How many times it was delivered.
+    pub deliveries: u64,
+    /// Who refuses it.
+    pub consumer: &'a str,
+    /// Why.
+    pub reason: &'a str,
+}
+
+/// Publishes `letter` to the dead-letter stream (`allot.deadletter.<subject>`, the reason and
+/// origin in headers), retrying until the server stores it: giving up would lose the message.
+/// Its id is derived from the origin and the consumer, so a letter sent again is stored once.
+pub async fn dead_letter(publisher: &Publisher, letter: DeadLetter<'_>) {
+    tracing::warn!(
+        consumer = %letter.consumer,
+        subject = %letter.subject,
+        stream_seq = letter.sequence,
+        reason = letter.reason,
+        "dead-lettering message"
+    );
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let publish = PublishMessage::build()
+            .payload(letter.payload.clone())
+            .message_id(format!(
+                "deadletter:{}:{}:{}",
+                letter.stream, letter.sequence, letter.consumer
+            ))
+            .header(headers::ERROR, truncate(letter.reason, 2048))
+            .header(headers::ORIGINAL_SUBJECT, letter.subject)
+            .header(headers::ORIGINAL_STREAM, letter.stream)
+            .header(
+                headers::ORIGINAL_SEQUENCE,
+                letter.sequence.to_string().as_str(),
+            )
+            .header(headers::CONSUMER, letter.consumer)
+            .header(headers::DELIVERIES, letter.deliveries.to_string().as_str());
+        let sent = publisher
+            .send_raw(subject::dead_letter(letter.subject), publish)
+            .await;
+        let result = match sent {
+            Ok(pending) => pending.wait().await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(()) => return,
+            Err(e) => {
+                let wait = backoff(attempt, Duration::from_secs(5));
+                tracing::error!(
+                    consumer = %letter.consumer,
+                    error = %e,
+                    retry_in_ms = wait.as_millis() as u64,
+                    "could not publish dead letter; retrying"
+                );
+                tokio::time::sleep(wait).await;
+            }
+        }
     }
 }
 
@@ -524,10 +620,6 @@ async fn create_consumer(
         .create_consumer(spec.config(resume_after))
         .await
         .map_err(|e| BusError::jetstream("creating consumer", &spec.durable, e))
-}
-
-fn give_up(attempts: u32, error: &HandlerError) -> String {
-    format!("handler failed {attempts} times: {error}")
 }
 
 fn truncate(s: &str, max: usize) -> &str {

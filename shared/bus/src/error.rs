@@ -105,6 +105,14 @@ pub enum BusError {
     /// Publishing failed.
     #[error(transparent)]
     Publish(#[from] PublishError),
+    /// A consumer's handler failed fatally: the service must stop.
+    #[error("consumer {consumer}: {message}")]
+    Handler {
+        /// The durable consumer.
+        consumer: String,
+        /// The handler's error.
+        message: String,
+    },
 }
 
 impl BusError {

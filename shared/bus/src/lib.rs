@@ -26,7 +26,8 @@ pub mod streams;
 pub use accounts::{Accounts, Credentials, ensure_team_streams};
 pub use connect::{ConnectConfig, connect, server_list};
 pub use consumer::{
-    ConsumerRunner, ConsumerSpec, Content, Delivery, Handler, HandlerError, Outcome, Raw,
+    ConsumerRunner, ConsumerSpec, Content, Delivery, Handler, HandlerError, HandlerErrorKind,
+    Outcome, Raw,
 };
 pub use error::{BusError, PublishError};
 pub use publish::{PendingAck, Published, Publisher};

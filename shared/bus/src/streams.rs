@@ -78,6 +78,16 @@ impl StreamSpec {
         }
     }
 
+    /// This spec as it should be applied over a running stream: with the stream's replicas
+    /// where it has more. Replicas are the operator's to raise (`--stream-replicas 3` on a
+    /// cluster); a service started with the single-server default must never lower them.
+    fn over(&self, current: &Config) -> Self {
+        Self {
+            replicas: self.replicas.max(current.num_replicas),
+            ..self.clone()
+        }
+    }
+
     /// Whether a running stream's config already matches this spec in every managed field.
     fn matches(&self, current: &Config) -> bool {
         let want = self.config();
@@ -216,7 +226,8 @@ pub enum Ensured {
     Unchanged,
 }
 
-/// Creates missing streams and updates drifted ones; safe to run from every service at start-up.
+/// Creates missing streams and updates drifted ones, never lowering a stream's replicas; safe to
+/// run from every service at start-up (when nothing drifted it only reads each stream's info).
 pub async fn ensure_streams(
     js: &jetstream::Context,
     specs: &[StreamSpec],
@@ -229,6 +240,7 @@ pub async fn ensure_streams(
                     .info()
                     .await
                     .map_err(|e| BusError::jetstream("reading stream", spec.name, e))?;
+                let spec = spec.over(&info.config);
                 if spec.matches(&info.config) {
                     Ensured::Unchanged
                 } else {

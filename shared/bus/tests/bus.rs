@@ -32,6 +32,7 @@ struct Recorder {
     seen: Arc<Mutex<Vec<u64>>>,
     attempts: Arc<Mutex<u32>>,
     fail_first_attempts: u32,
+    fatal: bool,
     reject_heartbeat_seq: Option<u64>,
 }
 
@@ -41,7 +42,11 @@ impl Handler for Recorder {
             let mut attempts = self.attempts.lock().unwrap();
             *attempts += 1;
             if *attempts <= self.fail_first_attempts {
-                return Err(HandlerError("database is locked".into()));
+                return Err(if self.fatal {
+                    HandlerError::fatal("the journal disagrees with the code")
+                } else {
+                    HandlerError::transient("database is locked")
+                });
             }
         }
         let mut outcomes = Vec::new();
@@ -303,7 +308,7 @@ async fn a_transient_failure_is_retried_in_place_without_later_messages_overtaki
 }
 
 #[tokio::test]
-async fn a_batch_that_keeps_failing_is_dead_lettered_after_the_delivery_limit() {
+async fn a_batch_that_keeps_failing_transiently_is_never_dead_lettered_nor_redelivered() {
     let server = NatsServer::start();
     let (client, publisher) = setup(&server).await;
     publisher.publish(heartbeat(1)).await.unwrap();
@@ -311,27 +316,66 @@ async fn a_batch_that_keeps_failing_is_dead_lettered_after_the_delivery_limit() 
         fail_first_attempts: u32::MAX,
         ..Recorder::default()
     };
+    let attempts = recorder.attempts.clone();
     let mut spec = ConsumerSpec::new(names::FLEET, "test");
-    spec.max_deliveries = 3;
-    spec.max_backoff = Duration::from_millis(50);
+    spec.max_backoff = Duration::from_millis(20);
+    // Far shorter than the episode: without in-progress acks the server would redeliver.
+    spec.ack_wait = Duration::from_millis(300);
     let (stop, task) = spawn_runner(&client, spec, recorder);
-    let mut dead = Vec::new();
-    for _ in 0..100 {
-        dead = read_all(&client, names::DEADLETTER).await;
-        if !dead.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(dead.len(), 1);
-    let reason = dead[0]
-        .headers
-        .as_ref()
+    // A disk-full episode: the handler fails for far longer than any delivery limit.
+    wait_until("the handler was tried 30 times", || {
+        *attempts.lock().unwrap() >= 30
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(read_all(&client, names::DEADLETTER).await.is_empty());
+    let info = async_nats::jetstream::new(client.clone())
+        .get_stream(names::FLEET)
+        .await
         .unwrap()
-        .get(headers::ERROR)
+        .consumer_info("test")
+        .await
+        .unwrap();
+    assert_eq!(
+        info.num_redelivered, 0,
+        "the batch in hand was kept alive, not redelivered"
+    );
+    // Shutdown ends the retries; the message is still unacknowledged, for the next start.
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+    assert_eq!(info.num_ack_pending, 1);
+}
+
+#[tokio::test]
+async fn a_fatal_failure_stops_the_runner_and_leaves_the_message_for_the_next_start() {
+    let server = NatsServer::start();
+    let (client, publisher) = setup(&server).await;
+    publisher.publish(heartbeat(1)).await.unwrap();
+    let recorder = Recorder {
+        fail_first_attempts: 1,
+        fatal: true,
+        ..Recorder::default()
+    };
+    let (_stop, task) = spawn_runner(&client, ConsumerSpec::new(names::FLEET, "test"), recorder);
+    let error = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the runner stops by itself")
         .unwrap()
-        .to_string();
-    assert_eq!(reason, "handler failed 3 times: database is locked");
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "consumer test: the journal disagrees with the code"
+    );
+    assert!(read_all(&client, names::DEADLETTER).await.is_empty());
+
+    // The next start handles it.
+    let recorder = Recorder::default();
+    let seen = recorder.seen.clone();
+    let (stop, task) = spawn_runner(&client, ConsumerSpec::new(names::FLEET, "test"), recorder);
+    wait_until("the heartbeat is handled after the restart", || {
+        *seen.lock().unwrap() == vec![1]
+    })
+    .await;
     stop.send(()).unwrap();
     task.await.unwrap().unwrap();
 }
