@@ -191,6 +191,7 @@ mod tests {
                     pool: "p".into(),
                     task: TaskId(7),
                     node: "n1".into(),
+                    lease: allot_sched::LeaseId(1),
                 })
                 .into(),
                 want: Some(Input::TaskFinished {

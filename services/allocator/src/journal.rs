@@ -22,10 +22,19 @@ use allot_sched::{ApplyError, Decision, Input, Scheduler, TaskId, TaskSpec, Time
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
     /// Someone else appended first: this allocator no longer leads.
-    #[error("deposed: another allocator appended to the journal of pool {pool}")]
+    #[error(
+        "deposed: {by} appended to the journal of pool {pool} (stream sequence {theirs}) after \
+         this allocator's last entry (stream sequence {ours})"
+    )]
     Deposed {
         /// The pool.
         pool: String,
+        /// The journal's last message as this allocator knew it.
+        ours: u64,
+        /// The journal's last message now.
+        theirs: u64,
+        /// Who wrote it (the event's source), as far as it can be read.
+        by: String,
     },
     /// The bus failed.
     #[error("journal of pool {pool}: {why}")]
@@ -366,6 +375,40 @@ impl Journal {
         Ok(())
     }
 
+    /// Says who wrote the journal's last message, for the deposition.
+    async fn deposed(&self) -> JournalError {
+        let last = async {
+            let stream = self
+                .publisher
+                .jetstream()
+                .get_stream(allot_bus::streams::names::DECISIONS)
+                .await
+                .ok()?;
+            let message = stream
+                .get_last_raw_message_by_subject(&self.subject)
+                .await
+                .ok()?;
+            let by = decode(&message.payload).map_or_else(
+                |_| "an unreadable message".to_owned(),
+                |e| {
+                    format!(
+                        "allocator {}",
+                        e.source.trim_start_matches("/allot/allocator/")
+                    )
+                },
+            );
+            Some((message.sequence, by))
+        }
+        .await;
+        let (theirs, by) = last.unwrap_or((0, "another allocator".to_owned()));
+        JournalError::Deposed {
+            pool: self.pool.clone(),
+            ours: self.last,
+            theirs,
+            by,
+        }
+    }
+
     async fn append(&mut self, event: AllocEvent) -> Result<(), JournalError> {
         let envelope: Envelope = self.publisher.envelope(event);
         let message = PublishMessage::build()
@@ -382,9 +425,7 @@ impl Journal {
                 self.last = p.sequence;
                 Ok(())
             }
-            Err(PublishError::Conflict { .. }) => Err(JournalError::Deposed {
-                pool: self.pool.clone(),
-            }),
+            Err(PublishError::Conflict { .. }) => Err(self.deposed().await),
             Err(e) => Err(JournalError::Bus {
                 pool: self.pool.clone(),
                 why: e.to_string(),

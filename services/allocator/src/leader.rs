@@ -1,32 +1,66 @@
-//! The leader's loop. Durable consumers (nodes, inventory, the pool's tasks) hand their
-//! batches to one channel, so the scheduler sees one total order; each message is journalled
-//! before it is acknowledged, and a pass runs after every batch that changed something and
-//! every `pass_interval` while tasks wait.
+//! The leader's loop: a standby takes the pool's lease, rebuilds the scheduler from the
+//! journal, and leads until it stops, loses the lease, or finds another allocator's entry in
+//! the journal.
 //!
-//! A pass that decides nothing is not journalled: it leaves the scheduler's observable state
-//! as it was (queue keys are recomputed at the next pass anyway), so a replay that skips it
-//! recomputes the same decisions.
+//! # Reading the inputs
+//!
+//! Each input stream (nodes, inventory, the pool's tasks, budgets) is read by an *ordered*
+//! consumer starting right after the last message the journal says was applied. Nothing is
+//! acknowledged: the journal is the one record of what was applied, so there is no second
+//! record (a durable consumer's acknowledgements) that could run ahead of it. That second record
+//! is how an earlier design lost work: a message acknowledged but never journalled, or
+//! redelivered after newer ones and then skipped as already applied. An ordered consumer
+//! delivers each stream strictly in order, once, and is simply dropped when leadership ends;
+//! the next leader starts again from the journal.
+//!
+//! The readers feed one channel, so the scheduler sees one total order. Each message becomes
+//! at most one input, journalled (fenced, see [`crate::journal`]) before the next message is
+//! looked at; a pass runs after every batch that changed something and every
+//! `pass_interval` while tasks wait. A pass that decides nothing is not journalled: it leaves
+//! the scheduler's observable state as it was, so a replay that skips it recomputes the same
+//! decisions.
+//!
+//! # Keeping the lease
+//!
+//! A [`Keeper`] task renews the lease every third of its TTL, on its own, so a long batch
+//! never starves it. Before every journal write the leader checks that the lease is held for
+//! a while yet; a leader that lost it — or doubts it, because renewals went unanswered or the
+//! process was paused past the TTL — stops its readers first, then stands by and competes for
+//! the lease again. Correctness never rests on the lease alone: a journal write from a leader
+//! whose lease lapsed is still refused by the server if anyone else wrote meanwhile.
+//!
+//! # What is believed
+//!
+//! A report of a task's end or checkpoint must name the lease the task holds now and a node
+//! that lease is on; anything else (a stale report from before a preemption, or a forged one)
+//! is refused to the dead-letter stream with the reason, and changes nothing.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures::FutureExt;
+use async_nats::jetstream::{self, consumer::DeliverPolicy};
 use futures::future::{BoxFuture, Shared};
-use tokio::sync::{mpsc, oneshot};
-use tracing::{info, warn};
+use futures::{FutureExt, StreamExt};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tracing::{Instrument, error, info, info_span, warn};
 
-use allot_bus::consumer::{ConsumerRunner, ConsumerSpec, Delivery, Handler, HandlerError, Outcome};
-use allot_bus::streams::{self, names};
+use allot_bus::consumer::DeadLetter;
+use allot_bus::streams::names;
 use allot_bus::{ConnectConfig, Publisher};
 use allot_events::alloc::{Launch, Source};
-use allot_events::{AnyEvent, TaskEvent};
+use allot_events::{AnyEvent, Envelope, TaskEvent, decode};
 use allot_sched::{Input, Scheduler, TaskId, TaskSpec, Time};
 
-use crate::journal::{self, Journal, JournalError, Rebuilt};
-use crate::lease::{self, Lease};
+use crate::journal::{self, Journal, Rebuilt};
+use crate::lease::{self, Lease, Renewal};
 use crate::{AllocatorError, Config, inputs};
 
 type Stop = Shared<BoxFuture<'static, ()>>;
+
+/// Most messages handled between two passes.
+const BATCH: usize = 256;
 
 /// Stands by and leads, in turn, until `shutdown`.
 pub(crate) async fn run(
@@ -34,41 +68,45 @@ pub(crate) async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), AllocatorError> {
     // The caller's future need not be 'static: it is polled here, and a 'static signal is
-    // what the consumers and the loop share.
+    // what the readers and the loop share.
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let stop: Stop = async move {
         let _ = stop_rx.await;
     }
     .boxed()
     .shared();
+    let connect = ConnectConfig::new(&config.nats_url, &config.instance);
     let work = async {
-        let client = allot_bus::connect(
-            &ConnectConfig::new(&config.nats_url, &config.instance),
-            stop.clone(),
-        )
-        .await?;
-        let js = async_nats::jetstream::new(client.clone());
-        streams::ensure_streams(&js, &streams::catalog(1)).await?;
+        let client = allot_bus::connect(&connect, stop.clone()).await?;
+        let js = jetstream::new(client.clone());
         let store = lease::bucket(&js, config.lease_ttl).await?;
-        loop {
-            if stop.peek().is_some() {
-                return Ok(());
-            }
-            let Some(lease) = Lease::acquire(&store, &config.pool, &config.instance).await else {
-                tokio::select! {
-                    () = tokio::time::sleep(config.lease_ttl / 4) => continue,
-                    () = stop.clone() => return Ok(()),
+        let result = async {
+            loop {
+                if stop.peek().is_some() {
+                    return Ok(());
                 }
-            };
-            info!(pool = %config.pool, instance = %config.instance, "leading");
-            match lead(&config, &client, lease, stop.clone()).await {
-                Ok(()) => return Ok(()),
-                Err(AllocatorError::Journal(e @ JournalError::Deposed { .. })) => {
-                    warn!(pool = %config.pool, "{e}; standing by");
+                let Some(lease) = Lease::acquire(&store, &config.pool, &config.instance).await
+                else {
+                    tokio::select! {
+                        () = tokio::time::sleep(config.lease_ttl / 4) => continue,
+                        () = stop.clone() => return Ok(()),
+                    }
+                };
+                info!(pool = %config.pool, instance = %config.instance, "leading");
+                match lead(&config, &client, lease, stop.clone()).await {
+                    Ok(()) => return Ok(()),
+                    Err(e) if e.is_deposition() => {
+                        warn!(pool = %config.pool, instance = %config.instance, "{e}; standing by");
+                    }
+                    Err(e) => return Err(e),
                 }
-                Err(e) => return Err(e),
             }
         }
+        .await;
+        // Whatever was published is acknowledged already; draining flushes the rest of the
+        // connection's traffic and closes it cleanly.
+        let _ = tokio::time::timeout(Duration::from_secs(5), client.drain()).await;
+        result
     };
     tokio::pin!(work);
     tokio::pin!(shutdown);
@@ -85,44 +123,256 @@ pub(crate) async fn run(
     }
 }
 
-/// One batch from a consumer, waiting for the leader's outcomes.
-struct Batch {
-    stream: &'static str,
-    deliveries: Vec<Delivery>,
-    reply: oneshot::Sender<Result<Vec<Outcome>, String>>,
+/// Leads one term: until `stop`, a deposition, or a failure. Always hands the lease back if
+/// it still holds it, so a standby (or this instance, again) need not wait for it to expire.
+async fn lead(
+    config: &Config,
+    client: &async_nats::Client,
+    lease: Lease,
+    stop: Stop,
+) -> Result<(), AllocatorError> {
+    let keeper = Keeper::spawn(lease, config.lease_ttl, &config.pool);
+    let result = term(config, client, &keeper, stop).await;
+    if let Some(lease) = keeper.stop().await {
+        lease.release().await;
+    }
+    result
 }
 
-/// Hands a consumer's batches to the leader and waits for them to be journalled.
-struct Forward {
+/// One message from an input stream.
+#[derive(Debug)]
+struct Arrival {
     stream: &'static str,
+    sequence: u64,
+    subject: String,
+    payload: bytes::Bytes,
+    event: Envelope,
+}
+
+async fn term(
+    config: &Config,
+    client: &async_nats::Client,
+    keeper: &Keeper,
+    stop: Stop,
+) -> Result<(), AllocatorError> {
+    let publisher = Publisher::new(
+        client.clone(),
+        format!("/allot/allocator/{}", config.instance),
+    );
+    let (mut journal, rebuilt) =
+        Journal::open(publisher.clone(), &config.pool, &config.policy).await?;
+    let Rebuilt {
+        mut scheduler,
+        positions,
+        last_at,
+        parked,
+    } = rebuilt;
+    keeper.check()?;
+    journal.elected(&config.instance, &config.policy).await?;
+    for (team, quota) in &config.quotas {
+        if scheduler.quotas().quota(team) != *quota {
+            let input = Input::TeamQuota {
+                team: team.clone(),
+                quota: *quota,
+            };
+            keeper.check()?;
+            journal.apply(&mut scheduler, input, None, None).await?;
+        }
+    }
+    let mut leading = Leading {
+        config,
+        keeper,
+        journal,
+        dead_letters: publisher,
+        scheduler,
+        positions,
+        last_at,
+        parked,
+    };
+    info!(
+        pool = %config.pool,
+        entries = leading.journal.entries(),
+        "journal replayed; reading inputs"
+    );
+
+    let (tx, mut rx) = mpsc::channel::<Arrival>(4 * BATCH);
+    let mut readers = JoinSet::new();
+    let js = jetstream::new(client.clone());
+    for (stream, filter_subjects) in sources(&config.pool) {
+        let reader = Reader {
+            js: js.clone(),
+            stream,
+            filter_subjects,
+            after: leading.positions.get(stream).copied().unwrap_or(0),
+            tx: tx.clone(),
+            dead_letters: leading.dead_letters.clone(),
+            name: format!("allocator-{}", config.pool),
+        };
+        readers.spawn(reader.run().instrument(info_span!("reader", stream)));
+    }
+    drop(tx);
+
+    let mut passes = tokio::time::interval(config.pass_interval);
+    passes.tick().await;
+    let result: Result<(), AllocatorError> = loop {
+        tokio::select! {
+            biased;
+            () = stop.clone() => break Ok(()),
+            lost = keeper.lost() => break Err(lost),
+            _ = passes.tick() => {
+                if leading.scheduler.pending() > 0
+                    && let Err(e) = leading.pass().await
+                {
+                    break Err(e);
+                }
+            }
+            arrival = rx.recv() => {
+                let Some(first) = arrival else {
+                    break Err(AllocatorError::Readers);
+                };
+                let mut batch = vec![first];
+                while batch.len() < BATCH {
+                    match rx.try_recv() {
+                        Ok(a) => batch.push(a),
+                        Err(_) => break,
+                    }
+                }
+                if let Err(e) = leading.handle(batch).await {
+                    break Err(e);
+                }
+            }
+        }
+    };
+    // Stop reading before anything else: nothing more is taken in by this term.
+    readers.abort_all();
+    while readers.join_next().await.is_some() {}
+    result
+}
+
+/// The input streams of `pool`'s allocator and the subjects read from each.
+fn sources(pool: &str) -> [(&'static str, Vec<String>); 4] {
+    [
+        (names::FLEET, vec!["allot.node.registered.>".into()]),
+        (names::INVENTORY, Vec::new()),
+        (names::WORKLOADS, vec![format!("allot.task.*.{pool}")]),
+        (
+            names::COSTS,
+            vec![allot_events::subject::cost(
+                "*",
+                allot_events::cost::BUDGET_TOKEN,
+            )],
+        ),
+    ]
+}
+
+/// Reads one input stream in order from a position, into the leader's channel.
+struct Reader {
+    js: jetstream::Context,
+    stream: &'static str,
+    filter_subjects: Vec<String>,
+    /// The last message already read (or journalled, at the start).
     after: u64,
-    tx: mpsc::Sender<Batch>,
+    tx: mpsc::Sender<Arrival>,
+    dead_letters: Publisher,
+    name: String,
 }
 
-impl Handler for Forward {
-    fn resume_after(&mut self) -> Result<Option<u64>, HandlerError> {
-        Ok(Some(self.after))
+impl Reader {
+    /// Reads until the leader stops listening (or the task is aborted); a broken consumer is
+    /// opened again after the last message read, so nothing is skipped or read twice.
+    async fn run(mut self) {
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let messages = match self.open().await {
+                Ok(messages) => messages,
+                Err(why) => {
+                    let wait = allot_bus::connect::backoff(attempt, Duration::from_secs(5));
+                    warn!(error = %why, retry_in_ms = wait.as_millis() as u64, "opening the input stream failed");
+                    tokio::time::sleep(wait).await;
+                    continue;
+                }
+            };
+            tokio::pin!(messages);
+            while let Some(message) = messages.next().await {
+                let message = match message {
+                    Ok(m) => m,
+                    Err(e) => {
+                        warn!(error = %e, after = self.after, "reading the input stream failed; reopening");
+                        break;
+                    }
+                };
+                attempt = 0;
+                let Ok(info) = message.info() else {
+                    continue;
+                };
+                let sequence = info.stream_sequence;
+                if sequence <= self.after {
+                    continue;
+                }
+                match decode(&message.payload) {
+                    Ok(event) => {
+                        let arrival = Arrival {
+                            stream: self.stream,
+                            sequence,
+                            subject: message.subject.to_string(),
+                            payload: message.payload.clone(),
+                            event,
+                        };
+                        if self.tx.send(arrival).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        let letter = DeadLetter {
+                            payload: message.payload.clone(),
+                            subject: &message.subject,
+                            stream: self.stream,
+                            sequence,
+                            deliveries: 1,
+                            consumer: &self.name,
+                            reason: &format!("undecodable: {e}"),
+                        };
+                        allot_bus::consumer::dead_letter(&self.dead_letters, letter).await;
+                    }
+                }
+                self.after = sequence;
+            }
+        }
     }
 
-    async fn handle(&mut self, batch: &[Delivery]) -> Result<Vec<Outcome>, HandlerError> {
-        let (reply, outcome) = oneshot::channel();
-        let stopped = || HandlerError("the allocator is no longer leading".into());
-        self.tx
-            .send(Batch {
-                stream: self.stream,
-                deliveries: batch.to_vec(),
-                reply,
+    async fn open(&self) -> Result<jetstream::consumer::pull::Ordered, String> {
+        let stream = self
+            .js
+            .get_stream(self.stream)
+            .await
+            .map_err(|e| e.to_string())?;
+        let deliver_policy = match self.after {
+            0 => DeliverPolicy::All,
+            after => DeliverPolicy::ByStartSequence {
+                start_sequence: after + 1,
+            },
+        };
+        stream
+            .create_consumer(jetstream::consumer::pull::OrderedConfig {
+                filter_subjects: self.filter_subjects.clone(),
+                deliver_policy,
+                ..Default::default()
             })
             .await
-            .map_err(|_| stopped())?;
-        outcome.await.map_err(|_| stopped())?.map_err(HandlerError)
+            .map_err(|e| e.to_string())?
+            .messages()
+            .await
+            .map_err(|e| e.to_string())
     }
 }
 
 /// What the leader keeps between batches.
 struct Leading<'a> {
     config: &'a Config,
+    keeper: &'a Keeper,
     journal: Journal,
+    dead_letters: Publisher,
     scheduler: Scheduler,
     positions: HashMap<String, u64>,
     last_at: Time,
@@ -140,68 +390,125 @@ impl Leading<'_> {
         self.last_at
     }
 
-    async fn handle(&mut self, batch: &Batch) -> Result<Vec<Outcome>, JournalError> {
-        let mut outcomes = Vec::with_capacity(batch.deliveries.len());
+    async fn handle(&mut self, batch: Vec<Arrival>) -> Result<(), AllocatorError> {
         let mut changed = false;
-        for d in &batch.deliveries {
-            let done = self.positions.get(batch.stream).copied().unwrap_or(0);
-            if d.stream_sequence > done {
-                let at = self.now();
-                if let Some(input) = inputs::input(
-                    &self.config.pool,
-                    &self.scheduler,
-                    &self.parked,
-                    &d.event.data,
-                    at,
-                ) {
-                    let source = Source {
-                        stream: batch.stream.to_owned(),
-                        sequence: d.stream_sequence,
-                    };
-                    let grows = matches!(
-                        input,
-                        Input::NodeAdded(_)
-                            | Input::NodeSchedulable {
-                                schedulable: true,
-                                ..
-                            }
-                    );
-                    let launch = match &d.event.data {
-                        AnyEvent::Task(TaskEvent::Ready(t)) => Some(Launch {
-                            workload: t.workload.clone(),
-                            name: t.name.clone(),
-                            run: t.run.clone(),
-                        }),
-                        _ => None,
-                    };
-                    let (entry, error) = self
-                        .journal
-                        .apply(&mut self.scheduler, input, Some(source), launch)
-                        .await?;
-                    journal::track_parked(&mut self.parked, &entry.input, error.as_ref());
-                    if grows {
-                        self.unpark().await?;
-                    }
-                    changed = true;
-                }
-                self.positions
-                    .insert(batch.stream.to_owned(), d.stream_sequence);
+        for arrival in batch {
+            let done = self.positions.get(arrival.stream).copied().unwrap_or(0);
+            if arrival.sequence <= done {
+                continue;
             }
-            outcomes.push(Outcome::Handled);
+            if let Some(why) = self.refuse(&arrival.event.data) {
+                self.dead_letter(&arrival, &why).await;
+            } else {
+                changed |= self.apply(&arrival).await?;
+            }
+            self.positions
+                .insert(arrival.stream.to_owned(), arrival.sequence);
         }
         if changed {
             self.pass().await?;
         }
-        Ok(outcomes)
+        Ok(())
+    }
+
+    /// Journals the input `arrival` means, if any; whether it changed anything.
+    async fn apply(&mut self, arrival: &Arrival) -> Result<bool, AllocatorError> {
+        let at = self.now();
+        let data = &arrival.event.data;
+        let Some(input) = inputs::input(&self.config.pool, &self.scheduler, &self.parked, data, at)
+        else {
+            return Ok(false);
+        };
+        let source = Source {
+            stream: arrival.stream.to_owned(),
+            sequence: arrival.sequence,
+        };
+        let grows = matches!(
+            input,
+            Input::NodeAdded(_)
+                | Input::NodeSchedulable {
+                    schedulable: true,
+                    ..
+                }
+        );
+        let launch = match data {
+            AnyEvent::Task(TaskEvent::Ready(t)) => Some(Launch {
+                workload: t.workload.clone(),
+                name: t.name.clone(),
+                run: t.run.clone(),
+            }),
+            _ => None,
+        };
+        self.keeper.check()?;
+        let (entry, error) = self
+            .journal
+            .apply(&mut self.scheduler, input, Some(source), launch)
+            .await?;
+        journal::track_parked(&mut self.parked, &entry.input, error.as_ref());
+        if grows {
+            self.unpark().await?;
+        }
+        Ok(true)
+    }
+
+    /// Why a task report must not be believed, if it must not: it names a lease the task does
+    /// not hold, or a node that lease is not on.
+    fn refuse(&self, event: &AnyEvent) -> Option<String> {
+        let (what, task, lease, node) = match event {
+            AnyEvent::Task(TaskEvent::Completed(t)) => ("completion", t.task, t.lease, &t.node),
+            AnyEvent::Task(TaskEvent::Failed(t)) => ("failure", t.task, t.lease, &t.node),
+            AnyEvent::Task(TaskEvent::Checkpointed(t)) => ("checkpoint", t.task, t.lease, &t.node),
+            _ => return None,
+        };
+        let cluster = self.scheduler.cluster();
+        match self.scheduler.running_lease(task) {
+            None => Some(format!(
+                "{what} of task {task} under lease {} on {node}: the task holds no lease",
+                lease.0
+            )),
+            Some((held, _)) if held != lease => Some(format!(
+                "{what} of task {task} under lease {} on {node}: the task holds lease {}",
+                lease.0, held.0
+            )),
+            Some((_, placement))
+                if !placement
+                    .shares
+                    .iter()
+                    .any(|s| cluster.node(s.node).spec.name == *node) =>
+            {
+                Some(format!(
+                    "{what} of task {task} under lease {} on {node}: that lease is not on {node}",
+                    lease.0
+                ))
+            }
+            Some(_) => None,
+        }
+    }
+
+    /// Refuses `arrival` to the dead-letter stream. (Takes `&mut self`: a `&Leading` held
+    /// across an await would need the scheduler to be `Sync`.)
+    async fn dead_letter(&mut self, arrival: &Arrival, why: &str) {
+        warn!(subject = %arrival.subject, stream_seq = arrival.sequence, reason = why, "refusing a task report");
+        let letter = DeadLetter {
+            payload: arrival.payload.clone(),
+            subject: &arrival.subject,
+            stream: arrival.stream,
+            sequence: arrival.sequence,
+            deliveries: 1,
+            consumer: &format!("allocator-{}", self.config.pool),
+            reason: why,
+        };
+        allot_bus::consumer::dead_letter(&self.dead_letters, letter).await;
     }
 
     /// Submits parked tasks again now that the pool has grown; those that still cannot fit
     /// stay parked.
-    async fn unpark(&mut self) -> Result<(), JournalError> {
+    async fn unpark(&mut self) -> Result<(), AllocatorError> {
         let parked = std::mem::take(&mut self.parked);
         for task in parked.into_values() {
             let at = self.now();
             let input = Input::TaskSubmitted { task, at };
+            self.keeper.check()?;
             let (entry, error) = self
                 .journal
                 .apply(&mut self.scheduler, input, None, None)
@@ -211,139 +518,147 @@ impl Leading<'_> {
         Ok(())
     }
 
-    async fn pass(&mut self) -> Result<(), JournalError> {
+    async fn pass(&mut self) -> Result<(), AllocatorError> {
         let at = self.now();
-        self.journal.pass(&mut self.scheduler, at).await
+        self.keeper.check()?;
+        Ok(self.journal.pass(&mut self.scheduler, at).await?)
     }
 }
 
-/// Leads until the lease is lost, the journal says another leads, or `stop`.
-async fn lead(
-    config: &Config,
-    client: &async_nats::Client,
-    mut lease: Lease,
-    stop: Stop,
-) -> Result<(), AllocatorError> {
-    let publisher = Publisher::new(
-        client.clone(),
-        format!("/allot/allocator/{}", config.instance),
-    );
-    let (mut journal, rebuilt) = Journal::open(publisher, &config.pool, &config.policy).await?;
-    let Rebuilt {
-        mut scheduler,
-        positions,
-        last_at,
-        parked,
-    } = rebuilt;
-    journal.elected(&config.instance, &config.policy).await?;
-    for (team, quota) in &config.quotas {
-        if scheduler.quotas().quota(team) != *quota {
-            let input = Input::TeamQuota {
-                team: team.clone(),
-                quota: *quota,
-            };
-            journal.apply(&mut scheduler, input, None, None).await?;
-        }
-    }
-    let mut leading = Leading {
-        config,
-        journal,
-        scheduler,
-        positions,
-        last_at,
-        parked,
-    };
-    info!(
-        pool = %config.pool,
-        entries = leading.journal.entries(),
-        "journal replayed; consuming"
-    );
+/// What the leader knows of its lease.
+#[derive(Debug, Clone)]
+enum Standing {
+    /// Last confirmed as ours by a write sent at `renewed`: nobody else can take it before
+    /// the TTL has passed since.
+    Held { renewed: Instant },
+    /// Lost, and how.
+    Lost(String),
+}
 
-    let (tx, mut rx) = mpsc::channel::<Batch>(8);
-    let (kill, killed) = oneshot::channel::<()>();
-    let killed = async move {
-        let _ = killed.await;
-    }
-    .boxed()
-    .shared();
-    let pool = &config.pool;
-    let sources: [(&'static str, Vec<String>); 4] = [
-        (names::FLEET, vec!["allot.node.registered.>".into()]),
-        (names::INVENTORY, Vec::new()),
-        (names::WORKLOADS, vec![format!("allot.task.*.{pool}")]),
-        (
-            names::COSTS,
-            vec![allot_events::subject::cost(
-                "*",
-                allot_events::cost::BUDGET_TOKEN,
-            )],
-        ),
-    ];
-    let mut runners = Vec::new();
-    for (stream, filter) in sources {
-        let spec = ConsumerSpec {
-            filter_subjects: filter,
-            ack_wait: Duration::from_secs(30),
-            ..ConsumerSpec::new(
-                stream,
-                format!(
-                    "{}-{pool}-{}",
-                    config.consumer_prefix,
-                    stream.to_lowercase()
-                ),
-            )
-        };
-        let handler = Forward {
-            stream,
-            after: leading.positions.get(stream).copied().unwrap_or(0),
-            tx: tx.clone(),
-        };
-        let runner = ConsumerRunner::new(client.clone(), spec, handler);
-        runners.push(tokio::spawn(runner.run(killed.clone())));
-    }
-    drop(tx);
+/// Renews the lease on its own task, so that a long batch never starves the renewals, and
+/// tells the leader how it stands.
+struct Keeper {
+    pool: String,
+    ttl: Duration,
+    standing: watch::Receiver<Standing>,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Option<Lease>>,
+}
 
-    let mut renew = tokio::time::interval(config.lease_ttl / 3);
-    renew.tick().await;
-    let mut passes = tokio::time::interval(config.pass_interval);
-    passes.tick().await;
-    let result: Result<(), AllocatorError> = loop {
-        tokio::select! {
-            () = stop.clone() => break Ok(()),
-            _ = renew.tick() => {
-                if !lease.renew().await {
-                    break Err(JournalError::Deposed { pool: pool.clone() }.into());
-                }
-            }
-            _ = passes.tick() => {
-                if leading.scheduler.pending() > 0
-                    && let Err(e) = leading.pass().await
-                {
-                    break Err(e.into());
-                }
-            }
-            batch = rx.recv() => {
-                let Some(batch) = batch else {
-                    break Ok(());
-                };
-                match leading.handle(&batch).await {
-                    Ok(outcomes) => {
-                        let _ = batch.reply.send(Ok(outcomes));
+impl Keeper {
+    fn spawn(mut lease: Lease, ttl: Duration, pool: &str) -> Keeper {
+        // Counted from before the write that took the lease: the server's clock started no
+        // earlier.
+        let (tx, standing) = watch::channel(Standing::Held {
+            renewed: Instant::now(),
+        });
+        let (stop, mut stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(
+            async move {
+                let mut last = Instant::now();
+                let mut next = last + ttl / 3;
+                loop {
+                    tokio::select! {
+                        _ = &mut stopped => return Some(lease),
+                        () = tokio::time::sleep_until(next) => {}
                     }
-                    Err(e) => {
-                        let _ = batch.reply.send(Err(e.to_string()));
-                        break Err(e.into());
+                    let sent = Instant::now();
+                    match lease.renew().await {
+                        Renewal::Renewed => {
+                            last = sent;
+                            next = sent + ttl / 3;
+                            let _ = tx.send(Standing::Held { renewed: sent });
+                        }
+                        Renewal::Lost(now) => {
+                            let _ = tx.send(Standing::Lost(format!(
+                                "the lease was not renewed for {:.1} s (TTL {:.1} s) and was lost: {now}",
+                                last.elapsed().as_secs_f64(),
+                                ttl.as_secs_f64()
+                            )));
+                            return None;
+                        }
+                        Renewal::Unsure(why) => {
+                            warn!(error = %why, "renewing the lease failed; retrying");
+                            next = Instant::now() + ttl / 10;
+                        }
                     }
                 }
             }
+            .instrument(info_span!("lease", pool)),
+        );
+        Keeper {
+            pool: pool.to_owned(),
+            ttl,
+            standing,
+            stop: Some(stop),
+            task,
         }
-    };
-    let _ = kill.send(());
-    for runner in runners {
-        let _ = tokio::time::timeout(Duration::from_secs(5), runner).await;
     }
-    if result.is_ok() {
-        lease.release().await;
+
+    /// Until when the lease is surely ours if it was last confirmed at `renewed`: a tenth of
+    /// the TTL is kept in hand for a journal write in flight.
+    fn until(&self, renewed: Instant) -> Instant {
+        renewed + self.ttl - self.ttl / 10
     }
-    result
+
+    /// Whether the lease is surely still held; if not, why, as the deposition to report.
+    fn check(&self) -> Result<(), AllocatorError> {
+        match &*self.standing.borrow() {
+            Standing::Held { renewed } if Instant::now() < self.until(*renewed) => Ok(()),
+            Standing::Held { renewed } => Err(self.doubt(*renewed)),
+            Standing::Lost(why) => Err(AllocatorError::LeaseLost {
+                pool: self.pool.clone(),
+                why: why.clone(),
+            }),
+        }
+    }
+
+    fn doubt(&self, renewed: Instant) -> AllocatorError {
+        AllocatorError::LeaseLost {
+            pool: self.pool.clone(),
+            why: format!(
+                "no renewal of the lease was confirmed for {:.1} s (TTL {:.1} s): the process \
+                 was paused or starved, or the server did not answer, so another allocator may \
+                 lead",
+                renewed.elapsed().as_secs_f64(),
+                self.ttl.as_secs_f64()
+            ),
+        }
+    }
+
+    /// Resolves when the lease is lost or in doubt, with the deposition to report.
+    async fn lost(&self) -> AllocatorError {
+        let mut standing = self.standing.clone();
+        loop {
+            let now = standing.borrow_and_update().clone();
+            match now {
+                Standing::Lost(_) => return self.check().unwrap_err(),
+                Standing::Held { renewed } => {
+                    tokio::select! {
+                        changed = standing.changed() => {
+                            if changed.is_err() {
+                                // The keeper ended without a loss: it was stopped.
+                                return self.check().err().unwrap_or_else(|| self.doubt(renewed));
+                            }
+                        }
+                        () = tokio::time::sleep_until(self.until(renewed)) => return self.doubt(renewed),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stops renewing; the lease, if still held.
+    async fn stop(mut self) -> Option<Lease> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match (&mut self.task).await {
+            Ok(lease) => lease,
+            Err(e) => {
+                error!(error = %e, "the lease keeper failed");
+                None
+            }
+        }
+    }
 }

@@ -38,6 +38,17 @@ pub async fn bucket(js: &jetstream::Context, ttl: Duration) -> Result<kv::Store,
     .map_err(|e| LeaseError(e.to_string()))
 }
 
+/// What one renewal found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Renewal {
+    /// Still ours, for another TTL.
+    Renewed,
+    /// Not ours any more; says who holds it now.
+    Lost(String),
+    /// The server did not confirm either way (timeout, connection lost).
+    Unsure(String),
+}
+
 /// A held lease.
 #[derive(Debug)]
 pub struct Lease {
@@ -63,8 +74,9 @@ impl Lease {
         })
     }
 
-    /// Renews the lease; `false` if it was lost (expired and taken, or deleted).
-    pub async fn renew(&mut self) -> bool {
+    /// Renews the lease. [`Renewal::Lost`] if it expired or was taken (someone else's write is
+    /// now the key's latest), [`Renewal::Unsure`] if the server did not answer as expected.
+    pub async fn renew(&mut self) -> Renewal {
         match self
             .store
             .update(&self.key, Bytes::from(self.holder.clone()), self.revision)
@@ -72,10 +84,24 @@ impl Lease {
         {
             Ok(revision) => {
                 self.revision = revision;
-                true
+                Renewal::Renewed
             }
-            Err(_) => false,
+            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
+                let now = match self.store.entry(&self.key).await {
+                    Ok(Some(entry)) if entry.operation == kv::Operation::Put => {
+                        format!("now held by {}", String::from_utf8_lossy(&entry.value))
+                    }
+                    _ => "it expired and nobody holds it now".to_owned(),
+                };
+                Renewal::Lost(now)
+            }
+            Err(e) => Renewal::Unsure(e.to_string()),
         }
+    }
+
+    /// The holder's name.
+    pub fn holder(&self) -> &str {
+        &self.holder
     }
 
     /// Gives the lease up (on shutdown), so a standby need not wait for it to expire.

@@ -64,7 +64,11 @@ impl Config {
             nats_url: nats_url.into(),
             pool: pool.into(),
             policy: "allot".into(),
-            instance: format!("allocator-{}", std::process::id()),
+            instance: format!(
+                "allocator-{}-{}",
+                std::process::id(),
+                &uuid::Uuid::now_v7().simple().to_string()[24..]
+            ),
             lease_ttl: Duration::from_secs(10),
             pass_interval: Duration::from_secs(5),
             quotas: Vec::new(),
@@ -88,6 +92,29 @@ pub enum AllocatorError {
     /// The lease bucket cannot be used.
     #[error(transparent)]
     Lease(#[from] lease::LeaseError),
+    /// This allocator lost (or could no longer be sure of) the pool's lease: it stops leading
+    /// and stands by.
+    #[error("deposed from pool {pool}: {why}")]
+    LeaseLost {
+        /// The pool.
+        pool: String,
+        /// What happened.
+        why: String,
+    },
+    /// The input readers stopped by themselves (they only stop when told to).
+    #[error("the allocator's input readers stopped")]
+    Readers,
+}
+
+impl AllocatorError {
+    /// Whether this ends a term as leader but not the service: it stands by and may lead
+    /// again.
+    pub fn is_deposition(&self) -> bool {
+        matches!(
+            self,
+            Self::LeaseLost { .. } | Self::Journal(journal::JournalError::Deposed { .. })
+        )
+    }
 }
 
 /// Runs the allocator until `shutdown` completes: stands by until it holds the pool's lease,

@@ -77,6 +77,21 @@ fn granted(events: &[AllocEvent]) -> BTreeSet<u64> {
         .collect()
 }
 
+/// The lease and first node of `task`'s latest grant: what its executor's reports name.
+fn grant_of(events: &[AllocEvent], task: u64) -> (allot_sched::LeaseId, String) {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            AllocEvent::Applied(a) => Some(&a.dispatch),
+            AllocEvent::LeaderElected(_) => None,
+        })
+        .flatten()
+        .filter(|d| d.task == TaskId(task))
+        .map(|d| (d.lease, d.nodes[0].node.clone()))
+        .last()
+        .expect("the task was granted")
+}
+
 fn leaders(events: &[AllocEvent]) -> Vec<String> {
     events
         .iter()
@@ -174,11 +189,13 @@ fn a_standby_takes_over_when_the_leader_dies_and_the_journal_replays() {
 
         // The leader dies; task 1 completes meanwhile.
         leader_rt.shutdown_background();
+        let (lease, node) = grant_of(&events, 1);
         publisher
             .publish(TaskEvent::Completed(TaskCompleted {
                 pool: POOL.into(),
                 task: TaskId(1),
-                node: "n1".into(),
+                node,
+                lease,
             }))
             .await
             .unwrap();

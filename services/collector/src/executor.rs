@@ -301,6 +301,7 @@ impl Executor {
                         pool: self.pool.clone(),
                         task: stored.dispatch.task,
                         node: self.node.clone(),
+                        lease,
                         reason: "the executor restarted while it ran; the run was lost".into(),
                     });
                     self.end(lease, Some(event.into()), stop).await?;
@@ -477,6 +478,7 @@ impl Executor {
                         pool: self.pool.clone(),
                         task,
                         node: self.node.clone(),
+                        lease,
                     });
                     self.publish(self.publisher.envelope(event), stop).await;
                 }
@@ -495,6 +497,7 @@ impl Executor {
                                 pool: self.pool.clone(),
                                 task,
                                 node: self.node.clone(),
+                                lease,
                             })
                         })
                     }
@@ -502,6 +505,7 @@ impl Executor {
                         pool: self.pool.clone(),
                         task,
                         node: self.node.clone(),
+                        lease,
                         reason,
                     })),
                     End::Stopped {

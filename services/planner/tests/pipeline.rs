@@ -16,7 +16,7 @@ use allot_events::workload::{Workload, WorkloadAborted, WorkloadOutcome};
 use allot_events::{AllocEvent, AnyEvent, NodeEvent, TaskEvent, WorkloadEvent, decode};
 use allot_planner::plan::task_id;
 use allot_sched::journal::Entry;
-use allot_sched::{Decision, Input, TaskId};
+use allot_sched::{Decision, Input, LeaseId, TaskId};
 use allot_testkit::{NatsServer, node};
 use allot_workload::{Context, Format};
 
@@ -175,7 +175,9 @@ impl Harness {
         self.rt.spawn(async move {
             let mut seen = BTreeSet::new();
             loop {
-                for (task, _) in grants(&entries(&js).await) {
+                let journal = entries(&js).await;
+                for (task, _) in grants(&journal) {
+                    let lease = lease_of(&journal, task);
                     let Some((name, attempt)) = ids.get(&task) else {
                         continue;
                     };
@@ -187,11 +189,13 @@ impl Harness {
                             pool: POOL.into(),
                             task,
                             node: "n1".into(),
+                            lease,
                         }),
                         Run::Fail => TaskEvent::Failed(TaskFailed {
                             pool: POOL.into(),
                             task,
                             node: "n1".into(),
+                            lease,
                             reason: "exit status 1".into(),
                         }),
                         Run::Hold => continue,
@@ -266,6 +270,19 @@ async fn entries(js: &jetstream::Context) -> Vec<Entry> {
 }
 
 /// Grants in journal order, with whether each holds GPUs.
+/// The lease of `task`'s latest grant (what its executor's reports name).
+fn lease_of(entries: &[Entry], task: TaskId) -> LeaseId {
+    entries
+        .iter()
+        .flat_map(|e| &e.decisions)
+        .filter_map(|d| match d {
+            Decision::Granted { task: t, lease, .. } if *t == task => Some(*lease),
+            _ => None,
+        })
+        .last()
+        .expect("the task was granted")
+}
+
 fn grants(entries: &[Entry]) -> Vec<(TaskId, bool)> {
     entries
         .iter()
@@ -557,6 +574,7 @@ fn an_aborted_workload_waiting_in_the_queue_leaves_it_and_is_never_granted() {
                 pool: POOL.into(),
                 task: hog,
                 node: "n1".into(),
+                lease: lease_of(&h.journal(), hog),
             }))
             .await
             .unwrap()

@@ -193,6 +193,8 @@ pub struct TaskCheckpointed {
     pub task: TaskId,
     /// Where it runs.
     pub node: String,
+    /// The lease it ran under: a report about any other lease of the task is stale or forged.
+    pub lease: LeaseId,
 }
 
 /// A task exited successfully.
@@ -205,6 +207,8 @@ pub struct TaskCompleted {
     pub task: TaskId,
     /// Where it ran.
     pub node: String,
+    /// The lease it ran under: a report about any other lease of the task is stale or forged.
+    pub lease: LeaseId,
 }
 
 /// A task failed.
@@ -217,6 +221,8 @@ pub struct TaskFailed {
     pub task: TaskId,
     /// Where it ran.
     pub node: String,
+    /// The lease it ran under: a report about any other lease of the task is stale or forged.
+    pub lease: LeaseId,
     /// Why (exit status, signal, start error).
     pub reason: String,
 }

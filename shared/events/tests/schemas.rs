@@ -218,18 +218,21 @@ fn samples() -> Vec<AnyEvent> {
             pool: "default".into(),
             task: TaskId(7),
             node: "node-1".into(),
+            lease: LeaseId(3),
         }
         .into(),
         TaskCompleted {
             pool: "default".into(),
             task: TaskId(7),
             node: "node-1".into(),
+            lease: LeaseId(3),
         }
         .into(),
         TaskFailed {
             pool: "default".into(),
             task: TaskId(7),
             node: "node-1".into(),
+            lease: LeaseId(3),
             reason: "exit status 3".into(),
         }
         .into(),

@@ -830,6 +830,16 @@ impl Scheduler {
         )
     }
 
+    /// The lease a running task holds and where, or `None` if it is not running.
+    pub fn running_lease(&self, task: TaskId) -> Option<(LeaseId, &Placement)> {
+        match &self.tasks.get(&task)?.state {
+            State::Running {
+                lease, placement, ..
+            } => Some((*lease, placement)),
+            State::Pending { .. } => None,
+        }
+    }
+
     /// Whether the task is queued, preloaded or running: one a withdrawal would affect.
     pub fn holds(&self, task: TaskId) -> bool {
         self.tasks.contains_key(&task) || self.preloads.contains_key(&task)

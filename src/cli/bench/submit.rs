@@ -317,7 +317,7 @@ async fn run(args: &SubmitArgs, url: &str, dir: &std::path::Path) -> anyhow::Res
                 };
                 let stored_ms = server_ms(&message);
                 for d in &applied.entry.decisions {
-                    let Decision::Granted { task, .. } = d else {
+                    let Decision::Granted { task, lease, .. } = d else {
                         continue;
                     };
                     let Some(&i) = ids.get(task) else { continue };
@@ -332,13 +332,14 @@ async fn run(args: &SubmitArgs, url: &str, dir: &std::path::Path) -> anyhow::Res
                     }
                     granted += 1;
                     let _ = all_granted_tx.send(granted);
-                    let (publisher, task) = (publisher.clone(), *task);
+                    let (publisher, task, lease) = (publisher.clone(), *task, *lease);
                     tokio::spawn(async move {
                         tokio::time::sleep(hold).await;
                         let done = TaskCompleted {
                             pool: POOL.into(),
                             task,
                             node: "bench".into(),
+                            lease,
                         };
                         if let Err(e) = publisher.publish(TaskEvent::Completed(done)).await {
                             // After the run, the client is closed under the completions still waiting: expected.

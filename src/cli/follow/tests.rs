@@ -120,6 +120,7 @@ fn completed(name: &str, attempt: u32) -> Observed {
         pool: "default".into(),
         task: id(name, attempt),
         node: "n1".into(),
+        lease: LeaseId(1),
     }))
 }
 
@@ -128,6 +129,7 @@ fn failed(name: &str, attempt: u32) -> Observed {
         pool: "default".into(),
         task: id(name, attempt),
         node: "n1".into(),
+        lease: LeaseId(1),
         reason: "exit status 1".into(),
     }))
 }
@@ -372,6 +374,7 @@ fn events_become_ci_log_lines_in_causal_order_and_a_summary() {
                     pool: "default".into(),
                     task: task_id("other-0000000001", "prep", 1),
                     node: "n1".into(),
+                    lease: LeaseId(1),
                 })),
                 finished(Failed, Some("task prep failed")),
                 ready("train", 1),
