@@ -108,6 +108,9 @@ pub struct AllocatorArgs {
     /// How long the lease lives unrenewed: how soon a standby takes over (ALLOT_LEASE_TTL).
     #[arg(long)]
     pub lease_ttl: Option<String>,
+    /// Teams file whose quotas the pool enforces (ALLOT_TEAMS_FILE; default: none, no quotas).
+    #[arg(long)]
+    pub teams: Option<String>,
 }
 
 /// Flags of `allot run inventory`.
@@ -328,6 +331,9 @@ fn allocator_config(a: &AllocatorArgs, url: &str, s: &mut Settings<'_>) -> allot
     let default_instance = format!("{host}-{}", std::process::id());
     config.instance = s.string(a.instance.as_deref(), "ALLOT_INSTANCE", &default_instance);
     config.lease_ttl = s.duration(a.lease_ttl.as_deref(), "ALLOT_LEASE_TTL", config.lease_ttl);
+    if let Some(teams) = teams_file(a.teams.as_deref(), s) {
+        config.quotas = teams.quotas();
+    }
     config
 }
 

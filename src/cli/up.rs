@@ -58,7 +58,8 @@ pub struct UpArgs {
     /// examples/prices.yaml).
     #[arg(long)]
     pub prices: Option<String>,
-    /// Teams file: teams, priority classes and budgets, for the planner and billing
+    /// Teams file: teams, priority classes, quotas and budgets, for the planner, the allocator
+    /// and billing
     /// (ALLOT_TEAMS_FILE; default: none).
     #[arg(long)]
     pub teams: Option<String>,
@@ -265,6 +266,11 @@ async fn run_services(
     // instance id; one is enough on a laptop).
     let allocator = allot_allocator::Config {
         instance: "allocator-up".into(),
+        quotas: config
+            .teams
+            .as_ref()
+            .map(allot_workload::TeamsConfig::quotas)
+            .unwrap_or_default(),
         ..allot_allocator::Config::new(url, "default")
     };
     services.spawn({

@@ -49,8 +49,22 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// nats-server, the planner, allocator `a1`, and a collector per `(node, gpus)`.
+    /// nats-server, the planner, allocator `a1`, and a collector per `(node, gpus)` whose
+    /// executor runs each task's command as a process.
     pub fn start(nodes: &[(&str, u32)]) -> Cluster {
+        Self::start_with(nodes, &["--executor", "process", "--stop-grace", "3s"])
+    }
+
+    /// The same, with simulated runs: each task lasts its duration estimate divided by
+    /// `speedup`.
+    pub fn start_simulated(nodes: &[(&str, u32)], speedup: u32) -> Cluster {
+        Self::start_with(
+            nodes,
+            &["--executor", "sim", "--sim-speedup", &speedup.to_string()],
+        )
+    }
+
+    fn start_with(nodes: &[(&str, u32)], executor: &[&str]) -> Cluster {
         let server = NatsServer::start();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -85,15 +99,14 @@ impl Cluster {
                     "sim",
                     "--sim-gpus",
                     &gpus.to_string(),
-                    "--executor",
-                    "process",
-                    "--stop-grace",
-                    "3s",
                     "--heartbeat-interval",
                     "1s",
                     "--data-dir",
                     data.to_str().unwrap(),
-                ],
+                ]
+                .into_iter()
+                .chain(executor.iter().copied())
+                .collect::<Vec<_>>(),
             );
         }
         cluster
@@ -122,18 +135,27 @@ impl Cluster {
     }
 
     pub fn allocator(&mut self, instance: &str) {
-        self.spawn(
-            &format!("allocator-{instance}"),
-            &[
-                "allocator",
-                "--instance",
-                instance,
-                "--policy",
-                "allot",
-                "--lease-ttl",
-                "2s",
-            ],
-        );
+        self.allocator_with(instance, &[]);
+    }
+
+    /// Allocator `instance` with more flags (`--teams FILE` …).
+    pub fn allocator_with(&mut self, instance: &str, extra: &[&str]) {
+        let mut args = vec![
+            "allocator",
+            "--instance",
+            instance,
+            "--policy",
+            "allot",
+            "--lease-ttl",
+            "2s",
+        ];
+        args.extend_from_slice(extra);
+        self.spawn(&format!("allocator-{instance}"), &args);
+    }
+
+    /// The pid of process `name`.
+    pub fn pid(&self, name: &str) -> u32 {
+        self.procs[name].id()
     }
 
     /// SIGKILL: no goodbye, no lease release.
@@ -232,7 +254,13 @@ impl Cluster {
 
     /// Waits until `workload` finishes; how.
     pub fn finished(&self, workload: &str) -> WorkloadFinished {
-        wait_for(PATIENCE, || {
+        self.finished_within(workload, PATIENCE)
+            .unwrap_or_else(|| panic!("{workload} did not finish\n{}", self.logs()))
+    }
+
+    /// How `workload` finished, if it does within `limit`.
+    pub fn finished_within(&self, workload: &str, limit: Duration) -> Option<WorkloadFinished> {
+        wait_for(limit, || {
             self.workloads().into_iter().find_map(|e| match e {
                 AnyEvent::Workload(WorkloadEvent::Finished(f)) if f.workload_id == workload => {
                     Some(f)
@@ -240,7 +268,6 @@ impl Cluster {
                 _ => None,
             })
         })
-        .unwrap_or_else(|| panic!("{workload} did not finish\n{}", self.logs()))
     }
 
     /// Waits until `n` runs of `workload` whose names start with `prefix` have started.

@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use allot_events::subject::validate_token;
+use allot_sched::quota::Quota;
 
 /// The teams file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,8 +40,13 @@ pub struct TeamsConfig {
 pub struct Team {
     /// The team's name: a subject token (`allot.workload.submitted.<team>`).
     pub name: String,
-    /// Its share of the pool, when it has one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Its share of the pool, when it has one: the scheduler's own quota type, written in
+    /// whole GPUs in the file (`{gpus: 16, borrowingLimit: 8, lendingLimit: 4}`).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "quota_in_gpus"
+    )]
     pub quota: Option<Quota>,
     /// Its spending limit per period, when it has one (billing watches it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -78,18 +84,47 @@ pub struct Budget {
     pub block_below: Option<String>,
 }
 
-/// A team's quota (Kueue's: nominal, and how much it may borrow or lend).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct Quota {
-    /// GPUs the team is entitled to.
-    pub gpus: u32,
-    /// GPUs it may use beyond that when others' are idle; absent: no limit.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub borrowing_limit: Option<u32>,
-    /// GPUs of its own it may lend out; absent: all.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lending_limit: Option<u32>,
+/// A quota as the teams file writes it: whole GPUs, Kueue's nominal, borrowing and lending
+/// limits. Read into and written from [`Quota`], the one quota type (milli-GPU inside).
+mod quota_in_gpus {
+    use allot_sched::model::WHOLE_GPU_MILLI;
+    use allot_sched::quota::Quota;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    struct InGpus {
+        /// GPUs the team is entitled to.
+        gpus: u32,
+        /// GPUs it may use beyond that when others' are idle; absent: no limit.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        borrowing_limit: Option<u32>,
+        /// GPUs of its own it may lend out; absent: all.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lending_limit: Option<u32>,
+    }
+
+    const MILLI: u64 = WHOLE_GPU_MILLI as u64;
+
+    pub fn serialize<S: Serializer>(quota: &Option<Quota>, s: S) -> Result<S::Ok, S::Error> {
+        quota
+            .as_ref()
+            .map(|q| InGpus {
+                gpus: (q.nominal_milli / MILLI) as u32,
+                borrowing_limit: q.borrowing_limit_milli.map(|m| (m / MILLI) as u32),
+                lending_limit: q.lending_limit_milli.map(|m| (m / MILLI) as u32),
+            })
+            .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Quota>, D::Error> {
+        Ok(Option::<InGpus>::deserialize(d)?.map(|q| Quota {
+            nominal_milli: u64::from(q.gpus) * MILLI,
+            borrowing_limit_milli: q.borrowing_limit.map(|g| u64::from(g) * MILLI),
+            lending_limit_milli: q.lending_limit.map(|g| u64::from(g) * MILLI),
+            ..Quota::default()
+        }))
+    }
 }
 
 fn default_classes() -> BTreeMap<String, i32> {
@@ -195,6 +230,14 @@ impl TeamsConfig {
         !self.teams.is_empty()
     }
 
+    /// Each team's quota, for the allocator (teams without one are not under quota).
+    pub fn quotas(&self) -> Vec<(String, Quota)> {
+        self.teams
+            .iter()
+            .filter_map(|t| Some((t.name.clone(), t.quota?)))
+            .collect()
+    }
+
     /// The team called `name`.
     pub fn team(&self, name: &str) -> Option<&Team> {
         self.teams.iter().find(|t| t.name == name)
@@ -230,8 +273,8 @@ mod tests {
         assert_eq!(config.priority(None), Some(100));
         assert_eq!(config.priority(Some("critical")), Some(1000));
         assert_eq!(
-            config.team("vision").unwrap().quota.as_ref().unwrap().gpus,
-            16
+            config.team("vision").unwrap().quota,
+            Some(Quota::gpus(16_000))
         );
 
         let err = TeamsConfig::from_yaml(

@@ -1,0 +1,170 @@
+//! The live path under stress: thousands of tasks, a starved machine, an allocator paused past
+//! its lease while another stands by. Whatever happens, every task of the workload runs, each
+//! is granted once and started once, and the journal replays and verifies.
+
+use std::collections::BTreeMap;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use allot_events::workload::WorkloadOutcome;
+use allot_events::{AnyEvent, TaskEvent};
+
+use crate::cluster::Cluster;
+use crate::support::{allot, wait_for};
+
+/// A workload of `n` short CPU-only tasks with no dependencies: each takes a core for 3 s of
+/// task time (5 ms at the speed-up used here), so thousands of them are in flight at once.
+fn wide_workload(name: &str, n: usize) -> String {
+    let mut spec = format!(
+        "apiVersion: allot/v1\nkind: Workload\nmetadata: {{name: {name}, team: nlp}}\nspec:\n  tasks:\n"
+    );
+    for i in 0..n {
+        spec += &format!(
+            "    - {{name: t{i:05}, resources: {{cpu: \"1\"}}, durationEstimate: 3s, command: [\"true\"]}}\n"
+        );
+    }
+    spec
+}
+
+/// Busy loops on every core while it lives: the services must compete for CPU.
+struct CpuHogs(Vec<Child>);
+
+impl CpuHogs {
+    fn start() -> CpuHogs {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        CpuHogs(
+            (0..cores + 1)
+                .map(|_| {
+                    Command::new("sh")
+                        .args(["-c", "while :; do :; done"])
+                        .stdout(Stdio::null())
+                        .spawn()
+                        .unwrap()
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for CpuHogs {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// How often each task of `workload` was granted, and how often it started, by task name.
+fn grants_and_starts(
+    cluster: &Cluster,
+    workload: &str,
+) -> (BTreeMap<String, usize>, BTreeMap<String, usize>) {
+    let mut grants = BTreeMap::new();
+    for applied in cluster.journal() {
+        for d in applied.dispatch {
+            if d.launch.workload == workload {
+                *grants.entry(d.launch.name).or_default() += 1;
+            }
+        }
+    }
+    let mut starts = BTreeMap::new();
+    for e in cluster.workloads() {
+        if let AnyEvent::Task(TaskEvent::Started(s)) = e
+            && s.workload == workload
+        {
+            *starts.entry(s.name).or_default() += 1;
+        }
+    }
+    (grants, starts)
+}
+
+/// Every task granted exactly once and started exactly once.
+fn assert_each_task_once(cluster: &Cluster, workload: &str, n: usize) {
+    let (grants, starts) = grants_and_starts(cluster, workload);
+    let twice: Vec<_> = grants.iter().filter(|(_, c)| **c != 1).collect();
+    assert!(twice.is_empty(), "granted other than once: {twice:?}");
+    assert_eq!(grants.len(), n, "every task was granted");
+    let twice: Vec<_> = starts.iter().filter(|(_, c)| **c != 1).collect();
+    assert!(twice.is_empty(), "started other than once: {twice:?}");
+    assert_eq!(starts.len(), n, "every task started");
+}
+
+/// Sends `SIG<name>` to `pid`.
+fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{name} {pid}");
+}
+
+/// `allot replay --verify` over the pool's journal: every decision recomputes.
+fn assert_replay_verifies(cluster: &Cluster) {
+    let out = allot(cluster.dir.path())
+        .args(["replay", "--verify", "--pool", "default", "--nats"])
+        .arg(cluster.server.url())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "replay --verify failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_wide_workload_on_a_starved_machine_runs_every_task_once() {
+    const TASKS: usize = 2000;
+    let cluster = Cluster::start_simulated(&[("n1", 8), ("n2", 8), ("n3", 8), ("n4", 8)], 600);
+    let _hogs = CpuHogs::start();
+    let workload = cluster.submit("wide", &wide_workload("wide", TASKS));
+    let finished = wait_for(Duration::from_secs(600), || {
+        cluster.finished_within(&workload, Duration::from_secs(5))
+    })
+    .unwrap_or_else(|| panic!("{workload} did not finish\n{}", cluster.logs()));
+    assert_eq!(finished.outcome, WorkloadOutcome::Succeeded, "{finished:?}");
+    assert_each_task_once(&cluster, &workload, TASKS);
+    assert_eq!(
+        cluster.leaders(),
+        ["a1"],
+        "the only allocator never deposed itself"
+    );
+    assert_replay_verifies(&cluster);
+}
+
+#[test]
+fn allocators_paused_past_their_lease_lose_and_duplicate_nothing() {
+    const TASKS: usize = 1200;
+    let mut cluster = Cluster::start_simulated(&[("n1", 8), ("n2", 8)], 300);
+    cluster.allocator("a2");
+    let workload = cluster.submit("paused", &wide_workload("paused", TASKS));
+    let granted = |c: &Cluster| grants_and_starts(c, &workload).0.len();
+
+    // Pause the leader mid-run, past its 2 s lease: the standby takes over. Then let it go on
+    // (it finds itself deposed and stands by), and pause the new leader the same way.
+    for (paused, at) in [("allocator-a1", TASKS / 4), ("allocator-a2", TASKS / 2)] {
+        wait_for(Duration::from_secs(300), || {
+            (granted(&cluster) >= at).then_some(())
+        })
+        .unwrap_or_else(|| panic!("{at} grants did not happen\n{}", cluster.logs()));
+        let pid = cluster.pid(paused);
+        signal(pid, "STOP");
+        std::thread::sleep(Duration::from_secs(5));
+        signal(pid, "CONT");
+    }
+
+    let finished = wait_for(Duration::from_secs(600), || {
+        cluster.finished_within(&workload, Duration::from_secs(5))
+    })
+    .unwrap_or_else(|| panic!("{workload} did not finish\n{}", cluster.logs()));
+    assert_eq!(finished.outcome, WorkloadOutcome::Succeeded, "{finished:?}");
+    assert_each_task_once(&cluster, &workload, TASKS);
+    let leaders = cluster.leaders();
+    assert!(
+        leaders.starts_with(&["a1".to_owned(), "a2".to_owned()]) && leaders.len() >= 3,
+        "a2 took over from the paused a1, and a1 from the paused a2: {leaders:?}"
+    );
+    assert_replay_verifies(&cluster);
+}
