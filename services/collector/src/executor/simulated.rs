@@ -91,22 +91,22 @@ impl SimulatedRuns {
                     ));
                 }
                 stop = &mut stop => {
+                    // A task that checkpoints saves its state on SIGTERM, whoever sends it.
+                    let progress = if run.checkpoint {
+                        before + self.task_ms(started.elapsed())
+                    } else {
+                        saved
+                    };
                     break match stop {
-                        Ok(Stop::Cause(cause)) => {
-                            // A task that checkpoints saves its state on SIGTERM.
-                            let progress = if run.checkpoint {
-                                before + self.task_ms(started.elapsed())
-                            } else {
-                                saved
-                            };
-                            End::Stopped {
-                                cause,
-                                checkpointed: run.checkpoint,
-                                killed: false,
-                                progress_ms: Some(progress),
-                            }
-                        }
-                        Ok(Stop::Shutdown) | Err(_) => End::Abandoned,
+                        Ok(Stop::Cause(cause)) => End::Stopped {
+                            cause,
+                            checkpointed: run.checkpoint,
+                            killed: false,
+                            progress_ms: Some(progress),
+                        },
+                        Ok(Stop::Shutdown) | Err(_) => End::Abandoned {
+                            progress_ms: Some(progress),
+                        },
                     };
                 }
             }
