@@ -255,7 +255,8 @@ impl Executor {
         let js = jetstream::new(client);
         // Without a recorded position, read from a little before this start: no grant for this
         // node can precede its registration, which follows.
-        let deliver = match self.state.position()? {
+        let position = self.state.position()?;
+        let deliver = match position {
             Some(seq) => DeliverPolicy::ByStartSequence {
                 start_sequence: seq + 1,
             },
@@ -268,6 +269,9 @@ impl Executor {
         };
         tracing::info!(runs = ?self.runs, "executor reading the journal");
         let mut unrecorded = 0u64;
+        // Until a position is on record, a restart reads from its own start and would miss the
+        // grants made while it was down: the first entry read is recorded at once.
+        let mut positioned = position.is_some();
         loop {
             tokio::select! {
                 biased;
@@ -297,7 +301,7 @@ impl Executor {
                     let orders = orders::orders(&self.node, &applied, &self.running);
                     if orders.is_empty() {
                         unrecorded += 1;
-                        if unrecorded >= POSITION_EVERY {
+                        if unrecorded >= POSITION_EVERY || !positioned {
                             self.state.set_position(seq)?;
                             unrecorded = 0;
                         }
@@ -305,6 +309,7 @@ impl Executor {
                         self.obey(seq, orders)?;
                         unrecorded = 0;
                     }
+                    positioned = true;
                 }
             }
         }

@@ -18,7 +18,7 @@ use allot_events::alloc::{Applied, Dispatch, Launch, NodeGrant};
 use allot_events::task::RunSpec;
 use allot_events::{AllocEvent, AnyEvent, TaskEvent, decode};
 use allot_sched::journal::Entry;
-use allot_sched::{Input, LeaseId, TaskId};
+use allot_sched::{Decision, Input, LeaseId, TaskId};
 use allot_testkit::NatsServer;
 use allot_testkit::streams::read_all;
 use anyhow::{Context as _, bail};
@@ -123,13 +123,39 @@ async fn publish_grants(
     client: &async_nats::Client,
     dispatch: Vec<Dispatch>,
 ) -> anyhow::Result<()> {
+    publish_entry(client, vec![], dispatch).await
+}
+
+/// Publishes a pool journal entry preempting task `task` under lease `lease`.
+async fn publish_preemption(
+    client: &async_nats::Client,
+    task: u64,
+    lease: u64,
+) -> anyhow::Result<()> {
+    let preempted = Decision::Preempted {
+        task: TaskId(task),
+        lease: LeaseId(lease),
+        at: 2,
+        for_task: None,
+        lost: 0,
+        reason: "room for a higher priority".into(),
+    };
+    publish_entry(client, vec![preempted], vec![]).await
+}
+
+/// Publishes a pool journal entry, as the allocator would.
+async fn publish_entry(
+    client: &async_nats::Client,
+    decisions: Vec<Decision>,
+    dispatch: Vec<Dispatch>,
+) -> anyhow::Result<()> {
     let applied = Applied {
         pool: POOL.into(),
         source: None,
         entry: Entry {
             seq: 1,
             input: Input::Schedule { at: 1 },
-            decisions: vec![],
+            decisions,
             rejected: None,
         },
         launch: None,
@@ -329,5 +355,55 @@ async fn runs_that_ended_before_an_abrupt_stop_are_reported_as_they_ended_once()
     node.stop().await?;
     ends.sort();
     assert_eq!(ends, vec!["completed 7", "completed 8"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_ends_while_the_executor_stops_is_reported_before_it_returns()
+-> anyhow::Result<()> {
+    let server = NatsServer::start();
+    let client = connect(&server).await?;
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("executor.db");
+    let processes = Runs::Process(ProcessRuns {
+        log_dir: dir.path().join("logs"),
+        checkpoint_dir: dir.path().join("checkpoints"),
+        grace: Duration::from_secs(3),
+    });
+    // Preempted, it takes a second to exit: it ends while the executor is stopping.
+    let termed = dir.path().join("termed");
+    let slow_to_stop = RunSpec {
+        attempt: 1,
+        command: vec![
+            "sh".into(),
+            "-c".into(),
+            format!(
+                "trap 'touch \"{}\"; sleep 1; exit 0' TERM; while :; do sleep 0.05; done",
+                termed.display()
+            ),
+        ],
+        ..RunSpec::default()
+    };
+
+    let node = Node::start(&server.url(), &db, processes.clone())?;
+    publish_grants(&client, vec![grant(7, 70, 0, slow_to_stop)]).await?;
+    wait_started(&client, &[7]).await?;
+    publish_preemption(&client, 7, 70).await?;
+    let deadline = Instant::now() + PATIENCE;
+    while !termed.exists() {
+        if Instant::now() > deadline {
+            bail!("the run was not told to stop within {PATIENCE:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    node.stop().await?;
+    assert_eq!(ends(&client).await?, vec!["stopped 7"]);
+    assert_eq!(on_record(&db)?, vec![], "an acknowledged end is forgotten");
+
+    // A later start has nothing left to say about it.
+    let node = Node::start(&server.url(), &db, processes)?;
+    let ends = final_ends(&client, &db).await?;
+    node.stop().await?;
+    assert_eq!(ends, vec!["stopped 7"]);
     Ok(())
 }
