@@ -93,9 +93,9 @@ impl Drop for Node {
     }
 }
 
-fn share(gpu: u32) -> NodeGrant {
+fn share(node: &str, gpu: u32) -> NodeGrant {
     NodeGrant {
-        node: NODE.into(),
+        node: node.into(),
         gpu_model: "H100".into(),
         gpus: vec![(gpu, 1000)],
         mig: None,
@@ -114,7 +114,15 @@ fn grant(task: u64, lease: u64, gpu: u32, run: RunSpec) -> Dispatch {
             name: format!("t{task}"),
             run,
         },
-        nodes: vec![share(gpu)],
+        nodes: vec![share(NODE, gpu)],
+    }
+}
+
+/// The same grant on another node.
+fn grant_elsewhere(task: u64, lease: u64, node: &str) -> Dispatch {
+    Dispatch {
+        nodes: vec![share(node, 0)],
+        ..grant(task, lease, 0, RunSpec::default())
     }
 }
 
@@ -406,4 +414,30 @@ async fn a_run_that_ends_while_the_executor_stops_is_reported_before_it_returns(
     node.stop().await?;
     assert_eq!(ends, vec!["stopped 7"]);
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_made_while_the_executor_was_down_is_run_when_it_is_back() -> anyhow::Result<()> {
+    let server = NatsServer::start();
+    let client = connect(&server).await?;
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("executor.db");
+    let sim = Runs::Simulated(SimulatedRuns::default());
+
+    // It has only read an entry about another node when it stops.
+    let node = Node::start(&server.url(), &db, sim.clone())?;
+    publish_grants(&client, vec![grant_elsewhere(1, 10, "n2")]).await?;
+    let deadline = Instant::now() + PATIENCE;
+    while State::open(Some(&db))?.position()?.is_none() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    node.stop().await?;
+
+    publish_grants(&client, vec![grant(7, 70, 0, RunSpec::default())]).await?;
+    // Longer than the few seconds before its own start an executor without a position reads.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let node = Node::start(&server.url(), &db, sim)?;
+    let started = wait_started(&client, &[7]).await;
+    node.stop().await?;
+    started
 }
