@@ -20,13 +20,17 @@
 //!
 //! # Exactly once
 //!
-//! The runs it started and the journal position are in SQLite ([`state`]), committed together.
-//! A run's end is recorded before it is published, under an event id derived from the node and
-//! the lease, and deleted after: redelivered journal entries start nothing twice, and an end
-//! published twice after a crash is stored once. When the executor starts, runs left on record
-//! are settled: an unpublished end is published; a simulated run resumes from its last
-//! checkpoint; a process run (whose process cannot be re-attached) is killed if it still
-//! exists and reported failed, so the planner retries it.
+//! The runs it started and the journal position are in SQLite ([`state`]), committed together:
+//! redelivered journal entries start nothing twice. The executor never forgets a run until
+//! JetStream acknowledged its end: the end is recorded the moment the run reports it, under an
+//! event id derived from the node and the lease, and handed to the outbox, which publishes the
+//! executor's events in the order they were made, retrying with backoff for as long as it takes,
+//! and deletes the run only after the acknowledgement. A shutdown gives the outbox what is left
+//! of its grace period and then leaves the unacknowledged ends on record; so does a crash. When
+//! the executor starts, runs left on record are settled: unacknowledged ends are published again
+//! in the order they were recorded (JetStream drops a copy it already stored by its id); a
+//! simulated run resumes from its last checkpoint; a process run (whose process cannot be
+//! re-attached) is killed if it still exists and reported failed, so the planner retries it.
 //!
 //! # Layout
 //!
@@ -42,30 +46,34 @@ pub mod state;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream::{self, consumer::DeliverPolicy};
 use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use allot_bus::Publisher;
 use allot_bus::streams::names;
 use allot_events::task::{TaskCheckpointed, TaskCompleted, TaskFailed, TaskStarted, TaskStopped};
-use allot_events::{AllocEvent, AnyEvent, TaskEvent, decode, subject};
+use allot_events::{AllocEvent, AnyEvent, Envelope, TaskEvent, decode, subject};
 use allot_sched::LeaseId;
 use allot_store::StoreError;
 
 use orders::Order;
 use run::{End, Report, Reporter, RunContext, Stop};
-use state::{State, StoredRun};
+use state::{Progress, State, StoredRun};
 
 pub use process::ProcessRuns;
 pub use simulated::SimulatedRuns;
 
 /// The namespace of the executor's end-event ids (UUIDv5 of `<node>/<lease>/end`).
 const END_ID_NAMESPACE: Uuid = Uuid::from_u128(0x6b1f_0c2e_7d34_4a85_9e60_d2a7_3c18_f4b9);
-/// How long shutdown waits for runs to stop before leaving them to the next start.
+/// How long shutdown waits for runs to stop and their ends to be acknowledged before leaving
+/// them to the next start.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// Longest wait between two attempts to publish an event or open the journal.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -127,15 +135,24 @@ impl Running {
     }
 }
 
+/// An event for the outbox.
+#[derive(Debug)]
+struct Outgoing {
+    envelope: Envelope,
+    /// The run this event ends: forgotten once the event is acknowledged.
+    ends: Option<LeaseId>,
+}
+
 /// The executor of one node.
 struct Executor {
     node: String,
     pool: String,
     runs: Runs,
     publisher: Publisher,
-    state: State,
+    state: Arc<State>,
     running: BTreeMap<LeaseId, Running>,
     tx: mpsc::UnboundedSender<(LeaseId, Report)>,
+    outbox: mpsc::UnboundedSender<Outgoing>,
 }
 
 fn now_ms() -> u64 {
@@ -156,9 +173,18 @@ pub async fn run(
         return Ok(());
     }
     let began = SystemTime::now();
-    let state = State::open(config.state.as_deref())?;
+    let state = Arc::new(State::open(config.state.as_deref())?);
     let (tx, mut rx) = mpsc::unbounded_channel();
     let publisher = Publisher::new(client.clone(), format!("/allot/executor/{node}"));
+    let (outbox, queue) = mpsc::unbounded_channel();
+    let outbox_task = tokio::spawn(
+        Outbox {
+            publisher: publisher.clone(),
+            state: Arc::clone(&state),
+        }
+        .run(queue)
+        .in_current_span(),
+    );
     let mut ex = Executor {
         node,
         pool,
@@ -167,66 +193,12 @@ pub async fn run(
         state,
         running: BTreeMap::new(),
         tx,
+        outbox,
     };
-    ex.settle_left_runs(&mut stop).await?;
-    let js = jetstream::new(client);
-    // Without a recorded position, read from a little before this start: no grant for this
-    // node can precede its registration, which follows.
-    let deliver = match ex.state.position()? {
-        Some(seq) => DeliverPolicy::ByStartSequence {
-            start_sequence: seq + 1,
-        },
-        None => DeliverPolicy::ByStartTime {
-            start_time: (began - Duration::from_secs(5)).into(),
-        },
-    };
-    let Some(mut messages) = open_journal(&js, &ex.pool, deliver, &mut stop).await else {
-        return Ok(());
-    };
-    tracing::info!(runs = ?ex.runs, "executor reading the journal");
-    let mut unrecorded = 0u64;
-    loop {
-        tokio::select! {
-            biased;
-            _ = stop.changed() => break,
-            Some((lease, report)) = rx.recv() => ex.report(lease, report, &mut stop).await?,
-            message = messages.next() => {
-                let Some(message) = message else { break };
-                let message = match message {
-                    Ok(m) => m,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "reading the journal failed; retrying");
-                        continue;
-                    }
-                };
-                let Ok(info) = message.info() else { continue };
-                let seq = info.stream_sequence;
-                let applied = match decode(&message.payload) {
-                    Ok(envelope) => match envelope.data {
-                        AnyEvent::Alloc(AllocEvent::Applied(a)) => a,
-                        _ => continue,
-                    },
-                    Err(e) => {
-                        tracing::warn!(sequence = seq, error = %e, "unreadable journal entry skipped");
-                        continue;
-                    }
-                };
-                let orders = orders::orders(&ex.node, &applied, &ex.running);
-                if orders.is_empty() {
-                    unrecorded += 1;
-                    if unrecorded >= POSITION_EVERY {
-                        ex.state.set_position(seq)?;
-                        unrecorded = 0;
-                    }
-                } else {
-                    ex.obey(seq, orders)?;
-                    unrecorded = 0;
-                }
-            }
-        }
-    }
-    ex.shutdown(&mut rx).await;
-    Ok(())
+    let served = ex.serve(client, began, &mut stop, &mut rx).await;
+    // Also after a failure: runs are stopped and ends already recorded get their chance.
+    ex.shutdown(&mut rx, outbox_task).await;
+    served
 }
 
 /// Opens an ordered consumer on the pool's journal, retrying until the stream exists; `None`
@@ -271,21 +243,94 @@ async fn open_journal(
 }
 
 impl Executor {
-    /// Settles the runs a previous executor left on record (see the module docs).
-    async fn settle_left_runs(
+    /// Settles the runs left on record, then carries out the journal until `stop` turns true.
+    async fn serve(
         &mut self,
+        client: async_nats::Client,
+        began: SystemTime,
         stop: &mut watch::Receiver<bool>,
+        rx: &mut mpsc::UnboundedReceiver<(LeaseId, Report)>,
     ) -> Result<(), ExecutorError> {
+        self.settle_left_runs()?;
+        let js = jetstream::new(client);
+        // Without a recorded position, read from a little before this start: no grant for this
+        // node can precede its registration, which follows.
+        let position = self.state.position()?;
+        let deliver = match position {
+            Some(seq) => DeliverPolicy::ByStartSequence {
+                start_sequence: seq + 1,
+            },
+            None => DeliverPolicy::ByStartTime {
+                start_time: (began - Duration::from_secs(5)).into(),
+            },
+        };
+        let Some(mut messages) = open_journal(&js, &self.pool, deliver, stop).await else {
+            return Ok(());
+        };
+        tracing::info!(runs = ?self.runs, "executor reading the journal");
+        let mut unrecorded = 0u64;
+        // Until a position is on record, a restart reads from its own start and would miss the
+        // grants made while it was down: the first entry read is recorded at once.
+        let mut positioned = position.is_some();
+        loop {
+            tokio::select! {
+                biased;
+                _ = stop.changed() => return Ok(()),
+                Some((lease, report)) = rx.recv() => self.report(lease, report)?,
+                message = messages.next() => {
+                    let Some(message) = message else { return Ok(()) };
+                    let message = match message {
+                        Ok(m) => m,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "reading the journal failed; retrying");
+                            continue;
+                        }
+                    };
+                    let Ok(info) = message.info() else { continue };
+                    let seq = info.stream_sequence;
+                    let applied = match decode(&message.payload) {
+                        Ok(envelope) => match envelope.data {
+                            AnyEvent::Alloc(AllocEvent::Applied(a)) => a,
+                            _ => continue,
+                        },
+                        Err(e) => {
+                            tracing::warn!(sequence = seq, error = %e, "unreadable journal entry skipped");
+                            continue;
+                        }
+                    };
+                    let orders = orders::orders(&self.node, &applied, &self.running);
+                    if orders.is_empty() {
+                        unrecorded += 1;
+                        if unrecorded >= POSITION_EVERY || !positioned {
+                            self.state.set_position(seq)?;
+                            unrecorded = 0;
+                        }
+                    } else {
+                        self.obey(seq, orders)?;
+                        unrecorded = 0;
+                    }
+                    positioned = true;
+                }
+            }
+        }
+    }
+
+    /// Settles the runs a previous executor left on record (see the module docs).
+    fn settle_left_runs(&mut self) -> Result<(), ExecutorError> {
         for stored in self.state.runs()? {
             let lease = stored.dispatch.lease;
             if let Some(outcome) = &stored.outcome {
                 match decode(outcome.as_bytes()) {
-                    Ok(envelope) => self.publish(envelope, stop).await,
+                    Ok(envelope) => {
+                        tracing::info!(lease = lease.0, event = %envelope.ty, "publishing an end not acknowledged before the restart");
+                        self.send(envelope, Some(lease));
+                    }
                     Err(e) => {
-                        tracing::error!(lease = lease.0, error = %e, "a recorded end is unreadable; dropped")
+                        // It can never be published; keeping it would only repeat this error.
+                        tracing::error!(lease = lease.0, error = %e, "a recorded end is unreadable; dropped");
+                        self.state.forget(lease)?;
                     }
                 }
-                self.state.forget(lease)?;
                 continue;
             }
             match &self.runs {
@@ -304,7 +349,8 @@ impl Executor {
                         lease,
                         reason: "the executor restarted while it ran; the run was lost".into(),
                     });
-                    self.end(lease, Some(event.into()), stop).await?;
+                    let task = stored.dispatch.task;
+                    self.end(lease, task, Progress::Keep, Some(event.into()))?;
                 }
             }
         }
@@ -440,12 +486,7 @@ impl Executor {
     }
 
     /// Acts on a run's report.
-    async fn report(
-        &mut self,
-        lease: LeaseId,
-        report: Report,
-        stop: &mut watch::Receiver<bool>,
-    ) -> Result<(), ExecutorError> {
+    fn report(&mut self, lease: LeaseId, report: Report) -> Result<(), ExecutorError> {
         let Some(run) = self.running.get(&lease) else {
             return Ok(());
         };
@@ -467,7 +508,7 @@ impl Executor {
                     how,
                     log,
                 });
-                self.publish(self.publisher.envelope(event), stop).await;
+                self.send(self.publisher.envelope(event), None);
             }
             Report::Checkpointed { progress_ms } => {
                 if let Some(done) = progress_ms {
@@ -480,18 +521,22 @@ impl Executor {
                         node: self.node.clone(),
                         lease,
                     });
-                    self.publish(self.publisher.envelope(event), stop).await;
+                    self.send(self.publisher.envelope(event), None);
                 }
             }
             Report::Ended(end) => {
                 let ran_ms = now_ms().saturating_sub(stored.started_ms);
-                let event = match end {
-                    End::Abandoned => {
+                let (progress, event) = match end {
+                    End::Abandoned { progress_ms } => {
+                        // Stopped for shutdown: it stays on record, to resume from here.
+                        if let Some(done) = progress_ms {
+                            self.state.set_progress(task, done)?;
+                        }
                         self.running.remove(&lease);
                         return self.start_deferred();
                     }
-                    End::Completed => {
-                        self.state.forget_progress(task)?;
+                    End::Completed => (
+                        Progress::Forget,
                         (rank == 0).then(|| {
                             TaskEvent::Completed(TaskCompleted {
                                 pool: self.pool.clone(),
@@ -499,25 +544,26 @@ impl Executor {
                                 node: self.node.clone(),
                                 lease,
                             })
-                        })
-                    }
-                    End::Failed(reason) => Some(TaskEvent::Failed(TaskFailed {
-                        pool: self.pool.clone(),
-                        task,
-                        node: self.node.clone(),
-                        lease,
-                        reason,
-                    })),
+                        }),
+                    ),
+                    End::Failed(reason) => (
+                        Progress::Keep,
+                        Some(TaskEvent::Failed(TaskFailed {
+                            pool: self.pool.clone(),
+                            task,
+                            node: self.node.clone(),
+                            lease,
+                            reason,
+                        })),
+                    ),
                     End::Stopped {
                         cause,
                         checkpointed,
                         killed,
                         progress_ms,
                     } => {
-                        if let Some(done) = progress_ms {
-                            self.state.set_progress(task, done)?;
-                        }
-                        (rank == 0).then(|| {
+                        let progress = progress_ms.map_or(Progress::Keep, Progress::Set);
+                        let event = (rank == 0).then(|| {
                             TaskEvent::Stopped(TaskStopped {
                                 pool: self.pool.clone(),
                                 task,
@@ -527,60 +573,61 @@ impl Executor {
                                 killed,
                                 ran_ms,
                             })
-                        })
+                        });
+                        (progress, event)
                     }
                 };
-                self.end(lease, event.map(Into::into), stop).await?;
+                self.end(lease, task, progress, event.map(Into::into))?;
             }
         }
         Ok(())
     }
 
-    /// Records, publishes and forgets the end of the run under `lease`.
-    async fn end(
+    /// Records the end of the run under `lease` of `task` and hands its event (if any) to the
+    /// outbox, which forgets the run once the event is acknowledged; frees its GPUs.
+    fn end(
         &mut self,
         lease: LeaseId,
+        task: allot_sched::TaskId,
+        progress: Progress,
         event: Option<AnyEvent>,
-        stop: &mut watch::Receiver<bool>,
     ) -> Result<(), ExecutorError> {
-        if let Some(event) = event {
+        let envelope = event.map(|event| {
             // Under an id of its own, stable across restarts: published twice, stored once.
             let mut envelope = self.publisher.envelope(event);
             envelope.id = Uuid::new_v5(
                 &END_ID_NAMESPACE,
                 format!("{}/{}/end", self.node, lease.0).as_bytes(),
             );
-            self.state
-                .set_outcome(lease, &String::from_utf8_lossy(&envelope.to_json()))?;
-            self.publish(envelope, stop).await;
+            envelope
+        });
+        let outcome = envelope
+            .as_ref()
+            .map(|e| String::from_utf8_lossy(&e.to_json()).into_owned());
+        self.state
+            .ended(lease, task, progress, outcome.as_deref())?;
+        if let Some(envelope) = envelope {
+            self.send(envelope, Some(lease));
         }
-        self.state.forget(lease)?;
         self.running.remove(&lease);
         self.start_deferred()
     }
 
-    /// Publishes `envelope`, retrying with backoff until it is acknowledged or the executor
-    /// stops (an end not published by then stays on record for the next start).
-    async fn publish(&self, envelope: allot_events::Envelope, stop: &mut watch::Receiver<bool>) {
-        let mut attempt = 0u32;
-        loop {
-            attempt += 1;
-            match self.publisher.publish_envelope(&envelope).await {
-                Ok(_) => return,
-                Err(e) => {
-                    let wait = allot_bus::connect::backoff(attempt, MAX_BACKOFF);
-                    tracing::warn!(attempt, error = %e, event = %envelope.ty, "publishing failed; retrying");
-                    tokio::select! {
-                        _ = stop.changed() => return,
-                        () = tokio::time::sleep(wait) => {}
-                    }
-                }
-            }
-        }
+    /// Hands `envelope` to the outbox; `ends`: the run it ends, on record until it is
+    /// acknowledged.
+    fn send(&self, envelope: Envelope, ends: Option<LeaseId>) {
+        // The outbox outlives every send (shutdown closes it last); were it gone, an end would
+        // still be on record for the next start.
+        let _ = self.outbox.send(Outgoing { envelope, ends });
     }
 
-    /// Stops every run for shutdown and waits (briefly) for them; they stay on record.
-    async fn shutdown(mut self, rx: &mut mpsc::UnboundedReceiver<(LeaseId, Report)>) {
+    /// Stops every run for shutdown, records how the runs ended, and gives the outbox until
+    /// the end of the grace period; whatever is not acknowledged by then stays on record.
+    async fn shutdown(
+        mut self,
+        rx: &mut mpsc::UnboundedReceiver<(LeaseId, Report)>,
+        mut outbox: JoinHandle<()>,
+    ) {
         // Deferred runs never started: they stay on record for the next start to settle.
         self.running.retain(|_, r| !r.deferred);
         for run in self.running.values_mut() {
@@ -593,17 +640,85 @@ impl Executor {
             _ => SHUTDOWN_GRACE,
         };
         let deadline = tokio::time::Instant::now() + grace;
+        // A run may have ended (completed, failed, stopped by an earlier order) just before or
+        // while it was told to stop: its end is recorded like any other.
         while !self.running.is_empty() {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some((lease, Report::Ended(_)))) => {
-                    self.running.remove(&lease);
+                Ok(Some((lease, report))) => {
+                    if let Err(e) = self.report(lease, report) {
+                        tracing::error!(lease = lease.0, error = %e, "recording a report at shutdown failed");
+                    }
                 }
-                Ok(Some(_)) => {}
                 Ok(None) | Err(_) => break,
             }
         }
         if !self.running.is_empty() {
             tracing::warn!(runs = self.running.len(), "runs still stopping at shutdown");
+        }
+        // Closing the queue lets the outbox finish once it has published what is in it.
+        drop(self.outbox);
+        if tokio::time::timeout_at(deadline, &mut outbox)
+            .await
+            .is_err()
+        {
+            outbox.abort();
+            let _ = outbox.await;
+            let ends = self.state.runs().map_or(0, |runs| {
+                runs.iter().filter(|r| r.outcome.is_some()).count()
+            });
+            tracing::warn!(
+                ends,
+                "ends not acknowledged at shutdown stay on record; the next start publishes them"
+            );
+        }
+    }
+}
+
+/// Publishes the executor's events in the order they were made, each until JetStream
+/// acknowledges it, and forgets a run once its end is acknowledged.
+struct Outbox {
+    publisher: Publisher,
+    state: Arc<State>,
+}
+
+impl Outbox {
+    /// Runs until the queue is closed and empty (or the task is aborted at shutdown: an end
+    /// it was publishing stays on record).
+    async fn run(self, mut queue: mpsc::UnboundedReceiver<Outgoing>) {
+        while let Some(out) = queue.recv().await {
+            self.publish(&out.envelope).await;
+            if let Some(lease) = out.ends
+                && let Err(e) = self.state.forget(lease)
+            {
+                // Left on record, it is published again at the next start and JetStream
+                // drops the copy.
+                tracing::error!(lease = lease.0, error = %e, "forgetting an acknowledged end failed");
+            }
+        }
+    }
+
+    /// Publishes `envelope`, retrying with backoff for as long as it takes.
+    async fn publish(&self, envelope: &Envelope) {
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            match self.publisher.publish_envelope(envelope).await {
+                Ok(_) => {
+                    if attempt > 1 {
+                        tracing::info!(attempts = attempt, event = %envelope.ty, "published after failures");
+                    }
+                    return;
+                }
+                Err(e) => {
+                    let wait = allot_bus::connect::backoff(attempt, MAX_BACKOFF);
+                    if attempt == 1 {
+                        tracing::warn!(error = %e, event = %envelope.ty, "publishing failed; retrying until it is acknowledged");
+                    } else {
+                        tracing::debug!(attempt, error = %e, event = %envelope.ty, "publishing failed again");
+                    }
+                    tokio::time::sleep(wait).await;
+                }
+            }
         }
     }
 }

@@ -238,7 +238,7 @@ impl ProcessRuns {
                             killed,
                             progress_ms: None,
                         },
-                        Ok(Stop::Shutdown) | Err(_) => End::Abandoned,
+                        Ok(Stop::Shutdown) | Err(_) => End::Abandoned { progress_ms: None },
                     };
                 }
             }

@@ -99,8 +99,12 @@ pub enum End {
         /// Work kept, ms of task time (simulated runs).
         progress_ms: Option<u64>,
     },
-    /// Stopped for the executor's shutdown: nothing to report.
-    Abandoned,
+    /// Stopped for the executor's shutdown: nothing to report; the run stays on record and
+    /// the next start of the executor settles it.
+    Abandoned {
+        /// Work kept, ms of task time (simulated runs that checkpoint on SIGTERM).
+        progress_ms: Option<u64>,
+    },
 }
 
 /// Where a run sends its reports: the executor's loop, tagged with the run's lease.

@@ -91,22 +91,22 @@ impl SimulatedRuns {
                     ));
                 }
                 stop = &mut stop => {
+                    // A task that checkpoints saves its state on SIGTERM, whoever sends it.
+                    let progress = if run.checkpoint {
+                        before + self.task_ms(started.elapsed())
+                    } else {
+                        saved
+                    };
                     break match stop {
-                        Ok(Stop::Cause(cause)) => {
-                            // A task that checkpoints saves its state on SIGTERM.
-                            let progress = if run.checkpoint {
-                                before + self.task_ms(started.elapsed())
-                            } else {
-                                saved
-                            };
-                            End::Stopped {
-                                cause,
-                                checkpointed: run.checkpoint,
-                                killed: false,
-                                progress_ms: Some(progress),
-                            }
-                        }
-                        Ok(Stop::Shutdown) | Err(_) => End::Abandoned,
+                        Ok(Stop::Cause(cause)) => End::Stopped {
+                            cause,
+                            checkpointed: run.checkpoint,
+                            killed: false,
+                            progress_ms: Some(progress),
+                        },
+                        Ok(Stop::Shutdown) | Err(_) => End::Abandoned {
+                            progress_ms: Some(progress),
+                        },
                     };
                 }
             }
@@ -129,12 +129,21 @@ mod tests {
         ctx: RunContext,
         stop_after: Option<Duration>,
     ) -> Vec<Report> {
+        outcome_of(sim, ctx, stop_after, Stop::Cause(StopCause::Preempted)).await
+    }
+
+    async fn outcome_of(
+        sim: SimulatedRuns,
+        ctx: RunContext,
+        stop_after: Option<Duration>,
+        how: Stop,
+    ) -> Vec<Report> {
         let (report, mut reports) = Reporter::for_test();
         let (tx, rx) = oneshot::channel();
         let run = tokio::spawn(async move { sim.run(ctx, rx, report).await });
         if let Some(after) = stop_after {
             tokio::time::sleep(after).await;
-            let _ = tx.send(Stop::Cause(StopCause::Preempted));
+            let _ = tx.send(how);
         } else {
             std::mem::forget(tx);
         }
@@ -232,6 +241,33 @@ mod tests {
                 }
                 other => panic!("{}: {other:?}", case.name),
             }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_run_stopped_for_shutdown_keeps_what_a_preempted_one_would() {
+        // The executor's next start resumes it from there.
+        for (checkpoint, want_progress) in [(true, 180_000), (false, 60_000)] {
+            let sim = SimulatedRuns::default();
+            let run = RunSpec {
+                duration_ms: Some(3_600_000),
+                checkpoint,
+                ..RunSpec::default()
+            };
+            let reports = outcome_of(
+                sim,
+                ctx(run, 60_000),
+                Some(Duration::from_secs(2)),
+                Stop::Shutdown,
+            )
+            .await;
+            assert_eq!(
+                reports.last(),
+                Some(&Report::Ended(End::Abandoned {
+                    progress_ms: Some(want_progress)
+                })),
+                "checkpoints on SIGTERM: {checkpoint}"
+            );
         }
     }
 

@@ -1,9 +1,10 @@
 //! The executor's state in SQLite: the runs it started and has not yet reported the end of, how
 //! far each simulated task got (its last checkpoint), and how far it read the journal.
 //!
-//! A run's end is written here before it is published and deleted after: an executor that
-//! crashes in between publishes the same event again after its restart, under the same event
-//! id, and JetStream drops the copy.
+//! A run's end is written here, in one transaction with what it does to the task's progress,
+//! before it is published, and the run is deleted only once JetStream acknowledged the end: an
+//! executor that stops or crashes in between publishes the same event again after its restart,
+//! in the order the ends were recorded, under the same event id, and JetStream drops the copy.
 
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
@@ -14,7 +15,8 @@ use allot_store::rusqlite::{Connection, OptionalExtension, params};
 use allot_store::{StoreError, rusqlite};
 
 /// The schema; never edit a shipped script, add one.
-const MIGRATIONS: &[&str] = &["
+const MIGRATIONS: &[&str] = &[
+    "
 CREATE TABLE runs (
     lease      INTEGER PRIMARY KEY,
     task       INTEGER NOT NULL,
@@ -31,10 +33,26 @@ CREATE TABLE progress (
     task    INTEGER PRIMARY KEY,
     done_ms INTEGER NOT NULL
 ) STRICT;
-"];
+",
+    "
+-- The order in which outcomes were recorded, so they are published again in that order.
+ALTER TABLE runs ADD COLUMN ended INTEGER;
+",
+];
 
 /// The consumer name positions are recorded under.
 const CONSUMER: &str = "journal";
+
+/// What a run's end does to its task's progress (simulated runs resume from it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// Leave it as it is.
+    Keep,
+    /// The run kept this much work, ms of task time.
+    Set(u64),
+    /// The task is done: nothing to resume.
+    Forget,
+}
 
 /// A run as stored.
 #[derive(Debug, Clone)]
@@ -130,27 +148,52 @@ impl State {
         Ok(())
     }
 
-    /// Records a run's end event before it is published.
-    pub fn set_outcome(&self, lease: LeaseId, event: &str) -> Result<(), StoreError> {
-        self.conn().execute(
-            "UPDATE runs SET outcome = ?2 WHERE lease = ?1",
-            params![lease.0 as i64, event],
-        )?;
+    /// Records the end of the run under `lease` of `task`, in one transaction with its
+    /// `progress`: its end event (`outcome`), kept until [`State::forget`] after the event was
+    /// acknowledged, or, with nothing to report, the run is forgotten at once.
+    pub fn ended(
+        &self,
+        lease: LeaseId,
+        task: TaskId,
+        progress: Progress,
+        outcome: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        match progress {
+            Progress::Keep => {}
+            Progress::Set(done_ms) => set_progress(&tx, task, done_ms)?,
+            Progress::Forget => {
+                tx.execute("DELETE FROM progress WHERE task = ?1", [task.0 as i64])?;
+            }
+        }
+        match outcome {
+            Some(event) => tx.execute(
+                "UPDATE runs SET outcome = ?2,
+                     ended = (SELECT COALESCE(MAX(ended), 0) + 1 FROM runs)
+                 WHERE lease = ?1",
+                params![lease.0 as i64, event],
+            )?,
+            None => tx.execute("DELETE FROM runs WHERE lease = ?1", [lease.0 as i64])?,
+        };
+        tx.commit()?;
         Ok(())
     }
 
-    /// Forgets a run whose end was published (or that needs no report).
+    /// Forgets a run whose end was acknowledged (or that needs no report).
     pub fn forget(&self, lease: LeaseId) -> Result<(), StoreError> {
         self.conn()
             .execute("DELETE FROM runs WHERE lease = ?1", [lease.0 as i64])?;
         Ok(())
     }
 
-    /// Every stored run, by lease.
+    /// Every stored run: first those whose end awaits its acknowledgement, in the order the
+    /// ends were recorded, then those in progress, by lease.
     pub fn runs(&self) -> Result<Vec<StoredRun>, StoreError> {
         let conn = self.conn();
         let mut stmt = conn.prepare(
-            "SELECT dispatch, share, rank, started_ms, pid, outcome FROM runs ORDER BY lease",
+            "SELECT dispatch, share, rank, started_ms, pid, outcome FROM runs
+             ORDER BY ended IS NULL, ended, lease",
         )?;
         let rows = stmt.query_map([], |r| {
             Ok((
@@ -199,20 +242,18 @@ impl State {
 
     /// Records a simulated task's checkpoint.
     pub fn set_progress(&self, task: TaskId, done_ms: u64) -> Result<(), StoreError> {
-        self.conn().execute(
-            "INSERT INTO progress (task, done_ms) VALUES (?1, ?2)
-             ON CONFLICT (task) DO UPDATE SET done_ms = excluded.done_ms",
-            params![task.0 as i64, done_ms as i64],
-        )?;
+        set_progress(&self.conn(), task, done_ms)?;
         Ok(())
     }
+}
 
-    /// Forgets a finished task's progress.
-    pub fn forget_progress(&self, task: TaskId) -> Result<(), StoreError> {
-        self.conn()
-            .execute("DELETE FROM progress WHERE task = ?1", [task.0 as i64])?;
-        Ok(())
-    }
+fn set_progress(conn: &Connection, task: TaskId, done_ms: u64) -> Result<(), rusqlite::Error> {
+    conn.execute(
+        "INSERT INTO progress (task, done_ms) VALUES (?1, ?2)
+         ON CONFLICT (task) DO UPDATE SET done_ms = excluded.done_ms",
+        params![task.0 as i64, done_ms as i64],
+    )?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -257,7 +298,8 @@ mod tests {
             assert_eq!(s.position().unwrap(), None);
             s.started(7, &[run(1), run(2)]).unwrap();
             s.set_pid(LeaseId(1), 4242).unwrap();
-            s.set_outcome(LeaseId(2), "{}").unwrap();
+            s.ended(LeaseId(2), TaskId(102), Progress::Keep, Some("{}"))
+                .unwrap();
             s.set_progress(TaskId(101), 900).unwrap();
             // A redelivered start is recorded once.
             s.started(7, &[run(1)]).unwrap();
@@ -266,11 +308,64 @@ mod tests {
         assert_eq!(s.position().unwrap(), Some(7));
         let runs = s.runs().unwrap();
         assert_eq!(runs.len(), 2);
-        assert_eq!(runs[0].pid, Some(4242));
-        assert_eq!(runs[1].outcome.as_deref(), Some("{}"));
+        // The end awaiting its acknowledgement comes first.
+        assert_eq!(runs[0].dispatch.lease, LeaseId(2));
+        assert_eq!(runs[0].outcome.as_deref(), Some("{}"));
+        assert_eq!(runs[1].pid, Some(4242));
         assert_eq!(s.progress(TaskId(101)).unwrap(), 900);
         assert_eq!(s.progress(TaskId(102)).unwrap(), 0);
         s.forget(LeaseId(1)).unwrap();
         assert_eq!(s.runs().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn ends_come_back_in_the_order_they_were_recorded_until_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("executor.db");
+        {
+            let s = State::open(Some(&path)).unwrap();
+            s.started(3, &[run(1), run(2), run(3), run(4)]).unwrap();
+            s.set_progress(TaskId(103), 500).unwrap();
+            s.ended(LeaseId(3), TaskId(103), Progress::Forget, Some("end of 3"))
+                .unwrap();
+            s.ended(
+                LeaseId(1),
+                TaskId(101),
+                Progress::Set(700),
+                Some("end of 1"),
+            )
+            .unwrap();
+            // Nothing to report (a rank other than 0 completed): forgotten at once.
+            s.ended(LeaseId(4), TaskId(104), Progress::Keep, None)
+                .unwrap();
+        }
+        let s = State::open(Some(&path)).unwrap();
+        let order: Vec<(u64, Option<String>)> = s
+            .runs()
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.dispatch.lease.0, r.outcome))
+            .collect();
+        assert_eq!(
+            order,
+            vec![
+                (3, Some("end of 3".into())),
+                (1, Some("end of 1".into())),
+                (2, None),
+            ]
+        );
+        assert_eq!(s.progress(TaskId(103)).unwrap(), 0);
+        assert_eq!(s.progress(TaskId(101)).unwrap(), 700);
+        s.forget(LeaseId(3)).unwrap();
+        s.started(4, &[run(5)]).unwrap();
+        s.ended(LeaseId(5), TaskId(105), Progress::Keep, Some("end of 5"))
+            .unwrap();
+        let order: Vec<u64> = s
+            .runs()
+            .unwrap()
+            .iter()
+            .map(|r| r.dispatch.lease.0)
+            .collect();
+        assert_eq!(order, vec![1, 5, 2]);
     }
 }
