@@ -2,7 +2,10 @@
 //!
 //! `replay --verify` rebuilds the scheduler from the journal's first entry and recomputes
 //! every decision; on the first difference it prints the logged and the recomputed outcome
-//! and exits non-zero. `explain` prints one task's history from the journal, with reasons.
+//! and exits non-zero. Each logged entry is first checked against the journal invariants (no
+//! GPU held twice, no task granted twice, every lease ended once): the first one broken is
+//! reported by entry, task, lease and GPU, also with exit 1. `explain` prints one task's
+//! history from the journal, with reasons.
 //!
 //! Journals come from the DECISIONS stream (`--nats URL --pool P`: what the allocator wrote)
 //! or from a file (`--journal PATH`: what `allot sim --journal` writes, one JSON line per
@@ -50,7 +53,8 @@ pub struct ReplayArgs {
     /// Where the journal is.
     #[command(flatten)]
     pub source: JournalSource,
-    /// Recompute every decision and stop at the first difference (exit 1).
+    /// Recompute every decision and check the journal invariants; stop at the first
+    /// difference or broken invariant (exit 1).
     #[arg(long)]
     pub verify: bool,
     /// Compare only entries at or after this time (ms on the journal's clock); the state is
@@ -96,7 +100,8 @@ pub async fn replay(args: ReplayArgs) -> anyhow::Result<ExitCode> {
         Ok(summary) => {
             println!(
                 "verified: {} entries applied, {} compared, {} decisions recomputed identically \
-                 in {elapsed:.2} s ({:.0} decisions/s, policy {})",
+                 and no invariant broken (no GPU held twice, no task granted twice, every lease \
+                 ended once) in {elapsed:.2} s ({:.0} decisions/s, policy {})",
                 summary.entries,
                 summary.verified,
                 summary.decisions,
@@ -113,6 +118,23 @@ pub async fn replay(args: ReplayArgs) -> anyhow::Result<ExitCode> {
             );
             println!("logged:     {}", outcome_line(&m.logged));
             println!("recomputed: {}", outcome_line(&m.recomputed));
+            Ok(ExitCode::FAILURE)
+        }
+        Err(VerifyError::Invariant(b)) => {
+            println!(
+                "INVARIANT BROKEN at entry {}: {}",
+                b.logged.seq,
+                journal::describe(&b.logged.input)
+            );
+            println!("{}", b.violation.broken);
+            println!("logged:     {}", outcome_line(&b.logged));
+            match &b.recomputed {
+                Some(recomputed) => println!("recomputed: {}", outcome_line(recomputed)),
+                None => println!(
+                    "recomputed: identical — the scheduler itself decides this (a scheduler bug, \
+                     not an edited journal)"
+                ),
+            }
             Ok(ExitCode::FAILURE)
         }
         Err(e) => {

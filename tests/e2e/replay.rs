@@ -1,6 +1,7 @@
 //! `allot sim --journal` then `allot replay --verify` and `allot explain`: an auditor
 //! recomputes every decision of a run from its journal, and a tampered journal is caught at
-//! the entry that was changed.
+//! the entry that was changed — as a broken invariant (a GPU or a task granted twice) where
+//! it is one, else as a difference.
 
 use std::path::Path;
 
@@ -59,16 +60,19 @@ fn a_recorded_run_replays_identically_and_a_tampered_one_names_the_entry() {
         assert!(out.status.success(), "{policy}: {stdout}");
         assert!(stdout.contains("recomputed identically"), "{stdout}");
 
-        // Move one grant to another GPU: the replay must stop at that entry and show both.
+        // Rewrite one grant's reason: the replay must stop at that entry and show both.
         let text = std::fs::read_to_string(&journal).unwrap();
         let (line_no, line) = text
             .lines()
             .enumerate()
-            .find(|(_, l)| {
-                l.contains(r#""decision":"granted""#) && l.contains(r#""gpus":[[0,1000]"#)
-            })
-            .expect("a grant of GPU 0");
-        let tampered_line = line.replacen(r#""gpus":[[0,1000]"#, r#""gpus":[[3,1000]"#, 1);
+            .find(|(_, l)| l.contains(r#""decision":"granted""#))
+            .expect("a grant");
+        let tampered_line = line.replacen(
+            r#""reason":""#,
+            r#""reason":"granted because the auditor was not looking; "#,
+            1,
+        );
+        assert_ne!(&tampered_line, line);
         let tampered: Vec<&str> = text
             .lines()
             .enumerate()
@@ -98,6 +102,82 @@ fn a_recorded_run_replays_identically_and_a_tampered_one_names_the_entry() {
             stdout.contains("logged:") && stdout.contains("recomputed:"),
             "{stdout}"
         );
+    }
+}
+
+#[test]
+fn a_journal_granting_a_task_twice_fails_verification_naming_the_task_lease_and_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = record(dir.path(), "allot");
+    let text = std::fs::read_to_string(&journal).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    // Line 1 is the header, so line n (0-based) holds entry n.
+    let (at, line) = lines
+        .iter()
+        .enumerate()
+        .find(|(_, l)| l.contains(r#""decision":"granted""#))
+        .expect("a grant");
+    let entry: serde_json::Value = serde_json::from_str(line).unwrap();
+    let grant = entry["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["decision"] == "granted")
+        .unwrap()
+        .clone();
+    let (task, lease) = (
+        grant["task"].as_u64().unwrap(),
+        grant["lease"].as_u64().unwrap(),
+    );
+    let share = &grant["placement"]["shares"][0];
+    let (node, gpu) = (
+        share["node"].as_u64().unwrap(),
+        share["gpus"][0][0].as_u64().unwrap(),
+    );
+    // `tamper` edits a copy of the grant, which is then logged a second time in its entry.
+    let replay_with_second_grant = |name: &str, tamper: &dyn Fn(&mut serde_json::Value)| {
+        let mut edited = entry.clone();
+        let mut copy = grant.clone();
+        tamper(&mut copy);
+        edited["decisions"].as_array_mut().unwrap().push(copy);
+        let mut out: Vec<String> = lines.iter().map(|l| (*l).to_owned()).collect();
+        out[at] = serde_json::to_string(&edited).unwrap();
+        let bad = dir.path().join(name);
+        std::fs::write(&bad, out.join("\n") + "\n").unwrap();
+        let out = allot(dir.path())
+            .args(["replay", "--verify", "--journal"])
+            .arg(&bad)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{name}: {stdout}");
+        assert!(
+            stdout.contains(&format!("INVARIANT BROKEN at entry {at}:")),
+            "{name}: {stdout}"
+        );
+        assert!(!stdout.contains("MISMATCH"), "{name}: {stdout}");
+        stdout
+    };
+
+    let stdout = replay_with_second_grant("granted-twice.jsonl", &|_| {});
+    let want = format!(
+        "task-{task} granted twice: lease {lease} while it still holds lease {lease} (granted at \
+         entry {at}"
+    );
+    assert!(stdout.contains(&want), "{want:?} not in:\n{stdout}");
+    assert!(stdout.contains("recomputed:"), "{stdout}");
+
+    // The same GPUs granted to another task under a fresh lease: the GPU is named.
+    let stdout = replay_with_second_grant("gpu-twice.jsonl", &|copy| {
+        copy["task"] = serde_json::json!(1_000_000);
+        copy["lease"] = serde_json::json!(1_000_000);
+    });
+    for want in [
+        format!("GPU {gpu} of node #{node} "),
+        "held twice: task-1000000 is granted lease 1000000".to_owned(),
+        format!("lease {lease} (task-{task}, 1000 milli-GPU)"),
+    ] {
+        assert!(stdout.contains(&want), "{want:?} not in:\n{stdout}");
     }
 }
 

@@ -3,12 +3,18 @@
 //!
 //! Because the scheduler is a pure function of its inputs, [`verify`] can rebuild its state
 //! from a journal and recompute every decision; the first entry whose recomputed outcome
-//! differs from the logged one is returned as a [`Mismatch`], with both outcomes.
+//! differs from the logged one is returned as a [`Mismatch`], with both outcomes. It also
+//! checks every logged entry against the [`invariants`] (no GPU held twice, no task granted
+//! twice, every lease ended once), which a faithful recomputation alone cannot prove.
+
+pub mod invariants;
 
 use crate::decision::Decision;
 use crate::model::Time;
 use crate::policy::{self, Policy};
 use crate::scheduler::{Input, Scheduler};
+
+use self::invariants::{Checker, Violation};
 
 /// One applied input and its outcome.
 #[derive(
@@ -112,6 +118,19 @@ pub struct Mismatch {
     pub recomputed: Entry,
 }
 
+/// A logged entry that breaks an invariant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Broken {
+    /// What it breaks.
+    pub violation: Violation,
+    /// The entry as logged.
+    pub logged: Entry,
+    /// Its recomputed outcome, when that differs from the logged one too. `None`: the
+    /// scheduler itself decides so — a scheduler bug, not a journal edited or written by
+    /// other code.
+    pub recomputed: Option<Entry>,
+}
+
 /// Why a journal cannot be verified.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum VerifyError {
@@ -132,6 +151,9 @@ pub enum VerifyError {
     /// An outcome differs.
     #[error("entry {} ({}): logged and recomputed outcomes differ", .0.logged.seq, describe(&.0.logged.input))]
     Mismatch(Box<Mismatch>),
+    /// A logged entry breaks an invariant (reported before any difference in the same entry).
+    #[error("entry {} ({}): invariant broken: {}", .0.logged.seq, describe(&.0.logged.input), .0.violation.broken)]
+    Invariant(Box<Broken>),
 }
 
 /// A one-line description of an input, for messages.
@@ -162,6 +184,11 @@ pub fn describe(input: &Input) -> String {
 /// Rebuilds the scheduler from `entries` (in journal order, from the first) and recomputes
 /// every outcome; compares those of entries timed within `[from, to]` (untimed entries are
 /// always compared) and stops after `to`.
+///
+/// Every entry applied, inside the window or before it, is first checked against the
+/// [`invariants`] as logged: the logged decisions are what the cluster acted on, so a GPU they
+/// hand out twice was handed out twice whatever the recomputation says, and the violation
+/// names the task, lease and GPU where a mismatch would only show two outcomes.
 pub fn verify<I>(
     header: &Header,
     entries: I,
@@ -177,6 +204,7 @@ where
     let policy: Box<dyn Policy> = policy::by_name(&header.policy)
         .ok_or_else(|| VerifyError::UnknownPolicy(header.policy.clone()))?;
     let mut scheduler = Scheduler::new(policy);
+    let mut checker = Checker::new();
     let mut summary = Summary::default();
     let mut previous = 0;
     for logged in entries {
@@ -194,6 +222,14 @@ where
             break;
         }
         let recomputed = apply(&mut scheduler, logged.seq, logged.input.clone());
+        if let Err(violation) = checker.check(&logged) {
+            let recomputed = (recomputed != logged).then_some(recomputed);
+            return Err(VerifyError::Invariant(Box::new(Broken {
+                violation,
+                logged,
+                recomputed,
+            })));
+        }
         summary.entries += 1;
         let compare = match (at, from) {
             (Some(at), Some(from)) => at >= from,
@@ -309,6 +345,28 @@ mod tests {
             let err = verify(&Header::new("allot"), entries, None, None).unwrap_err();
             assert!(err.to_string().contains(case.want), "{}: {err}", case.name);
         }
+    }
+
+    #[test]
+    fn a_logged_double_grant_is_named_as_such_before_the_difference() {
+        let mut entries = journal();
+        let grant = entries[2].decisions[0].clone();
+        entries[4].decisions.push(grant);
+        let err = verify(&Header::new("allot"), entries, None, None).unwrap_err();
+        assert!(
+            err.to_string().contains(
+                "entry 5 (pass at 10): invariant broken: task-1 granted twice: lease 1 while it \
+                 still holds lease 1 (granted at entry 3"
+            ),
+            "{err}"
+        );
+        let VerifyError::Invariant(broken) = err else {
+            panic!("{err}")
+        };
+        assert!(
+            broken.recomputed.is_some(),
+            "the scheduler would not have granted it: the recomputed outcome comes along"
+        );
     }
 
     #[test]

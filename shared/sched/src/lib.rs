@@ -11,7 +11,9 @@
 //! - [`placement`]: where a task fits (best fit on a node, topology-aware whole nodes for large
 //!   tasks, the tightest GPU for a fraction, MIG instances).
 //! - [`journal`]: journal entries (an input and its decisions) and `verify`, which replays a
-//!   journal and names the first entry whose outcome differs.
+//!   journal and names the first entry whose outcome differs; `journal::invariants` checks the
+//!   logged decisions themselves (no GPU held twice, no task granted twice, every lease ended
+//!   once).
 //! - [`gang`]: all-or-nothing placement of a gang's tasks, tightest topology level first.
 //! - [`policy`]: the [`Policy`] trait and the policies; only ordering and blocking differ
 //!   between them.

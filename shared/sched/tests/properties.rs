@@ -17,6 +17,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
+use allot_sched::journal::{Entry, invariants};
 use allot_sched::model::WHOLE_GPU_MILLI;
 use allot_sched::policy::{self, NAMES, Policy};
 use allot_sched::quota::{self, Quota, Quotas};
@@ -1687,6 +1688,30 @@ fn same_inputs_same_decisions(_scenario: &Scenario, run: &Run) -> Result<(), Tes
     Ok(())
 }
 
+/// The run's journal — each input with its decisions, as the allocator and the simulator write
+/// it — keeps the invariants `allot replay --verify` checks an audited journal against, so a
+/// journal the scheduler wrote never fails them.
+fn journal_keeps_its_invariants(_scenario: &Scenario, run: &Run) -> Result<(), TestCaseError> {
+    let entries: Vec<Entry> = run
+        .steps
+        .iter()
+        .enumerate()
+        .map(|(i, step)| Entry {
+            seq: i as u64 + 1,
+            input: step.input.clone(),
+            decisions: step.decisions().to_vec(),
+            rejected: step.result.as_ref().err().map(ToString::to_string),
+        })
+        .collect();
+    if let Err(violation) = invariants::check(&entries) {
+        return Err(TestCaseError::fail(format!(
+            "{}: the scheduler's own journal breaks an invariant: {violation}",
+            run.policy
+        )));
+    }
+    Ok(())
+}
+
 /// The tasks of `scenario` that can ever run under `policy`: each fits the idle cluster alone
 /// (as the scheduler places it), a gang's members also all together (by [`gang::place`]; the
 /// scheduler withdraws a gang that does not), and the policy's quotas admit the task — a gang as
@@ -1790,6 +1815,11 @@ proptest! {
     #[test]
     fn identical_inputs_give_identical_decisions(scenario in scenario()) {
         each_policy(&scenario, same_inputs_same_decisions)?;
+    }
+
+    #[test]
+    fn the_schedulers_journal_never_breaks_the_replay_invariants(scenario in scenario()) {
+        each_policy(&scenario, journal_keeps_its_invariants)?;
     }
 
     /// The scheduler refuses at submission exactly the tasks no placement could ever hold (the

@@ -472,6 +472,21 @@ fn malformed_files_name_file_line_and_column() {
             want_message: "unknown QoS `Premium`",
         },
         Case {
+            name: "openb: a minimal pod list without its GPU share",
+            files: &[
+                ("nodes.csv", OPENB_NODES),
+                (
+                    "pods.csv",
+                    "name,cpu_milli,memory_mib,num_gpu\np0,1000,1024,1\n",
+                ),
+            ],
+            load: load_openb,
+            want_file: "pods.csv",
+            want_line: Some(1),
+            want_column: Some("gpu_milli"),
+            want_message: "missing required column",
+        },
+        Case {
             name: "openb: a node list without models",
             files: &[
                 ("nodes.csv", "sn,cpu_milli,memory_mib,gpu\nn0,1000,1024,8\n"),
@@ -940,6 +955,51 @@ fn openb_pods_become_jobs_with_fractions_models_priorities_and_run_times() {
             node("gpu-node", 8, "V100M32", 96000, 786432),
         ]
     );
+}
+
+#[test]
+fn openb_pods_with_only_fgds_minimal_columns_load_unconstrained() {
+    // FGD's published pod lists: no models, QoS or times. Every pod may go on any model,
+    // arrives at 0 in file order, never departs, and none is best effort.
+    let dir = folder(&[
+        (
+            "nodes.csv",
+            "sn,cpu_milli,memory_mib,gpu,model\nn0,96000,786432,8,V100M32\n",
+        ),
+        (
+            "pods.csv",
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n\
+             frac,6000,12288,1,460\n\
+             whole,88000,327680,8,1000\n\
+             cpu,4000,8192,0,0\n",
+        ),
+    ]);
+    let trace = load_openb(dir.path()).expect("a minimal pod list loads");
+
+    // (name, submit, duration, gpus, gpu_milli, gpu_models, priority, cpu_milli, memory_mib)
+    let got: Vec<_> = trace
+        .jobs
+        .iter()
+        .map(|job| {
+            (
+                job.name.as_str(),
+                job.submit,
+                job.duration,
+                job.gpus,
+                job.gpu_milli,
+                job.gpu_models.len(),
+                job.priority,
+                job.cpu_milli,
+                job.memory_mib,
+            )
+        })
+        .collect();
+    let want = [
+        ("frac", 0, 0, 1, 460, 0, 1, 6000, 12288),
+        ("whole", 0, 0, 8, 1000, 0, 1, 88000, 327680),
+        ("cpu", 0, 0, 0, 0, 0, 1, 4000, 8192),
+    ];
+    assert_eq!(got, want);
 }
 
 #[test]
