@@ -9,6 +9,7 @@ mod pipelines;
 mod quickstart;
 mod quotas;
 mod replay;
+mod replicas;
 mod stress;
 mod submit;
 mod submit_wait;
