@@ -11,4 +11,5 @@ mod replay;
 mod submit;
 mod submit_wait;
 mod support;
+mod up_lifecycle;
 mod up_status;
