@@ -7,15 +7,18 @@ use std::time::Duration;
 
 use crate::support::{allot, free_port, log_of, spawn_logged, terminate, wait_exit, wait_for};
 
-/// `allot up` on `dir/.allot` with two nodes, a fresh port and `extra` flags, logging to
-/// `dir/<name>.log`.
-fn up(dir: &Path, name: &str, extra: &[&str]) -> Child {
+/// `allot up` on `dir/.allot` with two nodes and a fresh port.
+fn up_command(dir: &Path) -> Command {
     let mut cmd = allot(dir);
     cmd.args(["up", "--sim-nodes", "2", "--sim-speedup", "3600"])
         .args(["--heartbeat-interval", "200ms"])
-        .args(["--nats-port", &free_port().to_string()])
-        .args(extra);
-    spawn_logged(cmd, dir, name)
+        .args(["--nats-port", &free_port().to_string()]);
+    cmd
+}
+
+/// [`up_command`] started, logging to `dir/<name>.log`.
+fn up(dir: &Path, name: &str) -> Child {
+    spawn_logged(up_command(dir), dir, name)
 }
 
 /// Waits until `allot status` in `dir` answers, i.e. the instance there is up.
@@ -55,7 +58,7 @@ fn stop(mut child: Child, dir: &Path, name: &str) {
 
 /// Starts a second `allot up` in `dir` and checks it is refused at once, naming `holder`.
 fn assert_refused(dir: &Path, holder: u32) {
-    let mut second = up(dir, "second", &[]);
+    let mut second = up(dir, "second");
     let exit = wait_exit(&mut second, Duration::from_secs(10)).unwrap_or_else(|| {
         let _ = second.kill();
         panic!(
@@ -74,7 +77,7 @@ fn assert_refused(dir: &Path, holder: u32) {
 #[test]
 fn a_second_allot_up_in_the_same_folder_is_refused_and_the_first_keeps_running() {
     let dir = tempfile::tempdir().unwrap();
-    let first = up(dir.path(), "first", &[]);
+    let first = up(dir.path(), "first");
     wait_until_up(dir.path(), "first");
     let url = std::fs::read_to_string(dir.path().join(".allot/nats.url")).unwrap();
 
@@ -98,12 +101,12 @@ fn a_second_allot_up_in_the_same_folder_is_refused_and_the_first_keeps_running()
 #[test]
 fn a_crashed_allot_up_can_be_restarted_in_the_same_folder() {
     let dir = tempfile::tempdir().unwrap();
-    let mut crashed = up(dir.path(), "crashed", &[]);
+    let mut crashed = up(dir.path(), "crashed");
     wait_until_up(dir.path(), "crashed");
     sigkill(crashed.id());
     crashed.wait().unwrap();
 
-    let again = up(dir.path(), "again", &[]);
+    let again = up(dir.path(), "again");
     wait_for(Duration::from_secs(60), || {
         let url = std::fs::read_to_string(dir.path().join(".allot/nats.url")).ok()?;
         (Some(url.trim()) == lock_field(dir.path(), "nats").as_deref()).then_some(())
@@ -139,7 +142,7 @@ fn run_workload(dir: &Path, run_id: &str) {
 #[test]
 fn nats_server_killed_under_allot_up_is_restarted_and_workloads_still_complete() {
     let dir = tempfile::tempdir().unwrap();
-    let running = up(dir.path(), "up", &[]);
+    let running = up(dir.path(), "up");
     wait_until_up(dir.path(), "up");
     // Every service past its start-up, as when a server dies under a running Allot.
     run_workload(dir.path(), "before");
@@ -170,7 +173,9 @@ fn nats_server_killed_under_allot_up_is_restarted_and_workloads_still_complete()
 #[test]
 fn allot_up_stops_and_names_nats_server_when_it_may_not_restart_it() {
     let dir = tempfile::tempdir().unwrap();
-    let mut running = up(dir.path(), "up", &["--nats-restarts", "0"]);
+    let mut cmd = up_command(dir.path());
+    cmd.env("ALLOT_NATS_RESTARTS", "0");
+    let mut running = spawn_logged(cmd, dir.path(), "up");
     wait_until_up(dir.path(), "up");
     let killed: u32 = lock_field(dir.path(), "nats-server-pid")
         .expect("the lock file names the nats-server")
