@@ -48,7 +48,9 @@ impl DataDirLock {
         std::fs::create_dir_all(data_dir)
             .with_context(|| format!("creating {}", data_dir.display()))?;
         let path = lock_file(data_dir);
-        // Neither truncated nor rewritten before the lock is ours: it names the holder.
+        // Neither truncated nor rewritten before the lock is ours: it names the holder. Opened
+        // close-on-exec (std's default), so no child — nats-server, a task process — inherits
+        // the lock and outlives us holding it.
         let file = File::options()
             .read(true)
             .write(true)
@@ -346,10 +348,7 @@ impl EmbeddedNats {
     /// Starts the same server again — same port, store and log — after it exited, and waits
     /// until it accepts clients; the services' connections find it by themselves.
     async fn restart(&mut self) -> anyhow::Result<()> {
-        self.child = self
-            .command
-            .spawn()
-            .context("starting nats-server again")?;
+        self.child = self.command.spawn().context("starting nats-server again")?;
         if let Err(e) = self.wait_ready().await {
             // Up but deaf: do not leave it holding the port for the next attempt.
             let _ = self.child.kill().await;

@@ -27,21 +27,29 @@ fn wait_until_up(dir: &Path, name: &str) {
         let out = allot(dir).args(["status", "--json"]).output().unwrap();
         out.status.success().then_some(())
     })
-    .unwrap_or_else(|| panic!("allot status never answered; {name}:\n{}", log_of(dir, name)));
+    .unwrap_or_else(|| {
+        panic!(
+            "allot status never answered; {name}:\n{}",
+            log_of(dir, name)
+        )
+    });
 }
 
 /// The pid of the live nats-server child of process `parent`, if it has one.
 fn nats_server_of(parent: u32) -> Option<u32> {
-    std::fs::read_dir("/proc").unwrap().flatten().find_map(|entry| {
-        let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
-        let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-        // pid (comm) state ppid …; a reaped-but-unwaited child is state Z.
-        let (comm, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
-        let mut fields = rest.split(' ');
-        let state = fields.next()?;
-        let ppid: u32 = fields.next()?.parse().ok()?;
-        (ppid == parent && comm == "nats-server" && state != "Z").then_some(pid)
-    })
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .find_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // pid (comm) state ppid …; a reaped-but-unwaited child is state Z.
+            let (comm, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
+            let mut fields = rest.split(' ');
+            let state = fields.next()?;
+            let ppid: u32 = fields.next()?.parse().ok()?;
+            (ppid == parent && comm == "nats-server" && state != "Z").then_some(pid)
+        })
 }
 
 fn sigkill(pid: u32) {
@@ -119,7 +127,12 @@ fn a_crashed_allot_up_can_be_restarted_in_the_same_folder() {
         let url = std::fs::read_to_string(&url_file).ok()?;
         (url != crashed_url).then_some(())
     })
-    .unwrap_or_else(|| panic!("the restart never came up:\n{}", log_of(dir.path(), "again")));
+    .unwrap_or_else(|| {
+        panic!(
+            "the restart never came up:\n{}",
+            log_of(dir.path(), "again")
+        )
+    });
     wait_until_up(dir.path(), "again");
     // The folder now belongs to the new instance, not to the dead one.
     assert_refused(dir.path(), again.id());
@@ -197,5 +210,29 @@ fn allot_up_stops_and_names_nats_server_when_it_may_not_restart_it() {
     assert!(
         !dir.path().join(".allot/nats.url").exists(),
         "the URL of the dead server is removed"
+    );
+}
+
+#[test]
+fn a_service_that_fails_stops_allot_up_and_the_exit_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // The inventory's database folder is a file: the inventory cannot start.
+    std::fs::create_dir(dir.path().join(".allot")).unwrap();
+    std::fs::write(dir.path().join(".allot/inventory"), "not a folder").unwrap();
+    let mut running = up(dir.path(), "up");
+
+    let exit = wait_exit(&mut running, Duration::from_secs(60)).unwrap_or_else(|| {
+        let _ = running.kill();
+        panic!(
+            "allot up kept running without its inventory:\n{}",
+            log_of(dir.path(), "up")
+        )
+    });
+    assert!(!exit.success(), "{}", log_of(dir.path(), "up"));
+    let log = log_of(dir.path(), "up");
+    let last = log.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("allot: inventory failed"),
+        "the last line names the service that failed:\n{log}"
     );
 }

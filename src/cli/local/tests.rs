@@ -26,7 +26,10 @@ fn no_restart_is_allowed_with_a_limit_of_zero() {
 fn credentials_never_reach_the_lock_file() {
     for (url, want) in [
         ("nats://127.0.0.1:4222", "nats://127.0.0.1:4222"),
-        ("nats://allot:s3cr@t@127.0.0.1:4222", "nats://127.0.0.1:4222"),
+        (
+            "nats://allot:s3cr@t@127.0.0.1:4222",
+            "nats://127.0.0.1:4222",
+        ),
         ("nats://tok@a:1,nats://b:2", "nats://a:1,nats://b:2"),
     ] {
         assert_eq!(without_credentials(url), want, "{url}");
