@@ -1,12 +1,17 @@
-//! The local installation under `./.allot/`: the embedded nats-server `allot up` starts, and
-//! how client commands started in the same folder find it.
+//! The local installation under `./.allot/`: the lock that keeps one `allot up` per folder, the
+//! embedded nats-server `allot up` starts and restarts, and how client commands started in the
+//! same folder find it.
 // One `unsafe` block: asking Linux to kill the nats-server child if we die (PR_SET_PDEATHSIG),
 // so even a SIGKILLed `allot up` leaves no server behind. There is no safe std API for it.
 #![allow(unsafe_code)]
 
+use std::collections::VecDeque;
+use std::fs::File;
+use std::future::Future;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::time::Duration;
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use tokio::process::{Child, Command};
@@ -17,6 +22,130 @@ pub const NATS_SERVER_VERSION: &str = "2.15.1";
 /// Files `allot up` keeps in its data folder.
 pub fn url_file(data_dir: &Path) -> PathBuf {
     data_dir.join("nats.url")
+}
+
+/// The lock file of a data folder: whoever holds it is the folder's one `allot up`.
+pub fn lock_file(data_dir: &Path) -> PathBuf {
+    data_dir.join("lock")
+}
+
+/// One `allot up`'s exclusive hold on its data folder: an OS lock on `<data-dir>/lock`, which
+/// also names the holder (pid, start time, NATS URL, nats-server pid) for the one refused.
+///
+/// The kernel drops the lock when the process ends, however it ends (SIGKILL included), so a
+/// crashed instance never blocks the next one; a pid file would.
+#[derive(Debug)]
+pub struct DataDirLock {
+    file: File,
+    pid: u32,
+    started: String,
+}
+
+impl DataDirLock {
+    /// Creates `data_dir` if needed and takes its lock, before anything else in it is touched;
+    /// if another `allot up` holds it, fails with a message naming that one.
+    pub fn acquire(data_dir: &Path) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(data_dir)
+            .with_context(|| format!("creating {}", data_dir.display()))?;
+        let path = lock_file(data_dir);
+        // Neither truncated nor rewritten before the lock is ours: it names the holder. Opened
+        // close-on-exec (std's default), so no child — nats-server, a task process — inherits
+        // the lock and outlives us holding it.
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                bail!(
+                    "another allot up {}already runs in {}; stop it first or use --data-dir",
+                    holder_of(&path),
+                    data_dir.display()
+                )
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(e).with_context(|| format!("locking {}", path.display()));
+            }
+        }
+        let lock = Self {
+            file,
+            pid: std::process::id(),
+            started: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        };
+        lock.record(None, None)?;
+        // A `nats.url` here was left by a holder that crashed: its server is gone.
+        if std::fs::remove_file(url_file(data_dir)).is_ok() {
+            tracing::info!(data_dir = %data_dir.display(), "removed the nats.url of an allot up that did not stop cleanly");
+        }
+        Ok(lock)
+    }
+
+    /// Rewrites the holder's description with the NATS URL and the nats-server's pid, once
+    /// known (again after each restart of the server).
+    pub fn record(&self, nats: Option<&str>, nats_server_pid: Option<u32>) -> anyhow::Result<()> {
+        let mut text = format!("pid={}\nstarted={}\n", self.pid, self.started);
+        if let Some(url) = nats {
+            text.push_str(&format!("nats={}\n", without_credentials(url)));
+        }
+        if let Some(pid) = nats_server_pid {
+            text.push_str(&format!("nats-server-pid={pid}\n"));
+        }
+        self.file
+            .set_len(0)
+            .and_then(|()| self.file.write_all_at(text.as_bytes(), 0))
+            .context("writing the data folder's lock file")
+    }
+}
+
+/// "(pid 1234, started …, nats://…) " as the lock file at `path` names its holder; empty when
+/// it names none yet (the holder is between taking the lock and writing to it).
+fn holder_of(path: &Path) -> String {
+    let mut text = String::new();
+    // The holder writes right after locking: give it a moment rather than say nothing.
+    for _ in 0..10 {
+        text = std::fs::read_to_string(path).unwrap_or_default();
+        if !text.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let field = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+            .map(str::to_owned)
+    };
+    let mut parts = Vec::new();
+    if let Some(pid) = field("pid") {
+        parts.push(format!("pid {pid}"));
+    }
+    if let Some(started) = field("started") {
+        parts.push(format!("started {started}"));
+    }
+    if let Some(url) = field("nats") {
+        parts.push(url);
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("({}) ", parts.join(", "))
+    }
+}
+
+/// `url` without the user and password or token it may carry: the lock file and the messages
+/// that quote it are no place for credentials.
+fn without_credentials(url: &str) -> String {
+    let server = |s: &str| match s.split_once("://") {
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            Some((_, host)) => format!("{scheme}://{host}"),
+            None => s.to_owned(),
+        },
+        None => s.to_owned(),
+    };
+    url.split(',').map(server).collect::<Vec<_>>().join(",")
 }
 
 /// The URL client commands use: `--nats`, then `ALLOT_NATS_URL`, then the `nats.url` written by
@@ -111,16 +240,23 @@ pub fn nats_server_binary(env: &dyn Fn(&str) -> Option<String>) -> anyhow::Resul
 #[derive(Debug)]
 pub struct EmbeddedNats {
     child: Child,
+    /// Kept to start the same server again (same port, store and log) after it died.
+    command: Command,
+    port: u16,
+    log: PathBuf,
     url: String,
     url_file: PathBuf,
+    announced: bool,
 }
 
 impl EmbeddedNats {
     /// Writes `nats.url`, through which client commands in this folder find the server: call
     /// it once the streams exist, so a command that finds the file finds a working Allot.
-    pub fn announce(&self) -> anyhow::Result<()> {
+    pub fn announce(&mut self) -> anyhow::Result<()> {
         std::fs::write(&self.url_file, format!("{}\n", self.url))
-            .with_context(|| format!("writing {}", self.url_file.display()))
+            .with_context(|| format!("writing {}", self.url_file.display()))?;
+        self.announced = true;
+        Ok(())
     }
 
     /// Starts nats-server with JetStream, its store and log under `data_dir`, on `port`
@@ -165,18 +301,23 @@ impl EmbeddedNats {
         let url = format!("nats://127.0.0.1:{port}");
         let mut nats = Self {
             child,
+            command,
+            port,
+            log: log.clone(),
             url: url.clone(),
             url_file: url_file(data_dir),
+            announced: false,
         };
-        nats.wait_ready(port, &log).await?;
+        nats.wait_ready().await?;
         tracing::info!(%url, store = %store.display(), log = %log.display(), pid = nats.pid(), "nats-server started");
         Ok(nats)
     }
 
-    async fn wait_ready(&mut self, port: u16, log: &Path) -> anyhow::Result<()> {
+    async fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let port = self.port;
         for _ in 0..200 {
             if let Some(status) = self.child.try_wait()? {
-                let tail = std::fs::read_to_string(log).unwrap_or_default();
+                let tail = std::fs::read_to_string(&self.log).unwrap_or_default();
                 let tail: Vec<&str> = tail.lines().rev().take(5).collect();
                 bail!(
                     "nats-server exited at start-up ({status}); last log lines:\n{}",
@@ -204,9 +345,99 @@ impl EmbeddedNats {
         self.child.id().unwrap_or_default()
     }
 
-    /// Stops the server gracefully (SIGTERM, then SIGKILL after 5 s) and forgets its URL.
+    /// Starts the same server again — same port, store and log — after it exited, and waits
+    /// until it accepts clients; the services' connections find it by themselves.
+    async fn restart(&mut self) -> anyhow::Result<()> {
+        self.child = self.command.spawn().context("starting nats-server again")?;
+        if let Err(e) = self.wait_ready().await {
+            // Up but deaf: do not leave it holding the port for the next attempt.
+            let _ = self.child.kill().await;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Keeps the server running until `stop` completes, then stops it: when it exits on its
+    /// own it is reaped, logged and started again, as long as `limit` allows; past that, the
+    /// error says how it ended. `started` is told the pid of every (re)started server.
+    pub async fn supervise(
+        mut self,
+        mut limit: RestartLimit,
+        mut started: impl FnMut(&Self),
+        stop: impl Future<Output = ()>,
+    ) -> anyhow::Result<()> {
+        tokio::pin!(stop);
+        started(&self);
+        loop {
+            let pid = self.pid();
+            let status = tokio::select! {
+                () = &mut stop => {
+                    self.stop().await;
+                    return Ok(());
+                }
+                status = self.child.wait() => status.context("waiting for nats-server")?,
+            };
+            tracing::error!(pid, %status, log = %self.log.display(), "nats-server exited unexpectedly");
+            if let Err(e) = self.restart_within(&mut limit, status, &mut stop).await {
+                // Clients must not be sent to a server that is gone for good.
+                self.forget_url();
+                return Err(e);
+            }
+            tracing::info!(url = %self.url, pid = self.pid(), "nats-server restarted on the same port and store");
+            started(&self);
+        }
+    }
+
+    /// Restarts the server that just ended with `status`, retrying failed starts, until one
+    /// succeeds or `limit` is spent.
+    async fn restart_within(
+        &mut self,
+        limit: &mut RestartLimit,
+        mut status: ExitStatus,
+        stop: &mut (impl Future<Output = ()> + Unpin),
+    ) -> anyhow::Result<()> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            if !limit.allows(Instant::now()) {
+                bail!(
+                    "nats-server exited unexpectedly ({status}); restarts exhausted ({} allowed \
+                     within {}; its log: {})",
+                    limit.max,
+                    humantime::format_duration(limit.window),
+                    self.log.display()
+                );
+            }
+            // A server that dies at once would otherwise be restarted in a tight loop.
+            let pause = allot_bus::connect::backoff(attempt, Duration::from_secs(2));
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                () = &mut *stop => {
+                    self.forget_url();
+                    return Ok(());
+                }
+            }
+            match self.restart().await {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    tracing::error!(error = %format!("{e:#}"), "nats-server did not come back");
+                    status = self.child.wait().await.context("waiting for nats-server")?;
+                }
+            }
+        }
+    }
+
+    /// Removes `nats.url` if this server wrote it: no other instance's file is ours to remove.
+    fn forget_url(&self) {
+        if self.announced {
+            let _ = std::fs::remove_file(&self.url_file);
+        }
+    }
+
+    /// Stops the server gracefully (SIGTERM, then SIGKILL after 5 s) and forgets its URL if
+    /// it announced it.
     pub async fn stop(mut self) {
-        let _ = std::fs::remove_file(&self.url_file);
+        self.forget_url();
         if let Some(pid) = self.child.id() {
             // SAFETY: sending a signal to our own child's pid.
             unsafe {
@@ -223,6 +454,41 @@ impl EmbeddedNats {
     }
 }
 
+/// How often the embedded nats-server may be restarted: at most `max` times within `window`.
+#[derive(Debug, Clone)]
+pub struct RestartLimit {
+    max: u32,
+    window: Duration,
+    recent: VecDeque<Instant>,
+}
+
+impl RestartLimit {
+    /// At most `max` restarts within any `window`.
+    pub fn new(max: u32, window: Duration) -> Self {
+        Self {
+            max,
+            window,
+            recent: VecDeque::new(),
+        }
+    }
+
+    /// Whether one more restart at `now` stays within the limit; if so, it is counted.
+    fn allows(&mut self, now: Instant) -> bool {
+        while self
+            .recent
+            .front()
+            .is_some_and(|&t| now.duration_since(t) >= self.window)
+        {
+            self.recent.pop_front();
+        }
+        if self.recent.len() >= self.max as usize {
+            return false;
+        }
+        self.recent.push_back(now);
+        true
+    }
+}
+
 /// 4222 when it is free, else a free port the OS picks.
 fn pick_port() -> u16 {
     if std::net::TcpListener::bind(("127.0.0.1", 4222)).is_ok() {
@@ -233,3 +499,6 @@ fn pick_port() -> u16 {
         .map(|a| a.port())
         .unwrap_or(4222)
 }
+
+#[cfg(test)]
+mod tests;

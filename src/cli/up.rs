@@ -3,12 +3,16 @@
 //! Each service gets its own NATS connection and talks to the others only through JetStream,
 //! exactly as when they run as separate pods; only the process boundary is missing.
 
+use std::collections::HashMap;
+use std::future::Future;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
 use allot_collector::sim::{GpuModel, SimSpec};
@@ -63,6 +67,10 @@ pub struct UpArgs {
     /// (ALLOT_TEAMS_FILE; default: none).
     #[arg(long)]
     pub teams: Option<String>,
+    /// Restarts of the embedded nats-server allowed within a minute before `allot up` gives
+    /// up and stops (ALLOT_NATS_RESTARTS; default 5). For tests.
+    #[arg(long, hide = true)]
+    pub nats_restarts: Option<String>,
 }
 
 /// How `allot up`'s nodes run tasks.
@@ -92,6 +100,8 @@ pub struct UpConfig {
     pub executor: ExecutorKind,
     pub prices: allot_billing::PriceTable,
     pub teams: Option<allot_workload::TeamsConfig>,
+    /// Restarts of the embedded nats-server allowed within a minute.
+    pub nats_restarts: u32,
 }
 
 impl UpConfig {
@@ -175,6 +185,7 @@ impl UpConfig {
                 }),
         };
         let teams = super::run::teams_file(args.teams.as_deref(), &mut s);
+        let nats_restarts = s.parse(args.nats_restarts.as_deref(), "ALLOT_NATS_RESTARTS", 5u32);
         if missed_heartbeats == 0 {
             s.problem("--missed-heartbeats / ALLOT_MISSED_HEARTBEATS: must be at least 1");
         }
@@ -192,16 +203,21 @@ impl UpConfig {
             executor,
             prices,
             teams,
+            nats_restarts,
         })
     }
 }
 
-/// Runs `allot up` until SIGINT/SIGTERM or a service fails.
+/// Runs `allot up` until SIGINT/SIGTERM, or until a service or the embedded nats-server fails
+/// for good: then every service is stopped and the error names the part that failed.
 pub async fn up(args: UpArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
     let config = UpConfig::resolve(&args, env)?;
+    // Before anything else in the folder is touched: a second instance would share the store
+    // and the databases of the first.
+    let lock = Arc::new(local::DataDirLock::acquire(&config.data_dir)?);
     let (trigger, shutdown) = shutdown_on_signal();
 
-    let embedded = match &config.nats {
+    let mut embedded = match &config.nats {
         Some(_) => None,
         None => {
             let binary = local::nats_server_binary(env)?;
@@ -213,54 +229,126 @@ pub async fn up(args: UpArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
         (None, Some(nats)) => nats.url().to_owned(),
         (None, None) => unreachable!("either --nats or an embedded server"),
     };
+    lock.record(Some(&url), embedded.as_ref().map(local::EmbeddedNats::pid))?;
 
-    let code = match run_services(&config, &url, embedded.as_ref(), shutdown.clone(), trigger).await
-    {
-        Ok(code) => code,
+    let admin = match prepare(&url, embedded.as_mut(), shutdown.clone()).await {
+        Ok(admin) => admin,
         Err(e) => {
-            tracing::error!(error = %format!("{e:#}"), "allot up failed");
-            ExitCode::FAILURE
+            if let Some(nats) = embedded {
+                nats.stop().await;
+            }
+            return Err(e);
         }
     };
-    if let Some(nats) = embedded {
-        nats.stop().await;
+
+    let (stop_nats, nats_stopping) = oneshot::channel::<()>();
+    let (nats_failed_tx, mut nats_failed) = oneshot::channel::<anyhow::Error>();
+    let supervisor = embedded.map(|nats| {
+        let lock = Arc::clone(&lock);
+        let limit = local::RestartLimit::new(config.nats_restarts, NATS_RESTART_WINDOW);
+        let started = move |nats: &local::EmbeddedNats| {
+            if let Err(e) = lock.record(Some(nats.url()), Some(nats.pid())) {
+                tracing::warn!(error = %format!("{e:#}"), "could not update the lock file");
+            }
+        };
+        tokio::spawn(async move {
+            let stop = async {
+                let _ = nats_stopping.await;
+            };
+            if let Err(e) = nats.supervise(limit, started, stop).await {
+                let _ = nats_failed_tx.send(e);
+            }
+        })
+    });
+
+    let result = run_services(&config, &url, shutdown, trigger, &mut nats_failed).await;
+    let _ = within_grace("NATS drain", Duration::from_secs(5), admin.drain()).await;
+    // The server goes last: the services drained their connections through it.
+    let _ = stop_nats.send(());
+    if let Some(supervisor) = supervisor {
+        let _ = supervisor.await;
     }
-    Ok(code)
+    tracing::info!("allot stopped");
+    result?;
+    // nats-server may also have given up while the services were stopping.
+    if let Ok(e) = nats_failed.try_recv() {
+        return Err(e.context("nats-server failed"));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
-async fn run_services(
-    config: &UpConfig,
+/// How long the embedded nats-server's restarts are counted against `--nats-restarts`.
+const NATS_RESTART_WINDOW: Duration = Duration::from_secs(60);
+
+/// Connects the admin client, creates the streams and only then announces the embedded
+/// server's URL, so a command that finds `nats.url` finds a working Allot.
+async fn prepare(
     url: &str,
-    embedded: Option<&local::EmbeddedNats>,
+    embedded: Option<&mut local::EmbeddedNats>,
     shutdown: super::Shutdown,
-    trigger: tokio::sync::oneshot::Sender<()>,
-) -> anyhow::Result<ExitCode> {
-    let admin = allot_bus::connect(
-        &allot_bus::ConnectConfig::new(url, "allot-up"),
-        shutdown.clone(),
-    )
-    .await
-    .context("connecting to NATS")?;
+) -> anyhow::Result<async_nats::Client> {
+    let admin = allot_bus::connect(&allot_bus::ConnectConfig::new(url, "allot-up"), shutdown)
+        .await
+        .context("connecting to NATS")?;
     let js = async_nats::jetstream::new(admin.clone());
     allot_bus::ensure_streams(&js, &allot_bus::catalog(1)).await?;
     if let Some(nats) = embedded {
         nats.announce()?;
     }
+    Ok(admin)
+}
 
-    let mut services: JoinSet<(String, anyhow::Result<()>)> = JoinSet::new();
+/// The services of `allot up`, each a task known by its name.
+#[derive(Default)]
+struct Services {
+    tasks: JoinSet<anyhow::Result<()>>,
+    names: HashMap<tokio::task::Id, String>,
+}
+
+impl Services {
+    fn spawn(
+        &mut self,
+        name: impl Into<String>,
+        run: impl Future<Output = anyhow::Result<()>> + Send + 'static,
+    ) {
+        let handle = self.tasks.spawn(run);
+        self.names.insert(handle.id(), name.into());
+    }
+
+    /// The next service to end, by name, and how it ended (a panic is an error too).
+    async fn next_end(&mut self) -> Option<(String, anyhow::Result<()>)> {
+        let (id, result) = match self.tasks.join_next_with_id().await? {
+            Ok((id, result)) => (id, result),
+            Err(e) => (e.id(), Err(anyhow::anyhow!("{e}"))),
+        };
+        let name = self.names.remove(&id).unwrap_or_else(|| "a service".into());
+        Some((name, result))
+    }
+
+    /// The services still running, for the message when they overrun their grace period.
+    fn running(&self) -> String {
+        let mut names: Vec<&str> = self.names.values().map(String::as_str).collect();
+        names.sort_unstable();
+        names.join(", ")
+    }
+}
+
+/// Runs every service until `shutdown`, or until one of them or nats-server (`nats_failed`)
+/// fails: the first failure stops all the others, and is the error returned.
+async fn run_services(
+    config: &UpConfig,
+    url: &str,
+    shutdown: super::Shutdown,
+    trigger: oneshot::Sender<()>,
+    nats_failed: &mut oneshot::Receiver<anyhow::Error>,
+) -> anyhow::Result<()> {
+    let mut services = Services::default();
     let mut inventory = allot_inventory::Config::new(url, config.data_dir.join("inventory"));
     inventory.liveness.heartbeat_interval = config.heartbeat_interval;
     inventory.liveness.missed_heartbeats = config.missed_heartbeats;
-    services.spawn({
-        let shutdown = shutdown.clone();
-        async move {
-            (
-                "inventory".into(),
-                allot_inventory::run(inventory, shutdown)
-                    .await
-                    .map_err(Into::into),
-            )
-        }
+    let stop = shutdown.clone();
+    services.spawn("inventory", async move {
+        Ok(allot_inventory::run(inventory, stop).await?)
     });
     // The allocator of the simulated pool (a standby would be a second one with another
     // instance id; one is enough on a laptop).
@@ -273,30 +361,16 @@ async fn run_services(
             .unwrap_or_default(),
         ..allot_allocator::Config::new(url, "default")
     };
-    services.spawn({
-        let shutdown = shutdown.clone();
-        async move {
-            (
-                "allocator".into(),
-                allot_allocator::run(allocator, shutdown)
-                    .await
-                    .map_err(Into::into),
-            )
-        }
+    let stop = shutdown.clone();
+    services.spawn("allocator", async move {
+        Ok(allot_allocator::run(allocator, stop).await?)
     });
     // The planner hands the pool's allocator each workload's tasks as their dependencies succeed.
     let mut planner = allot_planner::Config::new(url, config.data_dir.join("planner"));
     planner.teams.clone_from(&config.teams);
-    services.spawn({
-        let shutdown = shutdown.clone();
-        async move {
-            (
-                "planner".into(),
-                allot_planner::run(planner, shutdown)
-                    .await
-                    .map_err(Into::into),
-            )
-        }
+    let stop = shutdown.clone();
+    services.spawn("planner", async move {
+        Ok(allot_planner::run(planner, stop).await?)
     });
     // Billing: every lease in the journal priced, cost events per team and workload.
     let mut billing =
@@ -304,29 +378,15 @@ async fn run_services(
     if let Some(teams) = &config.teams {
         billing.budgets = allot_billing::budget::from_teams(teams);
     }
-    services.spawn({
-        let shutdown = shutdown.clone();
-        async move {
-            (
-                "billing".into(),
-                allot_billing::run(billing, shutdown)
-                    .await
-                    .map_err(Into::into),
-            )
-        }
+    let stop = shutdown.clone();
+    services.spawn("billing", async move {
+        Ok(allot_billing::run(billing, stop).await?)
     });
     // The audit archive: a hash-chained copy of the allocator's journal.
     let archiver = allot_archiver::Config::new(url, config.data_dir.join("archive.db"));
-    services.spawn({
-        let shutdown = shutdown.clone();
-        async move {
-            (
-                "archiver".into(),
-                allot_archiver::run(archiver, shutdown)
-                    .await
-                    .map_err(Into::into),
-            )
-        }
+    let stop = shutdown.clone();
+    services.spawn("archiver", async move {
+        Ok(allot_archiver::run(archiver, stop).await?)
     });
     for i in 1..=config.sim_nodes {
         let node = format!("node-{i}");
@@ -348,14 +408,9 @@ async fn run_services(
             telemetry_interval: config.telemetry_interval,
             executor: executor_config(config, &node),
         };
-        let shutdown = shutdown.clone();
-        services.spawn(async move {
-            (
-                format!("collector {node}"),
-                allot_collector::run(collector, shutdown)
-                    .await
-                    .map_err(Into::into),
-            )
+        let stop = shutdown.clone();
+        services.spawn(format!("collector {node}"), async move {
+            Ok(allot_collector::run(collector, stop).await?)
         });
     }
     tracing::info!(
@@ -365,41 +420,49 @@ async fn run_services(
         "allot is up; try `allot status` in this folder, Ctrl-C to stop"
     );
 
-    // Run until a signal, or until a service stops on its own (which is a failure).
-    let mut code = ExitCode::SUCCESS;
-    let mut trigger = Some(trigger);
+    // Run until a signal, or until a part stops on its own (which is a failure).
+    let mut failure: Option<anyhow::Error> = None;
     tokio::select! {
         // Services stop when shutdown fires: seen first, their exit is not a failure.
         biased;
         () = shutdown.clone() => {}
-        Some(joined) = services.join_next() => {
-            let (name, result) = joined.unwrap_or_else(|e| ("a service".into(), Err(e.into())));
-            match result {
-                Err(e) => tracing::error!(service = %name, error = %format!("{e:#}"), "service failed; shutting down"),
-                Ok(()) => tracing::error!(service = %name, "service stopped unexpectedly; shutting down"),
-            }
-            code = ExitCode::FAILURE;
-            if let Some(t) = trigger.take() {
-                let _ = t.send(());
-            }
+        Some((name, result)) = services.next_end() => {
+            let error = result
+                .err()
+                .unwrap_or_else(|| anyhow::anyhow!("it stopped on its own"));
+            tracing::error!(service = %name, "a service failed; stopping the others");
+            failure = Some(error.context(format!("{name} failed")));
+        }
+        // A dropped sender (no embedded server) disables this branch.
+        Ok(error) = &mut *nats_failed => {
+            tracing::error!(service = "nats-server", "nats-server failed; stopping every service");
+            failure = Some(error.context("nats-server failed"));
         }
     }
+    if failure.is_some() {
+        let _ = trigger.send(());
+    }
     let drained = within_grace("services", Duration::from_secs(15), async {
-        while let Some(joined) = services.join_next().await {
-            if let Ok((name, Err(e))) = joined {
-                tracing::error!(service = %name, error = %format!("{e:#}"), "service stopped with an error");
-                code = ExitCode::FAILURE;
+        while let Some((name, result)) = services.next_end().await {
+            if let Err(e) = result {
+                match &failure {
+                    None => failure = Some(e.context(format!("{name} stopped with an error"))),
+                    Some(_) => {
+                        tracing::error!(service = %name, error = %format!("{e:#}"), "service stopped with an error");
+                    }
+                }
             }
         }
     })
     .await;
     if drained.is_none() {
-        services.abort_all();
-        code = ExitCode::FAILURE;
+        let running = services.running();
+        services.tasks.abort_all();
+        failure.get_or_insert_with(|| {
+            anyhow::anyhow!("{running} did not stop within the grace period")
+        });
     }
-    let _ = within_grace("NATS drain", Duration::from_secs(5), admin.drain()).await;
-    tracing::info!("allot stopped");
-    Ok(code)
+    failure.map_or(Ok(()), Err)
 }
 
 /// The executor of simulated node `node`: its state, logs and checkpoints under the data folder.
@@ -443,6 +506,7 @@ mod tests {
             sim_speedup: None,
             prices: None,
             teams: None,
+            nats_restarts: None,
         }
     }
 

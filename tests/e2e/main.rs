@@ -14,4 +14,5 @@ mod stress;
 mod submit;
 mod submit_wait;
 mod support;
+mod up_lifecycle;
 mod up_status;
