@@ -136,7 +136,7 @@ fn a_wide_workload_on_a_starved_machine_runs_every_task_once() {
 
 #[test]
 fn allocators_paused_past_their_lease_lose_and_duplicate_nothing() {
-    const TASKS: usize = 1200;
+    const TASKS: usize = 1000;
     let mut cluster = Cluster::start_simulated(&[("n1", 8), ("n2", 8)], 300);
     cluster.allocator("a2");
     let workload = cluster.submit("paused", &wide_workload("paused", TASKS));
@@ -144,12 +144,13 @@ fn allocators_paused_past_their_lease_lose_and_duplicate_nothing() {
 
     // Pause the leader mid-run, past its 2 s lease: the standby takes over. Then let it go on
     // (it finds itself deposed and stands by), and pause the new leader the same way.
-    for (paused, at) in [("allocator-a1", TASKS / 4), ("allocator-a2", TASKS / 2)] {
+    for at in [TASKS / 4, TASKS / 2] {
         wait_for(Duration::from_secs(300), || {
             (granted(&cluster) >= at).then_some(())
         })
         .unwrap_or_else(|| panic!("{at} grants did not happen\n{}", cluster.logs()));
-        let pid = cluster.pid(paused);
+        let leader = cluster.leaders().pop().expect("someone leads");
+        let pid = cluster.pid(&format!("allocator-{leader}"));
         signal(pid, "STOP");
         std::thread::sleep(Duration::from_secs(5));
         signal(pid, "CONT");
@@ -163,8 +164,8 @@ fn allocators_paused_past_their_lease_lose_and_duplicate_nothing() {
     assert_each_task_once(&cluster, &workload, TASKS);
     let leaders = cluster.leaders();
     assert!(
-        leaders.starts_with(&["a1".to_owned(), "a2".to_owned()]) && leaders.len() >= 3,
-        "a2 took over from the paused a1, and a1 from the paused a2: {leaders:?}"
+        leaders.len() >= 3 && ["a1", "a2"].iter().all(|a| leaders.iter().any(|l| l == a)),
+        "each pause handed the lead to the standby: {leaders:?}"
     );
     assert_replay_verifies(&cluster);
 }

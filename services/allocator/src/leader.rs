@@ -53,7 +53,7 @@ use allot_events::alloc::{Launch, Source};
 use allot_events::{AnyEvent, Envelope, TaskEvent, decode};
 use allot_sched::{Input, Scheduler, TaskId, TaskSpec, Time};
 
-use crate::journal::{self, Journal, Rebuilt};
+use crate::journal::{self, Journal, JournalError, Rebuilt};
 use crate::lease::{self, Lease, Renewal};
 use crate::{AllocatorError, Config, inputs};
 
@@ -97,6 +97,35 @@ pub(crate) async fn run(
                     Ok(()) => return Ok(()),
                     Err(e) if e.is_deposition() => {
                         warn!(pool = %config.pool, instance = %config.instance, "{e}; standing by");
+                    }
+                    Err(AllocatorError::Journal(e @ JournalError::Bus { .. })) => {
+                        // The journal could not be read or written (the server restarting,
+                        // say): nothing unjournalled was taken in, so stand by and lead again.
+                        warn!(pool = %config.pool, error = %e, "the journal is out of reach; standing by");
+                        tokio::select! {
+                            () = tokio::time::sleep(config.lease_ttl / 4) => {}
+                            () = stop.clone() => return Ok(()),
+                        }
+                    }
+                    Err(AllocatorError::Journal(e)) => {
+                        // This build cannot continue this journal. Allocating on regardless
+                        // would break the audit trail; stopping the process would stop every
+                        // other service with it. So this pool stops allocating, loudly.
+                        loop {
+                            error!(
+                                pool = %config.pool,
+                                alarm = true,
+                                "ALARM: pool {} is not allocating: {e}. Run `allot replay --verify \
+                                 --pool {}` to see the first entry in question, then see \
+                                 docs/operations.md, \"The allocator refuses its journal\"",
+                                config.pool,
+                                config.pool
+                            );
+                            tokio::select! {
+                                () = tokio::time::sleep(Duration::from_secs(60)) => {}
+                                () = stop.clone() => return Ok(()),
+                            }
+                        }
                     }
                     Err(e) => return Err(e),
                 }

@@ -359,3 +359,102 @@ fn a_team_over_budget_gets_nothing_new_below_its_floor_until_it_is_within_again(
         assert_eq!(budgets(&events), 2);
     });
 }
+
+#[test]
+fn a_task_report_naming_another_lease_or_node_is_refused_and_the_task_runs_on() {
+    let server = NatsServer::start();
+    let url = server.url();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let client = async_nats::connect(&url).await.unwrap();
+        let js = async_nats::jetstream::new(client.clone());
+        ensure_streams(&js, &catalog(1)).await.unwrap();
+        let publisher = Publisher::new(client.clone(), "/test");
+        for n in ["n1", "n2"] {
+            let registered = node(n).gpus(4).pool(POOL).registered();
+            publisher
+                .publish(NodeEvent::Registered(registered))
+                .await
+                .unwrap();
+        }
+        tokio::spawn(allot_allocator::run(
+            config(&url, "a"),
+            std::future::pending(),
+        ));
+        publisher.publish(ready(1, 4)).await.unwrap();
+        let events = journal_until(&js, |e| granted(e).contains(&1)).await;
+        let (lease, node) = grant_of(&events, 1);
+        let elsewhere = if node == "n1" { "n2" } else { "n1" };
+
+        // A stale or forged completion: another lease; the right lease on another node.
+        let forged = [
+            TaskCompleted {
+                pool: POOL.into(),
+                task: TaskId(1),
+                node: node.clone(),
+                lease: allot_sched::LeaseId(lease.0 + 100),
+            },
+            TaskCompleted {
+                pool: POOL.into(),
+                task: TaskId(1),
+                node: elsewhere.into(),
+                lease,
+            },
+        ];
+        for f in forged {
+            publisher.publish(TaskEvent::Completed(f)).await.unwrap();
+        }
+        let mut dead = Vec::new();
+        for _ in 0..100 {
+            dead = allot_testkit::streams::read_all(&client, allot_bus::streams::names::DEADLETTER)
+                .await;
+            if dead.len() == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let reasons: Vec<String> = dead
+            .iter()
+            .map(|m| {
+                m.headers
+                    .as_ref()
+                    .unwrap()
+                    .get(allot_bus::headers::ERROR)
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(reasons.len(), 2, "{reasons:?}");
+        assert!(reasons[0].contains("the task holds lease"), "{reasons:?}");
+        assert!(reasons[1].contains("that lease is not on"), "{reasons:?}");
+
+        // The real completion ends it.
+        publisher
+            .publish(TaskEvent::Completed(TaskCompleted {
+                pool: POOL.into(),
+                task: TaskId(1),
+                node,
+                lease,
+            }))
+            .await
+            .unwrap();
+        let released = |e: &[AllocEvent]| {
+            entries(e)
+                .iter()
+                .flat_map(|e| &e.decisions)
+                .filter(|d| matches!(d, Decision::Released { .. }))
+                .count()
+        };
+        let events = journal_until(&js, |e| released(e) == 1).await;
+        assert_eq!(
+            released(&events),
+            1,
+            "released once, by the genuine completion"
+        );
+        let finishes = entries(&events)
+            .iter()
+            .filter(|e| matches!(e.input, allot_sched::Input::TaskFinished { .. }))
+            .count();
+        assert_eq!(finishes, 1, "the refused reports were not journalled");
+    });
+}
