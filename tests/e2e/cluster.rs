@@ -153,6 +153,22 @@ impl Cluster {
         self.spawn(&format!("allocator-{instance}"), &args);
     }
 
+    /// `allot replay --verify` over the pool's journal: every decision recomputes and no
+    /// invariant breaks.
+    pub fn assert_replay_verifies(&self) {
+        let out = allot(self.dir.path())
+            .args(["replay", "--verify", "--pool", "default", "--nats"])
+            .arg(self.server.url())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "replay --verify failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// The pid of process `name`.
     pub fn pid(&self, name: &str) -> u32 {
         self.procs[name].id()

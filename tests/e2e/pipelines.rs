@@ -521,21 +521,5 @@ spec:
         assert_eq!(runs.len(), 4, "{id}: {runs:?}");
         assert_eq!(names.len(), 4, "{id}: {runs:?}");
     }
-    let replay = allot(cluster.dir.path())
-        .args([
-            "replay",
-            "--verify",
-            "--pool",
-            "default",
-            "--nats",
-            &cluster.server.url(),
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        replay.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&replay.stdout),
-        String::from_utf8_lossy(&replay.stderr)
-    );
+    cluster.assert_replay_verifies();
 }

@@ -10,7 +10,7 @@ use allot_events::workload::WorkloadOutcome;
 use allot_events::{AnyEvent, TaskEvent};
 
 use crate::cluster::Cluster;
-use crate::support::{allot, wait_for};
+use crate::support::wait_for;
 
 /// A workload of `n` short CPU-only tasks with no dependencies: each takes a core for 3 s of
 /// task time (5 ms at the speed-up used here), so thousands of them are in flight at once.
@@ -99,21 +99,6 @@ fn signal(pid: u32, name: &str) {
     assert!(status.success(), "kill -{name} {pid}");
 }
 
-/// `allot replay --verify` over the pool's journal: every decision recomputes.
-fn assert_replay_verifies(cluster: &Cluster) {
-    let out = allot(cluster.dir.path())
-        .args(["replay", "--verify", "--pool", "default", "--nats"])
-        .arg(cluster.server.url())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "replay --verify failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[test]
 fn a_wide_workload_on_a_starved_machine_runs_every_task_once() {
     const TASKS: usize = 2000;
@@ -131,7 +116,7 @@ fn a_wide_workload_on_a_starved_machine_runs_every_task_once() {
         ["a1"],
         "the only allocator never deposed itself"
     );
-    assert_replay_verifies(&cluster);
+    cluster.assert_replay_verifies();
 }
 
 #[test]
@@ -167,5 +152,5 @@ fn allocators_paused_past_their_lease_lose_and_duplicate_nothing() {
         leaders.len() >= 3 && ["a1", "a2"].iter().all(|a| leaders.iter().any(|l| l == a)),
         "each pause handed the lead to the standby: {leaders:?}"
     );
-    assert_replay_verifies(&cluster);
+    cluster.assert_replay_verifies();
 }

@@ -88,7 +88,7 @@ fn grant_of(events: &[AllocEvent], task: u64) -> (allot_sched::LeaseId, String) 
         .flatten()
         .filter(|d| d.task == TaskId(task))
         .map(|d| (d.lease, d.nodes[0].node.clone()))
-        .last()
+        .next_back()
         .expect("the task was granted")
 }
 

@@ -279,7 +279,7 @@ fn lease_of(entries: &[Entry], task: TaskId) -> LeaseId {
             Decision::Granted { task: t, lease, .. } if *t == task => Some(*lease),
             _ => None,
         })
-        .last()
+        .next_back()
         .expect("the task was granted")
 }
 
