@@ -17,9 +17,13 @@ fn replicas_stay_three_after_every_service_starts() {
     let js = rt.block_on(async {
         let client = async_nats::connect(cluster.url_list()).await.unwrap();
         let js = async_nats::jetstream::new(client);
-        allot_bus::ensure_streams(&js, &allot_bus::catalog(3))
-            .await
-            .unwrap();
+        // A peer may still be joining the cluster: retry placement for a while.
+        let mut tries = 0;
+        while let Err(e) = allot_bus::ensure_streams(&js, &allot_bus::catalog(3)).await {
+            tries += 1;
+            assert!(tries < 60, "streams with 3 replicas: {e}");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
         js
     });
     let replicas = || {
