@@ -568,13 +568,14 @@ fn an_aborted_workload_waiting_in_the_queue_leaves_it_and_is_never_granted() {
     );
 
     // The node frees: the next in line gets it; the aborted task never holds a GPU.
+    let lease = lease_of(&h.journal(), hog);
     h.rt.block_on(async {
         h.publisher
             .publish(TaskEvent::Completed(TaskCompleted {
                 pool: POOL.into(),
                 task: hog,
                 node: "n1".into(),
-                lease: lease_of(&h.journal(), hog),
+                lease,
             }))
             .await
             .unwrap()
