@@ -486,7 +486,17 @@ impl Request {
                 .map(|m| cluster.max_gpus(m))
                 .max()
                 .unwrap_or(0);
-            if task.gpus <= largest {
+            // A node big enough whose GPUs lack the memory asked cannot hold the task whole:
+            // it spans nodes of a model that can (as `placement::best_fit` places it).
+            let one_node_can = || {
+                task.gpu_memory_mib == 0
+                    || cluster.nodes().iter().any(|n| {
+                        n.spec.gpus >= task.gpus
+                            && task.accepts(&n.spec.gpu_model)
+                            && placement::fits_gpu_memory(n, task)
+                    })
+            };
+            if task.gpus <= largest && one_node_can() {
                 Self::Whole(task.gpus)
             } else {
                 Self::Spanning

@@ -446,6 +446,36 @@ fn a_task_larger_than_any_node_takes_whole_idle_nodes() {
     }
 }
 
+/// Found by the property `every_task_that_can_ever_run_eventually_finishes`: a node of another
+/// model has enough GPUs but too little memory on each, so the task must span nodes of the model
+/// whose GPUs have it.
+#[test]
+fn a_task_too_big_for_the_nodes_with_enough_memory_spans_them_even_if_a_smaller_gpu_node_is_large()
+{
+    let with_memory = |name: &str, model: &str, gpus: u32, mib: u64| {
+        let mut n = node(name).model(model);
+        n.spec.gpus = gpus;
+        n.spec.gpu_memory_mib = mib;
+        n
+    };
+    let cluster = cluster(vec![
+        with_memory("a", "A100", 1, 0),
+        with_memory("l", "L40S", 2, 24_576),
+        with_memory("b", "A100", 1, 81_920),
+    ]);
+    let mut big = task(1).gpus(2).0;
+    big.gpu_memory_mib = 65_536;
+    for policy in [&BestFit as &dyn Policy, &Fgd::new()] {
+        let placement = policy.place(&cluster, &big).expect("placed");
+        let names: Vec<&str> = placement
+            .shares
+            .iter()
+            .map(|s| cluster.node(s.node).spec.name.as_str())
+            .collect();
+        assert_eq!(names, ["a", "b"], "{}", policy.name());
+    }
+}
+
 #[test]
 fn a_task_that_does_not_fit_waits_without_blocking_the_ones_behind_it() {
     for policy in ["bestfit", "fgd"] {
