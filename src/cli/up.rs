@@ -14,7 +14,7 @@ use tokio::task::JoinSet;
 use allot_collector::sim::{GpuModel, SimSpec};
 
 use super::settings::{Lookup, Settings};
-use super::{local, shutdown_on_signal, within_grace};
+use super::{auth, local, shutdown_on_signal, within_grace};
 
 /// Flags of `allot up`; each also reads its `ALLOT_*` variable.
 #[derive(Debug, Args)]
@@ -200,20 +200,51 @@ pub async fn up(args: UpArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
     let config = UpConfig::resolve(&args, env)?;
     let (trigger, shutdown) = shutdown_on_signal();
 
+    // The embedded server believes only who may speak: one user per role (see `auth`).
+    let users = match &config.nats {
+        Some(_) => None,
+        None => Some(auth::prepare(
+            &config.data_dir,
+            &node_names(&config),
+            &team_names(&config),
+        )?),
+    };
     let embedded = match &config.nats {
         Some(_) => None,
         None => {
             let binary = local::nats_server_binary(env)?;
-            Some(local::EmbeddedNats::start(&binary, &config.data_dir, config.nats_port).await?)
+            let users_config = auth::server_config_file(&config.data_dir);
+            Some(
+                local::EmbeddedNats::start(
+                    &binary,
+                    &config.data_dir,
+                    config.nats_port,
+                    Some(&users_config),
+                )
+                .await?,
+            )
         }
     };
+    if let (Some(users), Some(nats)) = (&users, &embedded) {
+        auth::write_credentials(&config.data_dir, users, nats.url())?;
+    }
     let url = match (&config.nats, &embedded) {
         (Some(url), _) => url.clone(),
         (None, Some(nats)) => nats.url().to_owned(),
         (None, None) => unreachable!("either --nats or an embedded server"),
     };
 
-    let code = match run_services(&config, &url, embedded.as_ref(), shutdown.clone(), trigger).await
+    let code = match run_services(
+        &config,
+        &Urls {
+            url: &url,
+            users: users.as_ref(),
+        },
+        embedded.as_ref(),
+        shutdown.clone(),
+        trigger,
+    )
+    .await
     {
         Ok(code) => code,
         Err(e) => {
@@ -227,15 +258,45 @@ pub async fn up(args: UpArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
     Ok(code)
 }
 
+/// The names of the simulated nodes: `node-1` … `node-N`.
+fn node_names(config: &UpConfig) -> Vec<String> {
+    (1..=config.sim_nodes).map(|i| format!("node-{i}")).collect()
+}
+
+/// The teams of the teams file, each of which gets a user.
+fn team_names(config: &UpConfig) -> Vec<String> {
+    config
+        .teams
+        .iter()
+        .flat_map(|t| t.teams.iter().map(|team| team.name.clone()))
+        .collect()
+}
+
+/// How each service reaches the server: as its own user on the embedded server, or with the
+/// URL as given (`--nats`).
+struct Urls<'a> {
+    url: &'a str,
+    users: Option<&'a allot_bus::Users>,
+}
+
+impl Urls<'_> {
+    fn of(&self, role: allot_bus::Role) -> String {
+        self.users
+            .and_then(|users| users.url_for(&role, self.url))
+            .unwrap_or_else(|| self.url.to_owned())
+    }
+}
+
 async fn run_services(
     config: &UpConfig,
-    url: &str,
+    urls: &Urls<'_>,
     embedded: Option<&local::EmbeddedNats>,
     shutdown: super::Shutdown,
     trigger: tokio::sync::oneshot::Sender<()>,
 ) -> anyhow::Result<ExitCode> {
+    use allot_bus::Role;
     let admin = allot_bus::connect(
-        &allot_bus::ConnectConfig::new(url, "allot-up"),
+        &allot_bus::ConnectConfig::new(urls.of(Role::Admin), "allot-up"),
         shutdown.clone(),
     )
     .await
@@ -247,7 +308,7 @@ async fn run_services(
     }
 
     let mut services: JoinSet<(String, anyhow::Result<()>)> = JoinSet::new();
-    let mut inventory = allot_inventory::Config::new(url, config.data_dir.join("inventory"));
+    let mut inventory = allot_inventory::Config::new(urls.of(Role::Inventory), config.data_dir.join("inventory"));
     inventory.liveness.heartbeat_interval = config.heartbeat_interval;
     inventory.liveness.missed_heartbeats = config.missed_heartbeats;
     services.spawn({
@@ -265,7 +326,7 @@ async fn run_services(
     // instance id; one is enough on a laptop).
     let allocator = allot_allocator::Config {
         instance: "allocator-up".into(),
-        ..allot_allocator::Config::new(url, "default")
+        ..allot_allocator::Config::new(urls.of(Role::Allocator), "default")
     };
     services.spawn({
         let shutdown = shutdown.clone();
@@ -279,7 +340,7 @@ async fn run_services(
         }
     });
     // The planner hands the pool's allocator each workload's tasks as their dependencies succeed.
-    let mut planner = allot_planner::Config::new(url, config.data_dir.join("planner"));
+    let mut planner = allot_planner::Config::new(urls.of(Role::Planner), config.data_dir.join("planner"));
     planner.teams.clone_from(&config.teams);
     services.spawn({
         let shutdown = shutdown.clone();
@@ -294,7 +355,7 @@ async fn run_services(
     });
     // Billing: every lease in the journal priced, cost events per team and workload.
     let mut billing =
-        allot_billing::Config::new(url, config.data_dir.join("billing"), config.prices.clone());
+        allot_billing::Config::new(urls.of(Role::Billing), config.data_dir.join("billing"), config.prices.clone());
     if let Some(teams) = &config.teams {
         billing.budgets = allot_billing::budget::from_teams(teams);
     }
@@ -310,7 +371,7 @@ async fn run_services(
         }
     });
     // The audit archive: a hash-chained copy of the allocator's journal.
-    let archiver = allot_archiver::Config::new(url, config.data_dir.join("archive.db"));
+    let archiver = allot_archiver::Config::new(urls.of(Role::Archiver), config.data_dir.join("archive.db"));
     services.spawn({
         let shutdown = shutdown.clone();
         async move {
@@ -326,7 +387,7 @@ async fn run_services(
         let node = format!("node-{i}");
         let model = config.sim_models[(i as usize - 1) % config.sim_models.len()];
         let collector = allot_collector::Config {
-            nats_url: url.to_owned(),
+            nats_url: urls.of(Role::Collector(node.clone())),
             node: node.clone(),
             pool: "default".into(),
             rack: Some(format!("rack-{}", (i - 1) / 4 + 1)),
@@ -353,7 +414,8 @@ async fn run_services(
         });
     }
     tracing::info!(
-        nats = %url,
+        nats = %urls.url,
+        authenticated = urls.users.is_some(),
         nodes = config.sim_nodes,
         gpus_per_node = config.sim_gpus,
         "allot is up; try `allot status` in this folder, Ctrl-C to stop"

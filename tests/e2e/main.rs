@@ -11,4 +11,5 @@ mod replay;
 mod submit;
 mod submit_wait;
 mod support;
+mod up_auth;
 mod up_status;
