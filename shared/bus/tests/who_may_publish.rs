@@ -17,6 +17,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use allot_bus::consumer::{ConsumerRunner, ConsumerSpec, Delivery, Handler, HandlerError, Outcome};
 use allot_bus::streams::names;
 use allot_bus::users::{Role, Users};
 use allot_bus::{catalog, ensure_streams};
@@ -485,4 +486,70 @@ async fn every_service_can_still_do_its_job() -> anyhow::Result<()> {
         .await?
         .publish_on(&subject::cost("A", "train-0123456789"), b"{}".to_vec())
         .await
+}
+
+/// Records the node of every completion it is handed.
+#[derive(Debug, Clone, Default)]
+struct Completions(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Handler for Completions {
+    async fn handle(&mut self, batch: &[Delivery]) -> Result<Vec<Outcome>, HandlerError> {
+        for d in batch {
+            if let AnyEvent::Task(TaskEvent::Completed(c)) = &d.event.data {
+                self.0.lock().unwrap().push(c.node.clone());
+            }
+        }
+        Ok(vec![Outcome::Handled; batch.len()])
+    }
+}
+
+#[tokio::test]
+async fn a_collector_cannot_speak_for_another_node_through_the_content_of_its_own_subject()
+-> anyhow::Result<()> {
+    let bus = Bus::start().await?;
+    // node-2 may publish on its own subject, so the server takes this; its content claims
+    // node-1's task.
+    let forged = Envelope::new("/forged", completed("node-1"));
+    bus.login(&collector("node-2"))
+        .await?
+        .publish_on("allot.task.completed.default.node-2", forged.to_json())
+        .await?;
+    bus.login(&collector("node-2"))
+        .await?
+        .publish(completed("node-2"))
+        .await?;
+
+    let seen = Completions::default();
+    let planner = bus.login(&Role::Planner).await?;
+    let spec = ConsumerSpec {
+        filter_subjects: vec!["allot.task.completed.*.*".into()],
+        ..ConsumerSpec::new(names::WORKLOADS, "completions")
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let runner = tokio::spawn(ConsumerRunner::new(planner.client.clone(), spec, seen.clone()).run(
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while bus.held(names::DEADLETTER).await? < 1 || seen.0.lock().unwrap().is_empty() {
+        ensure!(Instant::now() < deadline, "nothing handled or dead-lettered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = stop.send(());
+    runner.await??;
+    ensure!(
+        *seen.0.lock().unwrap() == ["node-2"],
+        "handled completions of {:?}",
+        seen.0.lock().unwrap()
+    );
+    let letter = bus
+        .admin
+        .js
+        .get_stream(names::DEADLETTER)
+        .await?
+        .get_raw_message(1)
+        .await?;
+    ensure!(letter.subject.as_str() == "allot.deadletter.allot.task.completed.default.node-2");
+    Ok(())
 }
