@@ -100,12 +100,18 @@ async def main() -> int:
     try:
         js = nc.jetstream()
         # Await the PubAck: a publish that was not acknowledged did not happen.
-        ack = await js.publish(
-            subject,
-            json.dumps(event).encode(),
-            timeout=5,
-            headers={"Nats-Msg-Id": key},
-        )
+        try:
+            ack = await js.publish(
+                subject,
+                json.dumps(event).encode(),
+                timeout=5,
+                headers={"Nats-Msg-Id": key},
+            )
+        except nats.errors.TimeoutError:
+            print(f"{event['subject']}: not acknowledged, so not submitted (may this user "
+                  f"publish on {subject}? a team user may submit for its own team only)",
+                  file=sys.stderr)
+            return 1
     finally:
         await nc.drain()
     if ack.duplicate:

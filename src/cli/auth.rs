@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use allot_bus::users::{Role, Users};
 use allot_bus::Credentials;
+use allot_bus::users::{Role, Users};
 
 const CREDENTIALS_SUFFIX: &str = ".credentials.json";
 
@@ -85,8 +85,8 @@ fn read_all(dir: &Path) -> anyhow::Result<BTreeMap<String, Credentials>> {
         if !is_credentials {
             continue;
         }
-        let text =
-            std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
         // A file that does not parse is replaced: its user gets a fresh password.
         if let Ok(creds) = serde_json::from_str::<Credentials>(&text) {
             out.insert(creds.user.clone(), creds);
@@ -144,10 +144,7 @@ mod tests {
 
         // Restarted without the team: the others keep their passwords, the team loses its file.
         let second = prepare(dir.path(), &nodes, &[]).unwrap();
-        assert_eq!(
-            second.get(&Role::Admin).unwrap().password,
-            admin.password
-        );
+        assert_eq!(second.get(&Role::Admin).unwrap().password, admin.password);
         assert!(!team.exists());
         assert!(second.get(&Role::Team("vision".into())).is_none());
     }

@@ -159,7 +159,11 @@ impl EmbeddedNats {
             .arg(&log)
             .arg("--server_name")
             .arg("allot-local")
-            .args(config.into_iter().flat_map(|c| [std::ffi::OsStr::new("--config"), c.as_os_str()]))
+            .args(
+                config
+                    .into_iter()
+                    .flat_map(|c| [std::ffi::OsStr::new("--config"), c.as_os_str()]),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

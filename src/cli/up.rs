@@ -260,7 +260,9 @@ pub async fn up(args: UpArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
 
 /// The names of the simulated nodes: `node-1` … `node-N`.
 fn node_names(config: &UpConfig) -> Vec<String> {
-    (1..=config.sim_nodes).map(|i| format!("node-{i}")).collect()
+    (1..=config.sim_nodes)
+        .map(|i| format!("node-{i}"))
+        .collect()
 }
 
 /// The teams of the teams file, each of which gets a user.
@@ -308,7 +310,8 @@ async fn run_services(
     }
 
     let mut services: JoinSet<(String, anyhow::Result<()>)> = JoinSet::new();
-    let mut inventory = allot_inventory::Config::new(urls.of(Role::Inventory), config.data_dir.join("inventory"));
+    let mut inventory =
+        allot_inventory::Config::new(urls.of(Role::Inventory), config.data_dir.join("inventory"));
     inventory.liveness.heartbeat_interval = config.heartbeat_interval;
     inventory.liveness.missed_heartbeats = config.missed_heartbeats;
     services.spawn({
@@ -340,7 +343,8 @@ async fn run_services(
         }
     });
     // The planner hands the pool's allocator each workload's tasks as their dependencies succeed.
-    let mut planner = allot_planner::Config::new(urls.of(Role::Planner), config.data_dir.join("planner"));
+    let mut planner =
+        allot_planner::Config::new(urls.of(Role::Planner), config.data_dir.join("planner"));
     planner.teams.clone_from(&config.teams);
     services.spawn({
         let shutdown = shutdown.clone();
@@ -354,8 +358,11 @@ async fn run_services(
         }
     });
     // Billing: every lease in the journal priced, cost events per team and workload.
-    let mut billing =
-        allot_billing::Config::new(urls.of(Role::Billing), config.data_dir.join("billing"), config.prices.clone());
+    let mut billing = allot_billing::Config::new(
+        urls.of(Role::Billing),
+        config.data_dir.join("billing"),
+        config.prices.clone(),
+    );
     if let Some(teams) = &config.teams {
         billing.budgets = allot_billing::budget::from_teams(teams);
     }
@@ -371,7 +378,8 @@ async fn run_services(
         }
     });
     // The audit archive: a hash-chained copy of the allocator's journal.
-    let archiver = allot_archiver::Config::new(urls.of(Role::Archiver), config.data_dir.join("archive.db"));
+    let archiver =
+        allot_archiver::Config::new(urls.of(Role::Archiver), config.data_dir.join("archive.db"));
     services.spawn({
         let shutdown = shutdown.clone();
         async move {

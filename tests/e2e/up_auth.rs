@@ -77,7 +77,13 @@ fn allot_up_lets_in_only_its_users_and_the_quick_start_still_works() {
     // The secrets are the owner's alone.
     let auth = data.join("auth");
     assert_eq!(mode(&auth), 0o700);
-    for user in ["admin", "planner", "collector-node-1", "team-vision", "team-nlp"] {
+    for user in [
+        "admin",
+        "planner",
+        "collector-node-1",
+        "team-vision",
+        "team-nlp",
+    ] {
         assert_eq!(
             mode(&auth.join(format!("{user}.credentials.json"))),
             0o600,

@@ -407,7 +407,10 @@ pub fn without_credentials(url: &str) -> String {
                 let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
                 format!("{scheme}://{host}")
             }
-            None => server.rsplit_once('@').map_or(server, |(_, h)| h).to_owned(),
+            None => server
+                .rsplit_once('@')
+                .map_or(server, |(_, h)| h)
+                .to_owned(),
         })
         .collect::<Vec<_>>()
         .join(",")

@@ -212,8 +212,8 @@ fn submission(team: &str) -> (String, Vec<u8>) {
 }
 
 #[tokio::test]
-async fn a_client_without_credentials_or_with_a_wrong_password_cannot_connect()
--> anyhow::Result<()> {
+async fn a_client_without_credentials_or_with_a_wrong_password_cannot_connect() -> anyhow::Result<()>
+{
     let bus = Bus::start().await?;
     let anonymous = async_nats::ConnectOptions::new()
         .connect(bus.server.url())
@@ -242,11 +242,15 @@ async fn a_client_without_credentials_or_with_a_wrong_password_cannot_connect()
 }
 
 #[tokio::test]
-async fn a_task_completion_is_believed_only_from_the_collector_of_its_node() -> anyhow::Result<()>
-{
+async fn a_task_completion_is_believed_only_from_the_collector_of_its_node() -> anyhow::Result<()> {
     let bus = Bus::start().await?;
     let before = bus.held(names::WORKLOADS).await?;
-    for role in [collector("node-2"), Role::Planner, Role::Allocator, team("A")] {
+    for role in [
+        collector("node-2"),
+        Role::Planner,
+        Role::Allocator,
+        team("A"),
+    ] {
         bus.login(&role).await?.refused(completed("node-1")).await?;
     }
     ensure!(
@@ -264,7 +268,12 @@ async fn a_task_completion_is_believed_only_from_the_collector_of_its_node() -> 
 #[tokio::test]
 async fn a_workload_is_finished_only_by_the_planner() -> anyhow::Result<()> {
     let bus = Bus::start().await?;
-    for role in [collector("node-1"), team("A"), Role::Billing, Role::Allocator] {
+    for role in [
+        collector("node-1"),
+        team("A"),
+        Role::Billing,
+        Role::Allocator,
+    ] {
         bus.login(&role).await?.refused(finished("A")).await?;
     }
     bus.login(&Role::Planner)
@@ -285,7 +294,10 @@ async fn the_journal_is_written_only_by_the_allocator() -> anyhow::Result<()> {
     ] {
         bus.login(&role).await?.refused(journal_entry()).await?;
     }
-    ensure!(bus.held(names::DECISIONS).await? == 0, "a forged entry was stored");
+    ensure!(
+        bus.held(names::DECISIONS).await? == 0,
+        "a forged entry was stored"
+    );
     bus.login(&Role::Allocator)
         .await?
         .publish(journal_entry())
@@ -342,7 +354,10 @@ async fn a_team_user_cannot_reach_jetstream_or_forge_a_reply() -> anyhow::Result
         .await?;
     // A PubAck (or any reply) forged onto another client's inbox.
     a.client
-        .publish("_INBOX.someone.1", r#"{"stream":"WORKLOADS","seq":1}"#.into())
+        .publish(
+            "_INBOX.someone.1",
+            r#"{"stream":"WORKLOADS","seq":1}"#.into(),
+        )
         .await?;
     a.client.flush().await?;
     a.violation("_INBOX.someone.1").await
@@ -404,7 +419,10 @@ async fn no_service_can_delete_purge_or_rewrite_a_stream() -> anyhow::Result<()>
         ensure!(own.is_err(), "{user} created a stream");
         login.violation("$JS.API.STREAM.CREATE.FORGED").await?;
     }
-    ensure!(bus.held(names::WORKLOADS).await? == 1, "WORKLOADS lost its event");
+    ensure!(
+        bus.held(names::WORKLOADS).await? == 1,
+        "WORKLOADS lost its event"
+    );
     Ok(())
 }
 
@@ -458,7 +476,10 @@ async fn every_service_can_still_do_its_job() -> anyhow::Result<()> {
 
     // The inventory answers status queries; a collector cannot.
     let inventory = bus.login(&Role::Inventory).await?;
-    let mut queries = inventory.client.subscribe("allot.query.inventory.status").await?;
+    let mut queries = inventory
+        .client
+        .subscribe("allot.query.inventory.status")
+        .await?;
     inventory.client.flush().await?;
     let answering = tokio::spawn(async move {
         if let Some(query) = queries.next().await
@@ -480,7 +501,10 @@ async fn every_service_can_still_do_its_job() -> anyhow::Result<()> {
     // Everyone may dead-letter; billing publishes costs.
     bus.login(&Role::Archiver)
         .await?
-        .publish_on("allot.deadletter.allot.alloc.default.journal", b"{}".to_vec())
+        .publish_on(
+            "allot.deadletter.allot.alloc.default.journal",
+            b"{}".to_vec(),
+        )
         .await?;
     bus.login(&Role::Billing)
         .await?
@@ -526,14 +550,17 @@ async fn a_collector_cannot_speak_for_another_node_through_the_content_of_its_ow
         ..ConsumerSpec::new(names::WORKLOADS, "completions")
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let runner = tokio::spawn(ConsumerRunner::new(planner.client.clone(), spec, seen.clone()).run(
-        async {
+    let runner = tokio::spawn(
+        ConsumerRunner::new(planner.client.clone(), spec, seen.clone()).run(async {
             let _ = stopped.await;
-        },
-    ));
+        }),
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     while bus.held(names::DEADLETTER).await? < 1 || seen.0.lock().unwrap().is_empty() {
-        ensure!(Instant::now() < deadline, "nothing handled or dead-lettered");
+        ensure!(
+            Instant::now() < deadline,
+            "nothing handled or dead-lettered"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let _ = stop.send(());

@@ -43,7 +43,11 @@ fn one_user_per_role_with_a_distinct_password_each() {
     );
     let passwords: BTreeSet<&str> = users.iter().map(|u| u.password.as_str()).collect();
     assert_eq!(passwords.len(), names.len());
-    assert!(passwords.iter().all(|p| p.len() == crate::accounts::PASSWORD_LEN));
+    assert!(
+        passwords
+            .iter()
+            .all(|p| p.len() == crate::accounts::PASSWORD_LEN)
+    );
 }
 
 #[test]
@@ -113,7 +117,11 @@ fn stream_administration_is_denied_to_every_user_but_admin() {
                 user.role.user()
             );
         }
-        assert!(denied("_INBOX.>"), "{} may publish on _INBOX", user.role.user());
+        assert!(
+            denied("_INBOX.>"),
+            "{} may publish on _INBOX",
+            user.role.user()
+        );
     }
 }
 
