@@ -270,10 +270,7 @@ async fn lead(
     let sources: [(&'static str, Vec<String>); 4] = [
         (names::FLEET, vec!["allot.node.registered.>".into()]),
         (names::INVENTORY, Vec::new()),
-        (
-            names::WORKLOADS,
-            allot_events::subject::task_of_pool(pool).to_vec(),
-        ),
+        (names::WORKLOADS, allot_events::subject::task_of_pool(pool)),
         (
             names::COSTS,
             vec![allot_events::subject::cost(

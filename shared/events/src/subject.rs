@@ -102,8 +102,8 @@ pub fn task_on_node(event: &str, pool: &str, node: &str) -> String {
 
 /// Every task event of `pool`, from the planner and from every node:
 /// `allot.task.*.<pool>` and `allot.task.*.<pool>.*` (a consumer's filter subjects).
-pub fn task_of_pool(pool: &str) -> [String; 2] {
-    [
+pub fn task_of_pool(pool: &str) -> Vec<String> {
+    vec![
         format!("allot.task.*.{pool}"),
         format!("allot.task.*.{pool}.*"),
     ]
