@@ -3,7 +3,13 @@
 
     pip install nats-py pyyaml
     python3 examples/submit_nats.py examples/train-eval.yaml --run-id "$CI_PIPELINE_ID" \
-        --nats nats://allot-nats:4222
+        --credentials .allot/auth/team-vision.credentials.json
+
+The bus lets in only its users: `allot up --teams FILE` writes one credentials file per team
+(`.allot/auth/team-<team>.credentials.json`: user, password, URL), whose user may publish only
+its team's submissions and aborts. Submitting under another team is refused by the server (no
+PubAck: this script then fails). `--nats URL` overrides the file's URL; a server without users
+needs no credentials.
 
 What it sends (see examples/README.md):
   subject   allot.workload.submitted.<team>
@@ -72,7 +78,8 @@ async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("file", help="workload spec, YAML or JSON")
     parser.add_argument("--run-id", default="", help="the CI run submitting it")
-    parser.add_argument("--nats", default="nats://127.0.0.1:4222", help="NATS URL")
+    parser.add_argument("--credentials", help="a team's credentials file (user, password, url)")
+    parser.add_argument("--nats", help="NATS URL (default: the credentials' url, else the local one)")
     parser.add_argument("--submitter", default=f"{getpass.getuser()}@{socket.gethostname()}")
     args = parser.parse_args()
 
@@ -82,16 +89,29 @@ async def main() -> int:
     event = cloud_event(spec, key, args.run_id, args.submitter)
     subject = f"allot.workload.submitted.{spec['metadata']['team']}"
 
-    nc = await nats.connect(args.nats, connect_timeout=2)
+    login = {}
+    url = "nats://127.0.0.1:4222"
+    if args.credentials:
+        with open(args.credentials, encoding="utf-8") as f:
+            creds = json.load(f)
+        login = {"user": creds["user"], "password": creds["password"]}
+        url = creds["url"]
+    nc = await nats.connect(args.nats or url, connect_timeout=2, **login)
     try:
         js = nc.jetstream()
         # Await the PubAck: a publish that was not acknowledged did not happen.
-        ack = await js.publish(
-            subject,
-            json.dumps(event).encode(),
-            timeout=5,
-            headers={"Nats-Msg-Id": key},
-        )
+        try:
+            ack = await js.publish(
+                subject,
+                json.dumps(event).encode(),
+                timeout=5,
+                headers={"Nats-Msg-Id": key},
+            )
+        except nats.errors.TimeoutError:
+            print(f"{event['subject']}: not acknowledged, so not submitted (may this user "
+                  f"publish on {subject}? a team user may submit for its own team only)",
+                  file=sys.stderr)
+            return 1
     finally:
         await nc.drain()
     if ack.duplicate:

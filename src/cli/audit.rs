@@ -81,7 +81,8 @@ async fn archive(args: ArchiveArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode>
         .await
         .with_context(|| {
             format!(
-                "archiving from {url} (from {origin}) into {}",
+                "archiving from {} (from {origin}) into {}",
+                allot_bus::users::without_credentials(&url),
                 args.db.display()
             )
         })?;

@@ -81,7 +81,7 @@ async fn telemetry(args: TelemetryArgs, env: Lookup<'_>) -> anyhow::Result<ExitC
     let mut allot = Vec::new();
     for round in 0..args.rounds {
         let dir = tempfile::tempdir()?;
-        let nats = local::EmbeddedNats::start(&binary, dir.path(), pick_free_port()?).await?;
+        let nats = local::EmbeddedNats::start(&binary, dir.path(), pick_free_port()?, None).await?;
         let url = nats.url().to_owned();
         let result = async {
             let (r, a) = if round % 2 == 0 {

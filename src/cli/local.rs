@@ -149,7 +149,10 @@ fn without_credentials(url: &str) -> String {
 }
 
 /// The URL client commands use: `--nats`, then `ALLOT_NATS_URL`, then the `nats.url` written by
-/// an `allot up` in this folder, then the default port.
+/// an `allot up` in this folder — with the `admin` credentials it keeps beside it written in,
+/// since its server lets no anonymous client in — then the default port.
+///
+/// The URL may hold a password: show it with [`allot_bus::users::without_credentials`].
 pub fn discover_url(
     flag: Option<&str>,
     env: &dyn Fn(&str) -> Option<String>,
@@ -162,10 +165,13 @@ pub fn discover_url(
         return (url, "ALLOT_NATS_URL".into());
     }
     if let Ok(url) = std::fs::read_to_string(url_file(data_dir)) {
-        return (
-            url.trim().to_owned(),
-            url_file(data_dir).display().to_string(),
-        );
+        let url = match super::auth::admin_credentials(data_dir) {
+            Some(admin) => {
+                allot_bus::users::url_with_credentials(url.trim(), &admin.user, &admin.password)
+            }
+            None => url.trim().to_owned(),
+        };
+        return (url, url_file(data_dir).display().to_string());
     }
     ("nats://127.0.0.1:4222".into(), "the default".into())
 }
@@ -192,8 +198,9 @@ pub async fn connect_client(
         .await
         .with_context(|| {
             format!(
-                "NATS at {url} (from {origin}) is not reachable; {nothing}. Is `allot up` running \
-                 in this folder? (or pass --nats URL)"
+                "NATS at {} (from {origin}) is not reachable; {nothing}. Is `allot up` running \
+                 in this folder? (or pass --nats URL)",
+                allot_bus::users::without_credentials(&url)
             )
         })
 }
@@ -260,8 +267,14 @@ impl EmbeddedNats {
     }
 
     /// Starts nats-server with JetStream, its store and log under `data_dir`, on `port`
-    /// (0: 4222 if free, else any free port), and waits until it accepts clients.
-    pub async fn start(binary: &Path, data_dir: &Path, port: u16) -> anyhow::Result<Self> {
+    /// (0: 4222 if free, else any free port), and waits until it accepts clients. `config` is
+    /// a configuration file for what flags cannot say (`allot up`'s users).
+    pub async fn start(
+        binary: &Path,
+        data_dir: &Path,
+        port: u16,
+        config: Option<&Path>,
+    ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(data_dir)
             .with_context(|| format!("creating {}", data_dir.display()))?;
         let port = if port == 0 { pick_port() } else { port };
@@ -282,6 +295,11 @@ impl EmbeddedNats {
             .arg(&log)
             .arg("--server_name")
             .arg("allot-local")
+            .args(
+                config
+                    .into_iter()
+                    .flat_map(|c| [std::ffi::OsStr::new("--config"), c.as_os_str()]),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

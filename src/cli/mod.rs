@@ -12,7 +12,8 @@
 //! - [`bench`]: benchmarks that need the real bus (`allot bench telemetry`).
 //! - [`settings`]: flags and `ALLOT_*` variables, all problems reported at once.
 //! - [`nats_config`]: per-team NATS accounts and credentials, and the teams' cost streams.
-//! - [`local`]: the embedded nats-server and how client commands find it (`./.allot/`).
+//! - [`local`]: the embedded nats-server and how client commands find it (`./.allot/`), and
+//!   [`auth`]: its users — one per role, their credentials in `./.allot/auth/`.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -24,6 +25,7 @@ use futures::future::{BoxFuture, Shared};
 
 pub mod abort;
 pub mod audit;
+pub mod auth;
 pub mod bench;
 pub mod costs;
 pub mod follow;

@@ -199,7 +199,7 @@ pub async fn run(args: RunArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
         Service::Billing(a) => Configured::Billing(Box::new(billing_config(a, &url, &mut s))),
     };
     s.finish()?;
-    tracing::info!(nats = %url, from = %origin, "using NATS");
+    tracing::info!(nats = %allot_bus::users::without_credentials(&url), from = %origin, "using NATS");
 
     let (_trigger, shutdown) = shutdown_on_signal();
     let admin = allot_bus::connect(

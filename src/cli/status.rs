@@ -36,9 +36,12 @@ pub async fn status(args: StatusArgs, env: Lookup<'_>) -> anyhow::Result<ExitCod
         .unwrap_or_else(|| ".allot".into());
     let (url, origin) =
         local::discover_url(args.nats.as_deref(), env, std::path::Path::new(&data_dir));
-    let status = fetch(&url)
-        .await
-        .with_context(|| format!("asking the inventory at {url} (from {origin})"))?;
+    let status = fetch(&url).await.with_context(|| {
+        format!(
+            "asking the inventory at {} (from {origin})",
+            allot_bus::users::without_credentials(&url)
+        )
+    })?;
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &status)?;

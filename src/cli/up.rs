@@ -18,7 +18,7 @@ use tokio::task::JoinSet;
 use allot_collector::sim::{GpuModel, SimSpec};
 
 use super::settings::{Lookup, Settings};
-use super::{local, shutdown_on_signal, within_grace};
+use super::{auth, local, shutdown_on_signal, within_grace};
 
 /// Flags of `allot up`; each also reads its `ALLOT_*` variable.
 #[derive(Debug, Args)]
@@ -217,13 +217,34 @@ pub async fn up(args: UpArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
     let lock = Arc::new(local::DataDirLock::acquire(&config.data_dir)?);
     let (trigger, shutdown) = shutdown_on_signal();
 
+    // The embedded server believes only who may speak: one user per role (see `auth`).
+    let users = match &config.nats {
+        Some(_) => None,
+        None => Some(auth::prepare(
+            &config.data_dir,
+            &node_names(&config),
+            &team_names(&config),
+        )?),
+    };
     let mut embedded = match &config.nats {
         Some(_) => None,
         None => {
             let binary = local::nats_server_binary(env)?;
-            Some(local::EmbeddedNats::start(&binary, &config.data_dir, config.nats_port).await?)
+            let users_config = auth::server_config_file(&config.data_dir);
+            Some(
+                local::EmbeddedNats::start(
+                    &binary,
+                    &config.data_dir,
+                    config.nats_port,
+                    Some(&users_config),
+                )
+                .await?,
+            )
         }
     };
+    if let (Some(users), Some(nats)) = (&users, &embedded) {
+        auth::write_credentials(&config.data_dir, users, nats.url())?;
+    }
     let url = match (&config.nats, &embedded) {
         (Some(url), _) => url.clone(),
         (None, Some(nats)) => nats.url().to_owned(),
@@ -231,7 +252,11 @@ pub async fn up(args: UpArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
     };
     lock.record(Some(&url), embedded.as_ref().map(local::EmbeddedNats::pid))?;
 
-    let admin = match prepare(&url, embedded.as_mut(), shutdown.clone()).await {
+    let urls = Urls {
+        url: &url,
+        users: users.as_ref(),
+    };
+    let admin = match prepare(&urls, embedded.as_mut(), shutdown.clone()).await {
         Ok(admin) => admin,
         Err(e) => {
             if let Some(nats) = embedded {
@@ -261,7 +286,7 @@ pub async fn up(args: UpArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
         })
     });
 
-    let result = run_services(&config, &url, shutdown, trigger, &mut nats_failed).await;
+    let result = run_services(&config, &urls, shutdown, trigger, &mut nats_failed).await;
     let _ = within_grace("NATS drain", Duration::from_secs(5), admin.drain()).await;
     // The server goes last: the services drained their connections through it.
     let _ = stop_nats.send(());
@@ -277,19 +302,53 @@ pub async fn up(args: UpArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The names of the simulated nodes: `node-1` … `node-N`.
+fn node_names(config: &UpConfig) -> Vec<String> {
+    (1..=config.sim_nodes)
+        .map(|i| format!("node-{i}"))
+        .collect()
+}
+
+/// The teams of the teams file, each of which gets a user.
+fn team_names(config: &UpConfig) -> Vec<String> {
+    config
+        .teams
+        .iter()
+        .flat_map(|t| t.teams.iter().map(|team| team.name.clone()))
+        .collect()
+}
+
+/// How each service reaches the server: as its own user on the embedded server, or with the
+/// URL as given (`--nats`).
+struct Urls<'a> {
+    url: &'a str,
+    users: Option<&'a allot_bus::Users>,
+}
+
+impl Urls<'_> {
+    fn of(&self, role: allot_bus::Role) -> String {
+        self.users
+            .and_then(|users| users.url_for(&role, self.url))
+            .unwrap_or_else(|| self.url.to_owned())
+    }
+}
+
 /// How long the embedded nats-server's restarts are counted against `--nats-restarts`.
 const NATS_RESTART_WINDOW: Duration = Duration::from_secs(60);
 
 /// Connects the admin client, creates the streams and only then announces the embedded
 /// server's URL, so a command that finds `nats.url` finds a working Allot.
 async fn prepare(
-    url: &str,
+    urls: &Urls<'_>,
     embedded: Option<&mut local::EmbeddedNats>,
     shutdown: super::Shutdown,
 ) -> anyhow::Result<async_nats::Client> {
-    let admin = allot_bus::connect(&allot_bus::ConnectConfig::new(url, "allot-up"), shutdown)
-        .await
-        .context("connecting to NATS")?;
+    let admin = allot_bus::connect(
+        &allot_bus::ConnectConfig::new(urls.of(allot_bus::Role::Admin), "allot-up"),
+        shutdown,
+    )
+    .await
+    .context("connecting to NATS")?;
     let js = async_nats::jetstream::new(admin.clone());
     allot_bus::ensure_streams(&js, &allot_bus::catalog(1)).await?;
     if let Some(nats) = embedded {
@@ -337,13 +396,15 @@ impl Services {
 /// fails: the first failure stops all the others, and is the error returned.
 async fn run_services(
     config: &UpConfig,
-    url: &str,
+    urls: &Urls<'_>,
     shutdown: super::Shutdown,
     trigger: oneshot::Sender<()>,
     nats_failed: &mut oneshot::Receiver<anyhow::Error>,
 ) -> anyhow::Result<()> {
+    use allot_bus::Role;
     let mut services = Services::default();
-    let mut inventory = allot_inventory::Config::new(url, config.data_dir.join("inventory"));
+    let mut inventory =
+        allot_inventory::Config::new(urls.of(Role::Inventory), config.data_dir.join("inventory"));
     inventory.liveness.heartbeat_interval = config.heartbeat_interval;
     inventory.liveness.missed_heartbeats = config.missed_heartbeats;
     let stop = shutdown.clone();
@@ -359,22 +420,26 @@ async fn run_services(
             .as_ref()
             .map(allot_workload::TeamsConfig::quotas)
             .unwrap_or_default(),
-        ..allot_allocator::Config::new(url, "default")
+        ..allot_allocator::Config::new(urls.of(Role::Allocator), "default")
     };
     let stop = shutdown.clone();
     services.spawn("allocator", async move {
         Ok(allot_allocator::run(allocator, stop).await?)
     });
     // The planner hands the pool's allocator each workload's tasks as their dependencies succeed.
-    let mut planner = allot_planner::Config::new(url, config.data_dir.join("planner"));
+    let mut planner =
+        allot_planner::Config::new(urls.of(Role::Planner), config.data_dir.join("planner"));
     planner.teams.clone_from(&config.teams);
     let stop = shutdown.clone();
     services.spawn("planner", async move {
         Ok(allot_planner::run(planner, stop).await?)
     });
     // Billing: every lease in the journal priced, cost events per team and workload.
-    let mut billing =
-        allot_billing::Config::new(url, config.data_dir.join("billing"), config.prices.clone());
+    let mut billing = allot_billing::Config::new(
+        urls.of(Role::Billing),
+        config.data_dir.join("billing"),
+        config.prices.clone(),
+    );
     if let Some(teams) = &config.teams {
         billing.budgets = allot_billing::budget::from_teams(teams);
     }
@@ -383,7 +448,8 @@ async fn run_services(
         Ok(allot_billing::run(billing, stop).await?)
     });
     // The audit archive: a hash-chained copy of the allocator's journal.
-    let archiver = allot_archiver::Config::new(url, config.data_dir.join("archive.db"));
+    let archiver =
+        allot_archiver::Config::new(urls.of(Role::Archiver), config.data_dir.join("archive.db"));
     let stop = shutdown.clone();
     services.spawn("archiver", async move {
         Ok(allot_archiver::run(archiver, stop).await?)
@@ -392,7 +458,7 @@ async fn run_services(
         let node = format!("node-{i}");
         let model = config.sim_models[(i as usize - 1) % config.sim_models.len()];
         let collector = allot_collector::Config {
-            nats_url: url.to_owned(),
+            nats_url: urls.of(Role::Collector(node.clone())),
             node: node.clone(),
             pool: "default".into(),
             rack: Some(format!("rack-{}", (i - 1) / 4 + 1)),
@@ -414,7 +480,8 @@ async fn run_services(
         });
     }
     tracing::info!(
-        nats = %url,
+        nats = %urls.url,
+        authenticated = urls.users.is_some(),
         nodes = config.sim_nodes,
         gpus_per_node = config.sim_gpus,
         "allot is up; try `allot status` in this folder, Ctrl-C to stop"

@@ -14,5 +14,6 @@ mod stress;
 mod submit;
 mod submit_wait;
 mod support;
+mod up_auth;
 mod up_lifecycle;
 mod up_status;

@@ -283,7 +283,7 @@ fn sources(pool: &str) -> [(&'static str, Vec<String>); 4] {
     [
         (names::FLEET, vec!["allot.node.registered.>".into()]),
         (names::INVENTORY, Vec::new()),
-        (names::WORKLOADS, vec![format!("allot.task.*.{pool}")]),
+        (names::WORKLOADS, allot_events::subject::task_of_pool(pool)),
         (
             names::COSTS,
             vec![allot_events::subject::cost(

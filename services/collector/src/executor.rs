@@ -4,7 +4,7 @@
 //! [`Dispatch`](allot_events::alloc::Dispatch): the task's command and the nodes and GPUs it
 //! was given. For every grant with a share on this node it starts a run; for every preemption
 //! or release of a run still here it stops it. Runs are [`simulated`] (the simulated cluster of
-//! `allot up`) or real [`process`]es. It publishes, on `allot.task.<event>.<pool>`:
+//! `allot up`) or real [`process`]es. It publishes, on `allot.task.<event>.<pool>.<node>`:
 //!
 //! | when | event |
 //! |---|---|

@@ -26,7 +26,7 @@
 //! |---|---|
 //! | WORKLOADS `allot.workload.submitted.>` | new workloads (a known id is a no-op) |
 //! | WORKLOADS `allot.workload.aborted.>` | aborts of a workload, or of one task and what follows it |
-//! | WORKLOADS `allot.task.completed.*`, `allot.task.failed.*` | runs that ended |
+//! | WORKLOADS `allot.task.completed.*.*`, `allot.task.failed.*.*` (`<pool>.<node>`) | runs that ended |
 //! | DECISIONS `allot.alloc.*.journal` | grants (ready → running) and preemptions (running → ready) |
 //!
 //! It publishes `TaskReady` (pool from [`Config::pool`]) for each task whose dependencies all
@@ -183,8 +183,9 @@ pub async fn run(
         &[
             "allot.workload.submitted.>",
             "allot.workload.aborted.>",
-            "allot.task.completed.*",
-            "allot.task.failed.*",
+            // `allot.task.<event>.<pool>.<node>`: runs end on a node, whose collector reports them.
+            "allot.task.completed.*.*",
+            "allot.task.failed.*.*",
         ],
     )?;
     let decisions = consumer(names::DECISIONS, "decisions", &["allot.alloc.*.journal"])?;

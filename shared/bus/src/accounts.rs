@@ -484,18 +484,18 @@ fn render_team(out: &mut String, team: &TeamAccount, permissions: bool) {
     let _ = writeln!(out, "  }}");
 }
 
-fn password(rng: &mut impl CryptoRng) -> String {
+pub(crate) fn password(rng: &mut impl CryptoRng) -> String {
     (0..PASSWORD_LEN)
         .map(|_| char::from(rng.sample(Alphanumeric)))
         .collect()
 }
 
 /// A double-quoted nats-server config string (quoted, `$` is not a variable reference).
-fn quote(value: &str) -> String {
+pub(crate) fn quote(value: &str) -> String {
     format!("\"{}\"", value.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
-fn quote_list(values: &[String]) -> String {
+pub(crate) fn quote_list(values: &[String]) -> String {
     let quoted: Vec<String> = values.iter().map(|v| quote(v)).collect();
     format!("[{}]", quoted.join(", "))
 }

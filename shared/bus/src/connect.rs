@@ -72,13 +72,15 @@ pub async fn connect(
     shutdown: impl Future<Output = ()>,
 ) -> Result<Client, BusError> {
     tokio::pin!(shutdown);
+    // The URL may carry a password: logs and errors show it without.
+    let shown = crate::users::without_credentials(&config.url);
     let mut attempt = 0u32;
     loop {
         attempt += 1;
         match options(config).connect(server_list(&config.url)).await {
             Ok(client) => {
                 if attempt > 1 {
-                    tracing::info!(url = %config.url, attempt, "connected to NATS");
+                    tracing::info!(url = %shown, attempt, "connected to NATS");
                 }
                 return Ok(client);
             }
@@ -92,14 +94,14 @@ pub async fn connect(
                 ) =>
             {
                 return Err(BusError::Connect {
-                    url: config.url.clone(),
+                    url: shown,
                     source: e,
                 });
             }
             Err(e) => {
                 let wait = backoff(attempt, config.max_backoff);
                 tracing::warn!(
-                    url = %config.url,
+                    url = %shown,
                     attempt,
                     retry_in_ms = wait.as_millis() as u64,
                     error = %e,
@@ -108,7 +110,7 @@ pub async fn connect(
                 tokio::select! {
                     () = tokio::time::sleep(wait) => {}
                     () = &mut shutdown => {
-                        return Err(BusError::ShutdownBeforeConnect { url: config.url.clone() });
+                        return Err(BusError::ShutdownBeforeConnect { url: shown });
                     }
                 }
             }

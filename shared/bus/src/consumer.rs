@@ -114,8 +114,20 @@ pub trait Content: Clone + Send + Sync + Sized + 'static {
 }
 
 impl Content for Envelope {
+    /// The subject is what the server checked the publisher's right to (see [`crate::users`]),
+    /// so an event whose content names another subject — a collector's completion of another
+    /// node's task, a team's submission for another team — is not believed.
     fn read(message: &async_nats::Message) -> Result<Self, String> {
-        decode(&message.payload).map_err(|e| format!("undecodable: {e}"))
+        let envelope = decode(&message.payload).map_err(|e| format!("undecodable: {e}"))?;
+        let claimed = envelope.nats_subject();
+        if claimed != message.subject.as_str() {
+            return Err(format!(
+                "published on {} but it is an event of {claimed}: its publisher may not speak \
+                 for what it claims",
+                message.subject
+            ));
+        }
+        Ok(envelope)
     }
 }
 

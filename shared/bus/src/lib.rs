@@ -14,6 +14,9 @@
 //! - [`accounts`]: per-team isolation — the nats-server accounts configuration (a PLATFORM
 //!   account and one account per team that can read only its own cost events, live and through
 //!   its own stream) and [`ensure_team_streams`], which creates those team streams.
+//! - [`users`]: who may speak — one NATS user per role (`admin`, each service, a collector per
+//!   node, a team per team), each publishing only its own subjects, rendered as the
+//!   `authorization` block `allot up` gives its nats-server.
 //! - [`error`]: [`BusError`] and [`PublishError`], classified by who is at fault.
 
 pub mod accounts;
@@ -22,6 +25,7 @@ pub mod consumer;
 pub mod error;
 pub mod publish;
 pub mod streams;
+pub mod users;
 
 pub use accounts::{Accounts, Credentials, ensure_team_streams};
 pub use connect::{ConnectConfig, connect, server_list};
@@ -32,6 +36,7 @@ pub use consumer::{
 pub use error::{BusError, PublishError};
 pub use publish::{PendingAck, Published, Publisher};
 pub use streams::{StreamSpec, catalog, ensure_streams};
+pub use users::{Role, Users};
 
 pub use async_nats;
 

@@ -42,8 +42,7 @@ pub const INVENTORY_ALL: &str = "allot.inventory.>";
 /// Every workload event (submitted, aborted, finished): `allot.workload.>`.
 pub const WORKLOAD_ALL: &str = "allot.workload.>";
 /// Every task lifecycle event (ready, preload, started, checkpointed, completed, failed,
-/// cancelled):
-/// `allot.task.>`.
+/// cancelled, stopped): `allot.task.>`.
 pub const TASK_ALL: &str = "allot.task.>";
 /// Every allocator journal entry and decision: `allot.alloc.>`.
 pub const ALLOC_ALL: &str = "allot.alloc.>";
@@ -89,9 +88,25 @@ pub fn workload_finished(team: &str) -> String {
     format!("allot.workload.finished.{team}")
 }
 
-/// `allot.task.<event>.<pool>`
+/// `allot.task.<event>.<pool>`: a task event the planner publishes (ready, preload, cancelled).
 pub fn task(event: &str, pool: &str) -> String {
     format!("allot.task.{event}.{pool}")
+}
+
+/// `allot.task.<event>.<pool>.<node>`: a task event the collector of `node` publishes about a
+/// run on it (started, checkpointed, completed, failed, stopped). The node is in the subject so
+/// that the server can let each collector speak for its own node only.
+pub fn task_on_node(event: &str, pool: &str, node: &str) -> String {
+    format!("allot.task.{event}.{pool}.{node}")
+}
+
+/// Every task event of `pool`, from the planner and from every node:
+/// `allot.task.*.<pool>` and `allot.task.*.<pool>.*` (a consumer's filter subjects).
+pub fn task_of_pool(pool: &str) -> Vec<String> {
+    vec![
+        format!("allot.task.*.{pool}"),
+        format!("allot.task.*.{pool}.*"),
+    ]
 }
 
 /// `allot.alloc.<pool>.journal`: the allocator's journal of a pool.

@@ -44,8 +44,20 @@ impl EventKind for TaskEvent {
     fn event_type(&self) -> String {
         TaskEvent::event_type(self)
     }
+    /// A run's events name its node too, so each collector may publish only its own.
     fn nats_subject(&self) -> String {
-        subject::task(self.name(), &self.entity())
+        let node = match self {
+            Self::Ready(_) | Self::Preload(_) | Self::Cancelled(_) => None,
+            Self::Started(e) => Some(&e.node),
+            Self::Stopped(e) => Some(&e.node),
+            Self::Checkpointed(e) => Some(&e.node),
+            Self::Completed(e) => Some(&e.node),
+            Self::Failed(e) => Some(&e.node),
+        };
+        match node {
+            None => subject::task(self.name(), &self.entity()),
+            Some(node) => subject::task_on_node(self.name(), &self.entity(), node),
+        }
     }
     /// The pool: every task event of a pool goes to its allocator, in one order.
     fn entity(&self) -> String {

@@ -138,7 +138,7 @@ pub(super) async fn submit(args: SubmitArgs, env: Lookup<'_>) -> anyhow::Result<
     let port = std::net::TcpListener::bind(("127.0.0.1", 0))?
         .local_addr()?
         .port();
-    let nats = local::EmbeddedNats::start(&binary, dir.path(), port).await?;
+    let nats = local::EmbeddedNats::start(&binary, dir.path(), port, None).await?;
     let url = nats.url().to_owned();
     let result = run(&args, &url, dir.path()).await;
     nats.stop().await;
