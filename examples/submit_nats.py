@@ -13,15 +13,18 @@ needs no credentials.
 
 What it sends (see examples/README.md):
   subject   allot.workload.submitted.<team>
-  headers   Nats-Msg-Id: <idempotency key>   (JetStream keeps one copy per key within the
-            WORKLOADS stream's duplicate window, one hour)
+  headers   Nats-Msg-Id: SHA-256 of the team, the idempotency key and the spec   (JetStream
+            keeps one copy per id within the WORKLOADS stream's duplicate window, one hour)
   payload   a CloudEvents 1.0 structured-JSON event of type io.allot.workload.v1.submitted
 
 It does not validate the spec: run `allot validate FILE` where the binary is available. The
 idempotency key is SHA-256 over the spec (as canonical JSON) and the run id, so a retried CI job
 with the same spec and run id publishes the same key and is stored once. It is computed from
 this script's canonical JSON, which is not byte-for-byte `allot submit`'s: use one of the two
-submission paths per pipeline.
+submission paths per pipeline. The workload id is `<name>-<first 10 hex digits of
+SHA-256(<team>\n<key>)>`: the planner derives it again and refuses a submission whose id
+does not follow (so nobody can take the id of another team's submission), or whose id is known
+with a different spec (a key reused for other content).
 """
 
 import argparse
@@ -41,18 +44,37 @@ import yaml
 EVENT_ID_NAMESPACE = uuid.UUID("6a1f9c2e-4b7d-4e21-9a83-5d0c7e14b2f6")
 
 
+def canonical_json(spec: dict) -> str:
+    return json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def idempotency_key(spec: dict, run_id: str) -> str:
-    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     digest = hashlib.sha256()
     digest.update(b"allot/v1 workload\n")
-    digest.update(canonical.encode())
+    digest.update(canonical_json(spec).encode())
     digest.update(b"\n")
     digest.update(run_id.encode())
     return digest.hexdigest()
 
 
 def workload_id(spec: dict, key: str) -> str:
-    return f"{spec['metadata']['name']}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+    # From the team and the key: the planner derives it again and refuses an id that differs.
+    team_key = f"{spec['metadata']['team']}\n{key}"
+    return f"{spec['metadata']['name']}-{hashlib.sha256(team_key.encode()).hexdigest()[:10]}"
+
+
+def msg_id(spec: dict, key: str) -> str:
+    # Nats-Msg-Id: a hash of the team, the key and the spec. A retry is stored once; another
+    # team's equal key, or this key reused for another spec, is another message (which the
+    # planner then refuses out loud rather than JetStream dropping it as a duplicate).
+    digest = hashlib.sha256()
+    digest.update(b"allot/v1 submission\n")
+    digest.update(spec["metadata"]["team"].encode())
+    digest.update(b"\n")
+    digest.update(key.encode())
+    digest.update(b"\n")
+    digest.update(canonical_json(spec).encode())
+    return digest.hexdigest()
 
 
 def cloud_event(spec: dict, key: str, run_id: str, submitter: str) -> dict:
@@ -62,8 +84,8 @@ def cloud_event(spec: dict, key: str, run_id: str, submitter: str) -> dict:
         data["run_id"] = run_id
     return {
         "specversion": "1.0",
-        # The same key gives the same id: a re-sent event is the same event.
-        "id": str(uuid.uuid5(EVENT_ID_NAMESPACE, key)),
+        # The same team, key and spec give the same id: a re-sent event is the same event.
+        "id": str(uuid.uuid5(EVENT_ID_NAMESPACE, msg_id(spec, key))),
         "source": "/ci/submit_nats.py",
         "type": "io.allot.workload.v1.submitted",
         "time": datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z"),
@@ -105,7 +127,7 @@ async def main() -> int:
                 subject,
                 json.dumps(event).encode(),
                 timeout=5,
-                headers={"Nats-Msg-Id": key},
+                headers={"Nats-Msg-Id": msg_id(spec, key)},
             )
         except nats.errors.TimeoutError:
             print(f"{event['subject']}: not acknowledged, so not submitted (may this user "

@@ -126,8 +126,8 @@ pub fn validate(args: ValidateArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode>
 }
 
 /// `allot submit FILE`: validates (against the live inventory when it answers), publishes
-/// `WorkloadSubmitted` with `Nats-Msg-Id` = the idempotency key, awaits the PubAck, and prints
-/// the workload id on standard output.
+/// `WorkloadSubmitted` with `Nats-Msg-Id` = a hash of team, idempotency key and spec, awaits the
+/// PubAck, and prints the workload id on standard output.
 pub async fn submit(args: SubmitArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
     let wait = args.wait || args.follow || args.timeout.is_some();
     let (text, format) = read_spec(&args.file)?;

@@ -1,6 +1,7 @@
-//! Applying bus events to the planner's state, exactly once: one handler type serves both
+//! Applying bus events to the planner's state, exactly once: one handler type serves its three
 //! durable consumers (WORKLOADS: submissions, aborts, completions, failures; DECISIONS: the
-//! allocators' journals, for grants and preemptions).
+//! allocators' journals, for grants and preemptions; FLEET: node registrations, for the
+//! capacity check).
 //!
 //! Each message is applied in its own transaction with the consumer's position and the events
 //! its transition produced ([`crate::store`]); the handler makes no decision of its own beyond
@@ -16,7 +17,7 @@ use allot_bus::consumer::{Delivery, Handler, HandlerError, Outcome};
 use allot_events::alloc::Applied;
 use allot_events::task::{TaskCancelled, TaskPreload, TaskReady};
 use allot_events::workload::{WorkloadFinished, WorkloadSubmitted};
-use allot_events::{AllocEvent, AnyEvent, Envelope, TaskEvent, WorkloadEvent};
+use allot_events::{AllocEvent, AnyEvent, Envelope, NodeEvent, TaskEvent, WorkloadEvent};
 use allot_sched::{Decision, TaskId, Time};
 use allot_store::rusqlite::Connection;
 use allot_workload::TeamsConfig;
@@ -176,6 +177,10 @@ fn step(
             }
             Ok(Step::handled(queued))
         }
+        AnyEvent::Node(NodeEvent::Registered(r)) if r.pool == pool => {
+            store::register_node(c, r)?;
+            Ok(Step::handled(false))
+        }
         // Not the planner's (its own events, other task events): nothing to do.
         _ => Ok(Step::handled(false)),
     }
@@ -188,11 +193,33 @@ fn submitted(
     s: &WorkloadSubmitted,
     d: &Delivery,
 ) -> Result<Step, StoreError> {
-    if store::known(c, &s.workload_id)? {
+    // The id is derived from the team and the key; one that does not follow was chosen by
+    // hand, perhaps to take the id someone else's submission will have.
+    let derived = allot_workload::submit::workload_id(&s.spec, &s.idempotency_key);
+    if s.workload_id != derived {
+        warn!(workload.id = %s.workload_id, %derived, "submission rejected: id not derived");
+        return Ok(Step::rejected(format!(
+            "workload id {} is not derived from the submission (team {} and idempotency key \
+             {:?} give {derived}; see allot_workload::submit::workload_id)",
+            s.workload_id, s.spec.metadata.team, s.idempotency_key
+        )));
+    }
+    if let Some(earlier) = store::known(c, &s.workload_id)? {
         // The same submission again (a CI retry after the duplicate window): already planned.
+        // The same key with another spec is not the same submission.
+        let earlier: Option<WorkloadSubmitted> = serde_json::from_str(&earlier).ok();
+        if earlier.is_some_and(|e| e.spec != s.spec) {
+            warn!(workload.id = %s.workload_id, "submission rejected: key reused for another spec");
+            return Ok(Step::rejected(format!(
+                "workload {} already exists with a different spec: idempotency key {:?} was \
+                 used before by team {} for other content (choose another key or run id)",
+                s.workload_id, s.idempotency_key, s.spec.metadata.team
+            )));
+        }
         return Ok(Step::handled(false));
     }
-    let mut w = match plan(s, pool, teams) {
+    let cluster = store::cluster(c)?;
+    let mut w = match plan(s, pool, teams, cluster.as_ref()) {
         Ok(w) => w,
         Err(why) => {
             warn!(workload.id = %s.workload_id, reason = %why, "submission rejected");

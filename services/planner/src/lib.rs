@@ -5,8 +5,11 @@
 //! # Layout
 //!
 //! - [`plan`]: a submission → the workload's state. The spec is validated again with
-//!   `allot-workload` (a raw submission can come from any NATS client; an invalid one is
-//!   dead-lettered with every problem), and each task becomes an [`allot_sched::TaskSpec`]:
+//!   `allot-workload` — a raw submission can come from any NATS client, so it gets every check
+//!   `allot submit` makes: the teams file, node capacity (against the nodes registered in the
+//!   pool), and an id derived from its team and key (`allot_workload::submit::workload_id`; a
+//!   known id with another spec is refused too). What fails is dead-lettered with every problem.
+//!   Each task becomes an [`allot_sched::TaskSpec`]:
 //!   team, priority from the class, resources, gang `<workload>/<gang>` of all its members, DAG
 //!   facts (dependents, critical-path rank, from the petgraph DAG), predicted duration from
 //!   `durationEstimate`, checkpoint interval, max runtime. Task ids and event ids are derived,
@@ -14,7 +17,7 @@
 //! - [`machine`]: the DAG state machine, pure: task states `waiting → ready → running →
 //!   succeeded | failed | cancelled`, and the [`machine::Effect`]s of each transition (task
 //!   ready, task cancelled, workload finished).
-//! - [`store`]: the SQLite tables (workloads, tasks, attempts, outbox).
+//! - [`store`]: the SQLite tables (workloads, tasks, attempts, outbox, nodes).
 //! - `consume`: the consumers' handler — finds the workload a message is about, runs its
 //!   transition, and commits the state, the effects (into the outbox) and the stream position
 //!   in one transaction (`allot_store::apply`), so nothing is applied twice.
@@ -28,6 +31,7 @@
 //! | WORKLOADS `allot.workload.aborted.>` | aborts of a workload, or of one task and what follows it |
 //! | WORKLOADS `allot.task.completed.*.*`, `allot.task.failed.*.*` (`<pool>.<node>`) | runs that ended |
 //! | DECISIONS `allot.alloc.*.journal` | grants (ready → running) and preemptions (running → ready) |
+//! | FLEET `allot.node.registered.>` | the nodes of its pool, to check what a submission asks against them |
 //!
 //! It publishes `TaskReady` (pool from [`Config::pool`]) for each task whose dependencies all
 //! succeeded, `TaskCancelled` for each run it gives up while it holds resources, and
@@ -189,6 +193,7 @@ pub async fn run(
         ],
     )?;
     let decisions = consumer(names::DECISIONS, "decisions", &["allot.alloc.*.journal"])?;
+    let fleet = consumer(names::FLEET, "fleet", &["allot.node.registered.>"])?;
     let relay = relay::Relay {
         conn: open()?,
         publisher: Publisher::new(client.clone(), consume::SOURCE),
@@ -207,6 +212,12 @@ pub async fn run(
                 .run(shutdown.clone())
                 .map(|r| r.map(drop).map_err(Error::from))
                 .instrument(tracing::info_span!("consumer", stream = names::DECISIONS)),
+        ),
+        tokio::spawn(
+            fleet
+                .run(shutdown.clone())
+                .map(|r| r.map(drop).map_err(Error::from))
+                .instrument(tracing::info_span!("consumer", stream = names::FLEET)),
         ),
         tokio::spawn(
             relay

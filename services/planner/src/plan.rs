@@ -8,7 +8,7 @@ use allot_events::task::RunSpec;
 use allot_events::workload::WorkloadSubmitted;
 use allot_sched::{Gang, TaskId, TaskSpec, Time};
 use allot_workload::quantity;
-use allot_workload::{Context, Format, TeamsConfig};
+use allot_workload::{ClusterShape, Context, Format, TeamsConfig};
 
 use crate::machine::{Task, TaskStatus, Workload, WorkloadStatus};
 
@@ -36,21 +36,20 @@ pub fn event_id(key: &str) -> Uuid {
     Uuid::new_v5(&EVENT_ID_NAMESPACE, key.as_bytes())
 }
 
-/// Checks a submission as `allot validate` would (without the cluster: the allocator parks what
-/// no node can hold) and builds its state, every task waiting; or says, precisely, why not.
+/// Checks a submission as `allot submit` would — against the teams file and, when nodes have
+/// registered, the node shapes of `cluster` — and builds its state, every task waiting; or
+/// says, precisely, why not.
 pub fn plan(
     submitted: &WorkloadSubmitted,
     pool: &str,
     teams: Option<&TeamsConfig>,
+    cluster: Option<&ClusterShape>,
 ) -> Result<Workload, String> {
     let id = &submitted.workload_id;
     allot_events::subject::validate_token("workload id", id).map_err(|e| e.to_string())?;
     // Through the text, so a raw submission gets every check a CLI one does (the schema's too).
     let text = serde_json::to_string(&submitted.spec).map_err(|e| e.to_string())?;
-    let ctx = Context {
-        teams,
-        cluster: None,
-    };
+    let ctx = Context { teams, cluster };
     let checked = allot_workload::check(&text, Format::Json, ctx).map_err(|problems| {
         let all: Vec<String> = problems.iter().map(ToString::to_string).collect();
         format!("invalid workload {id}: {}", all.join("; "))

@@ -1,5 +1,5 @@
-//! The planner's tables: workloads, their tasks, the ids of every attempt, and the outbox of
-//! events to publish.
+//! The planner's tables: workloads, their tasks, the ids of every attempt, the outbox of
+//! events to publish, and the nodes of its pool (for the capacity check).
 //!
 //! A consumer loads a [`Workload`], runs one transition, and saves the state and the
 //! transition's events (the outbox) in the transaction that also records its stream position
@@ -8,9 +8,11 @@
 //! acknowledged; since each event's `Nats-Msg-Id` is derived from what it says, publishing one
 //! again after a crash is harmless.
 
+use allot_events::node::NodeRegistered;
 use allot_events::task::RunSpec;
 use allot_sched::{TaskId, TaskSpec, Time};
 use allot_store::rusqlite::{self, Connection, OptionalExtension, params};
+use allot_workload::{ClusterShape, NodeShape};
 
 use crate::machine::{Task, TaskStatus, Workload, WorkloadStatus};
 
@@ -67,7 +69,41 @@ CREATE INDEX outbox_due ON outbox (not_before_ms, id);
 ALTER TABLE tasks ADD COLUMN run TEXT NOT NULL DEFAULT '{}';
 ALTER TABLE tasks ADD COLUMN started_ms INTEGER;
 ",
+    "
+-- The nodes registered in the planner's pool (NodeRegistered JSON, the latest per node): what
+-- a submission's requests are checked against, as `allot submit` checks them.
+CREATE TABLE nodes (
+    name       TEXT PRIMARY KEY,
+    registered TEXT NOT NULL
+) STRICT;
+",
 ];
+
+/// Records node `r` (its latest registration replaces an earlier one).
+pub fn register_node(conn: &Connection, r: &NodeRegistered) -> Result<(), rusqlite::Error> {
+    let json = serde_json::to_string(r).expect("an event serializes");
+    conn.execute(
+        "INSERT INTO nodes (name, registered) VALUES (?1, ?2)
+         ON CONFLICT (name) DO UPDATE SET registered = excluded.registered",
+        params![r.node, json],
+    )?;
+    Ok(())
+}
+
+/// The shapes of the registered nodes; `None` while none has registered (then capacity is not
+/// checked, as `allot submit` does not check it against an empty inventory).
+pub fn cluster(conn: &Connection) -> Result<Option<ClusterShape>, StoreError> {
+    let mut stmt = conn.prepare("SELECT name, registered FROM nodes ORDER BY name")?;
+    let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+    let mut cluster = ClusterShape::default();
+    for row in rows {
+        let (name, json) = row?;
+        let r: NodeRegistered = serde_json::from_str(&json)
+            .map_err(|e| StoreError::Corrupt(format!("node {name}: {e}")))?;
+        cluster.add(NodeShape::from(&r));
+    }
+    Ok((!cluster.nodes.is_empty()).then_some(cluster))
+}
 
 /// Why the state could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -80,11 +116,12 @@ pub enum StoreError {
     Corrupt(String),
 }
 
-/// Whether workload `id` is known.
-pub fn known(conn: &Connection, id: &str) -> Result<bool, rusqlite::Error> {
-    conn.query_row("SELECT 1 FROM workloads WHERE id = ?1", [id], |_| Ok(()))
-        .optional()
-        .map(|r| r.is_some())
+/// The submission event (JSON, as received) of workload `id`, if it is known.
+pub fn known(conn: &Connection, id: &str) -> Result<Option<String>, rusqlite::Error> {
+    conn.query_row("SELECT spec FROM workloads WHERE id = ?1", [id], |r| {
+        r.get(0)
+    })
+    .optional()
 }
 
 /// Stores a new workload (with the submission event as received, and its stream sequence).

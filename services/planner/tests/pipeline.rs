@@ -656,3 +656,104 @@ async fn dead_letter_reason(js: &jetstream::Context) -> Option<String> {
         .get(allot_bus::headers::ERROR)
         .map(|v| v.to_string())
 }
+
+/// Every dead-lettered submission's reason, in order.
+async fn dead_letter_reasons(js: &jetstream::Context) -> Vec<String> {
+    read_raw(
+        js,
+        "DEADLETTER",
+        "allot.deadletter.allot.workload.submitted.>",
+    )
+    .await
+    .iter()
+    .filter_map(|m| m.headers.as_ref()?.get(allot_bus::headers::ERROR))
+    .map(|v| v.to_string())
+    .collect()
+}
+
+/// A raw client publishes what it likes; the planner checks it as `allot submit` would: what
+/// the registered nodes can never hold, an id chosen by hand, and a key reused for another spec
+/// are dead-lettered with the reason, and none of them reaches the allocator.
+#[test]
+fn raw_submissions_get_the_checks_allot_submit_makes() {
+    let h = Harness::start();
+    // The planner has seen the pool's 4-GPU node.
+    h.until(|h| {
+        let conn = allot_store::rusqlite::Connection::open(&h.db).ok()?;
+        allot_planner::store::cluster(&conn).ok()?
+    })
+    .expect("the node registered with the planner");
+
+    let mut huge = workload(FLAKY);
+    huge.metadata.name = "huge".into();
+    huge.spec.tasks[1].resources.gpus = Some(allot_events::workload::Quantity("10000".into()));
+    let huge = h.submit(huge);
+
+    // The id of a submission that has not been made yet, taken by hand.
+    let victim = workload(FLAKY);
+    let key = allot_workload::submit::idempotency_key(&victim, Some("run-7"));
+    let victims_id = allot_workload::submit::workload_id(&victim, &key);
+    let mut squatter = workload(FLAKY);
+    squatter.spec.tasks[0].command = vec!["curl".into(), "evil.example".into()];
+    let mut squat = allot_workload::submit::submission(
+        squatter.clone(),
+        "my-own-key".into(),
+        None,
+        "mallory".into(),
+        "/raw",
+        chrono::Utc::now(),
+    );
+    let AnyEvent::Workload(WorkloadEvent::Submitted(s)) = &mut squat.envelope.data else {
+        unreachable!("a submission");
+    };
+    s.workload_id = victims_id.clone();
+    h.rt.block_on(h.publisher.publish_envelope(&squat.envelope))
+        .unwrap();
+
+    // The victim's key reused for other content (by a teammate: the server lets only the team
+    // submit under it) takes the id first ...
+    let reused = allot_workload::submit::submission(
+        squatter,
+        key.clone(),
+        Some("run-7".into()),
+        "mallory".into(),
+        "/raw",
+        chrono::Utc::now(),
+    );
+    assert_eq!(reused.workload_id, victims_id);
+    h.rt.block_on(h.publisher.publish_envelope(&reused.envelope))
+        .unwrap();
+    let letters = h
+        .until(|h| {
+            let all = h.rt.block_on(dead_letter_reasons(&h.js));
+            (all.len() >= 2).then_some(all)
+        })
+        .expect("dead letters");
+    assert!(
+        letters[0].contains(&huge) && letters[0].contains("10000"),
+        "{letters:?}"
+    );
+    assert!(
+        letters[1].contains(&victims_id) && letters[1].contains("not derived"),
+        "{letters:?}"
+    );
+    // ... so the victim's own submission is refused loudly, not taken for a duplicate of it.
+    let victims = allot_workload::submit::submission(
+        victim,
+        key,
+        Some("run-7".into()),
+        "ci@test".into(),
+        "/test",
+        chrono::Utc::now(),
+    );
+    h.rt.block_on(h.publisher.publish_envelope(&victims.envelope))
+        .unwrap();
+    let letters = h
+        .until(|h| {
+            let all = h.rt.block_on(dead_letter_reasons(&h.js));
+            (all.len() >= 3).then_some(all)
+        })
+        .expect("a third dead letter");
+    assert!(letters[2].contains("different spec"), "{letters:?}");
+    assert!(ready_names(&h, &huge).is_empty());
+}

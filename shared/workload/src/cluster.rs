@@ -36,6 +36,22 @@ impl NodeShape {
     }
 }
 
+impl From<&allot_events::node::NodeRegistered> for NodeShape {
+    /// One node as its collector registered it (as the allocator reads it: the first GPU's
+    /// model, the smallest GPU memory).
+    fn from(r: &allot_events::node::NodeRegistered) -> Self {
+        NodeShape {
+            count: 1,
+            gpus: r.gpus.len() as u32,
+            gpu_model: r.gpus.first().map(|g| g.model.clone()).unwrap_or_default(),
+            gpu_memory_mib: r.gpus.iter().map(|g| g.memory_total_mib).min().unwrap_or(0),
+            cpu_milli: r.cpu_milli,
+            memory_mib: r.memory_mib,
+            mig: None,
+        }
+    }
+}
+
 /// Every node shape of the cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ClusterShape {

@@ -8,7 +8,7 @@
 //!    submission, paced at `--rate`, each published (awaiting its PubAck) to a plain stream and
 //!    read back by an ordered consumer; latency = publish → delivery.
 //! 2. **allot**: `--workloads` one-task, 1-GPU workloads, validated beforehand and published as
-//!    `allot submit` does (`WorkloadSubmitted`, `Nats-Msg-Id` = idempotency key), paced at
+//!    `allot submit` does (`WorkloadSubmitted`, `Nats-Msg-Id` from the idempotency key), paced at
 //!    `--rate` by a tokio interval; latency = just before the publish → the moment the task's
 //!    `Granted` decision is delivered from the pool's journal (one ordered consumer on
 //!    DECISIONS). Each granted run is completed (`TaskCompleted`) after `--hold`, so capacity
