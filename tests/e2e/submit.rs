@@ -110,8 +110,14 @@ fn a_retried_submission_is_stored_once_a_new_run_again_and_a_bad_spec_never() {
         assert_eq!(&s.workload_id, want_id);
         assert_eq!(s.run_id.as_deref(), Some(want_run));
         assert_eq!(
-            msg_id, &s.idempotency_key,
-            "Nats-Msg-Id is the idempotency key"
+            msg_id,
+            &allot_workload::submit::msg_id(&s.spec, &s.idempotency_key),
+            "Nats-Msg-Id derives from the team, the idempotency key and the spec"
+        );
+        assert_eq!(
+            s.workload_id,
+            allot_workload::submit::workload_id(&s.spec, &s.idempotency_key),
+            "the workload id derives from the team and the key"
         );
         assert_eq!(s.submitter, "ci@test");
         assert_eq!(s.spec.spec.tasks.len(), 6);
