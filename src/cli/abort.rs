@@ -59,7 +59,7 @@ pub async fn abort(args: AbortArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode>
         .or_else(|| env("ALLOT_SUBMITTER"))
         .unwrap_or_else(|| {
             let user = env("USER").unwrap_or_else(|| "someone".into());
-            format!("{user}@{}", allot_collector::host::hostname())
+            format!("{user}@{}", allot_events::node::hostname())
         });
     let client = local::connect_client(
         "allot-abort",

@@ -271,12 +271,8 @@ impl Progress {
             .iter()
             .enumerate()
             .flat_map(|(i, t)| {
-                (1..=limit).map(move |a| {
-                    (
-                        allot_planner::plan::task_id(workload_id, &t.name, a),
-                        (i, a),
-                    )
-                })
+                (1..=limit)
+                    .map(move |a| (allot_events::task::task_id(workload_id, &t.name, a), (i, a)))
             })
             .collect();
         let width = tasks

@@ -8,7 +8,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use comfy_table::{Table, presets::NOTHING};
 
-use allot_inventory::{ClusterStatus, query};
+use allot_events::query::{self, ClusterStatus};
 
 use super::local;
 use super::settings::Lookup;

@@ -28,7 +28,7 @@ use clap::Args;
 
 use allot_bus::Publisher;
 use allot_bus::async_nats::jetstream::message::PublishMessage;
-use allot_inventory::{ClusterStatus, query};
+use allot_events::query::{self, ClusterStatus};
 use allot_workload::submit::{self, Submission};
 use allot_workload::validate::Checked;
 use allot_workload::{ClusterShape, Context, Format, NodeShape, SpecProblem, TeamsConfig};

@@ -49,15 +49,7 @@ fn mem_total_mib(meminfo: &str) -> Option<u64> {
     })
 }
 
-/// This machine's host name, or `localhost` when the kernel does not say.
-pub fn hostname() -> String {
-    ["/proc/sys/kernel/hostname", "/etc/hostname"]
-        .iter()
-        .filter_map(|path| std::fs::read_to_string(path).ok())
-        .map(|name| name.trim().to_owned())
-        .find(|name| !name.is_empty())
-        .unwrap_or_else(|| "localhost".to_owned())
-}
+pub use allot_events::node::hostname;
 
 #[cfg(test)]
 mod tests {

@@ -1,78 +1,11 @@
-//! What `allot status` asks: the cluster as the inventory sees it, over NATS request/reply.
+//! What `allot status` asks: the cluster as the inventory sees it, over NATS request/reply. The
+//! contract (subject, answer) lives in `allot_events::query`; this module computes the answer.
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
 
 use allot_store::rusqlite::{self, Connection};
 
-/// The name of the inventory's NATS micro-service (`nats micro ls` shows it).
-pub const SERVICE_NAME: &str = "allot-inventory";
-/// Endpoint subject for [`ClusterStatus`] (request body ignored).
-pub const STATUS_SUBJECT: &str = "allot.query.inventory.status";
-
-/// The cluster as the inventory sees it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ClusterStatus {
-    /// When the answer was computed.
-    pub at: DateTime<Utc>,
-    /// Every known node, by name.
-    pub nodes: Vec<NodeStatus>,
-}
-
-/// One node.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct NodeStatus {
-    /// Node name.
-    pub name: String,
-    /// GPU pool.
-    pub pool: String,
-    /// Rack, when known.
-    pub rack: Option<String>,
-    /// `ready` or `unreachable`.
-    pub state: String,
-    /// `nvml`, `simulated`, or `unknown` before the registration is seen.
-    pub gpu_source: String,
-    /// Allocatable CPU, millicores.
-    pub cpu_milli: u64,
-    /// Allocatable memory, MiB.
-    pub memory_mib: u64,
-    /// Last heartbeat, as stored by the bus.
-    pub last_heartbeat_at: Option<DateTime<Utc>>,
-    /// The node's GPUs, by index.
-    pub gpus: Vec<GpuStatus>,
-}
-
-/// One GPU.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct GpuStatus {
-    /// Index on the node.
-    pub index: u32,
-    /// GPU id.
-    pub uuid: String,
-    /// Model, once registered.
-    pub model: Option<String>,
-    /// `healthy`, `degraded` or `unhealthy`.
-    pub health: String,
-    /// Why, when not healthy.
-    pub health_reason: String,
-    /// Utilization at the last sample, percent.
-    pub utilization_pct: Option<u8>,
-    /// Memory used at the last sample, MiB.
-    pub memory_used_mib: Option<u64>,
-    /// Total memory, MiB.
-    pub memory_total_mib: Option<u64>,
-    /// Temperature at the last sample, °C.
-    pub temperature_c: Option<u32>,
-    /// Power draw at the last sample, mW.
-    pub power_mw: Option<u64>,
-}
-
-impl ClusterStatus {
-    /// Total GPUs.
-    pub fn gpu_count(&self) -> usize {
-        self.nodes.iter().map(|n| n.gpus.len()).sum()
-    }
-}
+pub use allot_events::query::{ClusterStatus, GpuStatus, NodeStatus, SERVICE_NAME, STATUS_SUBJECT};
 
 /// Reads the status from the inventory's database.
 pub fn status(conn: &Connection, now: DateTime<Utc>) -> Result<ClusterStatus, rusqlite::Error> {

@@ -1,30 +1,17 @@
 //! From a submitted spec to the planner's state: validation again (a raw submission may come
 //! from any NATS client), each task's [`TaskSpec`], and the ids of its attempts.
 
-use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use allot_events::task::RunSpec;
 use allot_events::workload::WorkloadSubmitted;
-use allot_sched::{Gang, TaskId, TaskSpec, Time};
+use allot_sched::{Gang, TaskSpec, Time};
 use allot_workload::quantity;
 use allot_workload::{ClusterShape, Context, Format, TeamsConfig};
 
 use crate::machine::{Task, TaskStatus, Workload, WorkloadStatus};
 
-/// The id of attempt `attempt` (from 1) of task `task` of workload `workload`: the first 53
-/// bits of SHA-256(`<workload>/<task>/<attempt>`).
-///
-/// One id per attempt, because the scheduler never accepts an id twice (a retry is a new
-/// task to it); stable, so a planner that crashed and replays its events derives the same
-/// ids. 53 bits, so the id survives any JSON reader (JavaScript and `jq` read numbers as
-/// doubles); a collision needs tens of millions of live tasks to become likely.
-pub fn task_id(workload: &str, task: &str, attempt: u32) -> TaskId {
-    let digest = Sha256::digest(format!("{workload}/{task}/{attempt}").as_bytes());
-    let mut first = [0u8; 8];
-    first.copy_from_slice(&digest[..8]);
-    TaskId(u64::from_be_bytes(first) >> 11)
-}
+pub use allot_events::task::task_id;
 
 /// The namespace of the planner's event ids (UUIDv5), which are also their `Nats-Msg-Id`s.
 pub const EVENT_ID_NAMESPACE: Uuid = Uuid::from_u128(0x2c4e_81b3_95d0_4f6a_8e17_c03b_5a9d_e2f4);

@@ -28,6 +28,7 @@ pub mod cost;
 pub mod envelope;
 pub mod inventory;
 pub mod node;
+pub mod query;
 pub mod schema;
 pub mod subject;
 pub mod task;

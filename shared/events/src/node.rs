@@ -101,3 +101,14 @@ pub struct HeartbeatSent {
     /// Seconds since the collector started.
     pub uptime_s: u64,
 }
+
+/// This machine's host name, or `localhost` when the kernel does not say: what a collector
+/// registers as [`NodeRegistered::hostname`], and what a client command names itself by.
+pub fn hostname() -> String {
+    ["/proc/sys/kernel/hostname", "/etc/hostname"]
+        .iter()
+        .filter_map(|path| std::fs::read_to_string(path).ok())
+        .map(|name| name.trim().to_owned())
+        .find(|name| !name.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
+}

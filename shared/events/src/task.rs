@@ -260,3 +260,18 @@ pub struct TaskCancelled {
     /// Why (`aborted by alice: wrong learning rate`, `task prep failed`).
     pub reason: String,
 }
+
+/// The id of attempt `attempt` (from 1) of task `task` of workload `workload`: the first 53
+/// bits of SHA-256(`<workload>/<task>/<attempt>`).
+///
+/// One id per attempt, because the scheduler never accepts an id twice (a retry is a new
+/// task to it); stable, so a planner that crashed and replays its events derives the same
+/// ids. 53 bits, so the id survives any JSON reader (JavaScript and `jq` read numbers as
+/// doubles); a collision needs tens of millions of live tasks to become likely.
+pub fn task_id(workload: &str, task: &str, attempt: u32) -> allot_sched::TaskId {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(format!("{workload}/{task}/{attempt}").as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    allot_sched::TaskId(u64::from_be_bytes(first) >> 11)
+}

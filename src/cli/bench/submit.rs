@@ -278,7 +278,7 @@ async fn run(args: &SubmitArgs, url: &str, dir: &std::path::Path) -> anyhow::Res
     let ids: HashMap<TaskId, usize> = submissions
         .iter()
         .enumerate()
-        .map(|(i, s)| (allot_planner::plan::task_id(&s.workload_id, "run", 1), i))
+        .map(|(i, s)| (allot_events::task::task_id(&s.workload_id, "run", 1), i))
         .collect();
     let workload_index: HashMap<String, usize> = submissions
         .iter()

@@ -1,11 +1,11 @@
 use allot_events::TaskEvent;
 use allot_events::alloc::{Dispatch, Launch, NodeGrant};
+use allot_events::task::task_id;
 use allot_events::task::{
     RunSpec, StopCause, TaskCancelled, TaskCompleted, TaskFailed, TaskReady, TaskStarted,
     TaskStopped,
 };
 use allot_events::workload::{WorkloadAborted, WorkloadFinished, WorkloadOutcome};
-use allot_planner::plan::task_id;
 use allot_sched::{Decision, LeaseId, Placement, TaskSpec, WaitReason};
 
 use super::*;
