@@ -39,8 +39,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream::{self, consumer::DeliverPolicy};
-use futures::future::{BoxFuture, Shared};
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -51,13 +50,14 @@ use allot_bus::streams::names;
 use allot_bus::{ConnectConfig, Publisher};
 use allot_events::alloc::{Launch, Source};
 use allot_events::{AnyEvent, Envelope, TaskEvent, decode};
+use allot_runtime::Service;
 use allot_sched::{Input, Scheduler, TaskId, TaskSpec, Time};
 
 use crate::journal::{self, Journal, JournalError, Rebuilt};
 use crate::lease::{self, Lease, Renewal};
 use crate::{AllocatorError, Config, inputs};
 
-type Stop = Shared<BoxFuture<'static, ()>>;
+type Stop = allot_runtime::Stopping;
 
 /// Most messages handled between two passes.
 const BATCH: usize = 256;
@@ -65,89 +65,80 @@ const BATCH: usize = 256;
 /// Stands by and leads, in turn, until `shutdown`.
 pub(crate) async fn run(
     config: Config,
-    shutdown: impl std::future::Future<Output = ()> + Send,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), AllocatorError> {
-    // The caller's future need not be 'static: it is polled here, and a 'static signal is
-    // what the readers and the loop share.
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let stop: Stop = async move {
-        let _ = stop_rx.await;
-    }
-    .boxed()
-    .shared();
+    let mut service = Service::new("allocator", shutdown);
+    let stop = service.stopping();
     let connect = ConnectConfig::new(&config.nats_url, &config.instance);
-    let work = async {
-        let client = allot_bus::connect(&connect, stop.clone()).await?;
-        let js = jetstream::new(client.clone());
-        let store = lease::bucket(&js, config.lease_ttl).await?;
-        let result = async {
-            loop {
-                if stop.peek().is_some() {
-                    return Ok(());
+    let client = allot_bus::connect(&connect, stop.clone()).await?;
+    // Whatever was published is acknowledged already; draining flushes the rest of the
+    // connection's traffic and closes it cleanly.
+    service.drain_on_stop(client.clone());
+    service.spawn(
+        format!("leader of pool {}", config.pool),
+        lead_or_stand_by(config, client, stop),
+    );
+    service
+        .run()
+        .await
+        .map_err(|s| AllocatorError::Stopped(Box::new(s)))
+}
+
+/// Stands by until it holds the pool's lease, leads until it loses it, and stands by again,
+/// until `stop`.
+async fn lead_or_stand_by(
+    config: Config,
+    client: async_nats::Client,
+    stop: Stop,
+) -> Result<(), AllocatorError> {
+    let js = jetstream::new(client.clone());
+    let store = lease::bucket(&js, config.lease_ttl).await?;
+    loop {
+        if stop.peek().is_some() {
+            return Ok(());
+        }
+        let Some(lease) = Lease::acquire(&store, &config.pool, &config.instance).await else {
+            tokio::select! {
+                () = tokio::time::sleep(config.lease_ttl / 4) => continue,
+                () = stop.clone() => return Ok(()),
+            }
+        };
+        info!(pool = %config.pool, instance = %config.instance, "leading");
+        match lead(&config, &client, lease, stop.clone()).await {
+            Ok(()) => return Ok(()),
+            Err(e) if e.is_deposition() => {
+                warn!(pool = %config.pool, instance = %config.instance, "{e}; standing by");
+            }
+            Err(AllocatorError::Journal(e @ JournalError::Bus { .. })) => {
+                // The journal could not be read or written (the server restarting,
+                // say): nothing unjournalled was taken in, so stand by and lead again.
+                warn!(pool = %config.pool, error = %e, "the journal is out of reach; standing by");
+                tokio::select! {
+                    () = tokio::time::sleep(config.lease_ttl / 4) => {}
+                    () = stop.clone() => return Ok(()),
                 }
-                let Some(lease) = Lease::acquire(&store, &config.pool, &config.instance).await
-                else {
+            }
+            Err(AllocatorError::Journal(e)) => {
+                // This build cannot continue this journal. Allocating on regardless
+                // would break the audit trail; stopping the process would stop every
+                // other service with it. So this pool stops allocating, loudly.
+                loop {
+                    error!(
+                        pool = %config.pool,
+                        alarm = true,
+                        "ALARM: pool {} is not allocating: {e}. Run `allot replay --verify \
+                         --pool {}` to see the first entry in question, then see \
+                         docs/operations.md, \"The allocator refuses its journal\"",
+                        config.pool,
+                        config.pool
+                    );
                     tokio::select! {
-                        () = tokio::time::sleep(config.lease_ttl / 4) => continue,
+                        () = tokio::time::sleep(Duration::from_secs(60)) => {}
                         () = stop.clone() => return Ok(()),
                     }
-                };
-                info!(pool = %config.pool, instance = %config.instance, "leading");
-                match lead(&config, &client, lease, stop.clone()).await {
-                    Ok(()) => return Ok(()),
-                    Err(e) if e.is_deposition() => {
-                        warn!(pool = %config.pool, instance = %config.instance, "{e}; standing by");
-                    }
-                    Err(AllocatorError::Journal(e @ JournalError::Bus { .. })) => {
-                        // The journal could not be read or written (the server restarting,
-                        // say): nothing unjournalled was taken in, so stand by and lead again.
-                        warn!(pool = %config.pool, error = %e, "the journal is out of reach; standing by");
-                        tokio::select! {
-                            () = tokio::time::sleep(config.lease_ttl / 4) => {}
-                            () = stop.clone() => return Ok(()),
-                        }
-                    }
-                    Err(AllocatorError::Journal(e)) => {
-                        // This build cannot continue this journal. Allocating on regardless
-                        // would break the audit trail; stopping the process would stop every
-                        // other service with it. So this pool stops allocating, loudly.
-                        loop {
-                            error!(
-                                pool = %config.pool,
-                                alarm = true,
-                                "ALARM: pool {} is not allocating: {e}. Run `allot replay --verify \
-                                 --pool {}` to see the first entry in question, then see \
-                                 docs/operations.md, \"The allocator refuses its journal\"",
-                                config.pool,
-                                config.pool
-                            );
-                            tokio::select! {
-                                () = tokio::time::sleep(Duration::from_secs(60)) => {}
-                                () = stop.clone() => return Ok(()),
-                            }
-                        }
-                    }
-                    Err(e) => return Err(e),
                 }
             }
-        }
-        .await;
-        // Whatever was published is acknowledged already; draining flushes the rest of the
-        // connection's traffic and closes it cleanly.
-        let _ = tokio::time::timeout(Duration::from_secs(5), client.drain()).await;
-        result
-    };
-    tokio::pin!(work);
-    tokio::pin!(shutdown);
-    let mut stop_tx = Some(stop_tx);
-    loop {
-        tokio::select! {
-            result = &mut work => return result,
-            () = &mut shutdown, if stop_tx.is_some() => {
-                if let Some(tx) = stop_tx.take() {
-                    let _ = tx.send(());
-                }
-            }
+            Err(e) => return Err(e),
         }
     }
 }

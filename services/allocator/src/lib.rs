@@ -83,6 +83,9 @@ pub enum AllocatorError {
     /// The bus failed in a way retrying does not fix.
     #[error(transparent)]
     Bus(#[from] allot_bus::BusError),
+    /// Its task failed or panicked: the task's name and why.
+    #[error("{0}")]
+    Stopped(Box<allot_runtime::Stopped<AllocatorError>>),
     /// The configured policy does not exist.
     #[error("unknown policy {0:?}")]
     UnknownPolicy(String),
@@ -121,7 +124,7 @@ impl AllocatorError {
 /// leads until it loses it, and stands by again.
 pub async fn run(
     config: Config,
-    shutdown: impl Future<Output = ()> + Send,
+    shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), AllocatorError> {
     if allot_sched::policy::by_name(&config.policy).is_none() {
         return Err(AllocatorError::UnknownPolicy(config.policy));

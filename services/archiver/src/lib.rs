@@ -35,6 +35,7 @@ use tokio::sync::watch;
 use allot_bus::consumer::{ConsumerRunner, ConsumerSpec, Delivery, Handler, HandlerError, Outcome};
 use allot_bus::streams::names;
 use allot_bus::{BusError, ConnectConfig, Raw};
+use allot_runtime::Service;
 use allot_store::rusqlite::Connection;
 
 pub mod chain;
@@ -89,6 +90,9 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// One of its tasks failed or panicked: the task's name and why.
+    #[error("{0}")]
+    Stopped(Box<allot_runtime::Stopped<Error>>),
 }
 
 /// Opens (or creates) the archive at `path`.
@@ -202,20 +206,22 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    let shutdown = shutdown.boxed().shared();
+    let mut service = Service::new("archiver", shutdown);
     let client = allot_bus::connect(
         &ConnectConfig::new(&config.nats_url, "allot-archiver"),
-        shutdown.clone(),
+        service.stopping(),
     )
     .await?;
+    service.drain_on_stop(client.clone());
     let archiver = Archiver::new(open(&config.db_path)?, &config.durable)?;
     tracing::info!(db = %config.db_path.display(), stream = %config.stream, head = archiver.progress.borrow().head, "archiver started");
-    let result = ConsumerRunner::new(client.clone(), consumer_spec(&config), archiver)
-        .run(shutdown)
-        .await;
-    drain(client).await;
-    tracing::info!("archiver stopped");
-    result.map(drop).map_err(Error::from)
+    service.spawn(
+        format!("consumer {}", config.stream),
+        ConsumerRunner::new(client.clone(), consumer_spec(&config), archiver)
+            .run(service.stopping())
+            .map(|r| r.map(drop).map_err(Error::from)),
+    );
+    service.run().await.map_err(|s| Error::Stopped(Box::new(s)))
 }
 
 /// What [`catch_up`] did.

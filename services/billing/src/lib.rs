@@ -40,6 +40,7 @@ use allot_bus::streams::names;
 use allot_bus::{BusError, ConnectConfig, Publisher};
 use allot_events::cost::{BudgetCrossed, BudgetLevel, CostAccrued};
 use allot_events::{AllocEvent, AnyEvent, CostEvent, Envelope, TelemetryEvent};
+use allot_runtime::Service;
 use allot_sched::Decision;
 use allot_store::rusqlite::{Connection, OptionalExtension, params};
 
@@ -132,6 +133,9 @@ pub enum Error {
     /// The database failed.
     #[error("billing database: {0}")]
     Store(#[from] allot_store::StoreError),
+    /// One of its tasks failed or panicked: the task's name and why.
+    #[error("{0}")]
+    Stopped(Box<allot_runtime::Stopped<Error>>),
 }
 
 /// The event id of the cost of `pool`'s lease `lease` from `from_ms`.
@@ -147,12 +151,13 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    let shutdown = shutdown.boxed().shared();
+    let mut service = Service::new("billing", shutdown);
     let client = allot_bus::connect(
         &ConnectConfig::new(&config.nats_url, "allot-billing"),
-        shutdown.clone(),
+        service.stopping(),
     )
     .await?;
+    service.drain_on_stop(client.clone());
     let conn = allot_store::open(&config.db_path(), MIGRATIONS)?;
     tracing::info!(db = %config.db_path().display(), currency = %config.prices.currency, "billing started");
     let spec = ConsumerSpec {
@@ -174,18 +179,19 @@ pub async fn run(
     };
     let telemetry_spec =
         ConsumerSpec::new(names::TELEMETRY, format!("{}-telemetry", config.consumer));
-    let idle = tokio::spawn(
-        ConsumerRunner::new(client.clone(), telemetry_spec, telemetry).run(shutdown.clone()),
+    service.spawn(
+        format!("consumer {}", names::TELEMETRY),
+        ConsumerRunner::new(client.clone(), telemetry_spec, telemetry)
+            .run(service.stopping())
+            .map(|r| r.map(drop).map_err(Error::from)),
     );
-    let result = ConsumerRunner::new(client.clone(), spec, handler)
-        .run(shutdown)
-        .await;
-    if let Ok(Err(e)) = idle.await {
-        tracing::warn!(error = %e, "the telemetry consumer stopped with an error");
-    }
-    let _ = tokio::time::timeout(Duration::from_secs(5), client.drain()).await;
-    tracing::info!("billing stopped");
-    result.map(drop).map_err(Error::from)
+    service.spawn(
+        format!("consumer {}", names::DECISIONS),
+        ConsumerRunner::new(client.clone(), spec, handler)
+            .run(service.stopping())
+            .map(|r| r.map(drop).map_err(Error::from)),
+    );
+    service.run().await.map_err(|s| Error::Stopped(Box::new(s)))
 }
 
 /// The handler of the journal consumer.

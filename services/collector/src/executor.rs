@@ -110,6 +110,16 @@ impl Default for ExecutorConfig {
     }
 }
 
+impl ExecutorConfig {
+    /// How long the executor may take to stop: its runs' grace period, then the outbox's.
+    pub fn stop_grace(&self) -> Duration {
+        match &self.runs {
+            Runs::Process(p) => p.grace + SHUTDOWN_GRACE,
+            _ => SHUTDOWN_GRACE,
+        }
+    }
+}
+
 /// Why the executor stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum ExecutorError {

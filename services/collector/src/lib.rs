@@ -30,15 +30,17 @@ pub mod source;
 
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use allot_bus::{BusError, ConnectConfig, PublishError, Publisher};
 use allot_events::node::{HeartbeatSent, NodeRegistered};
 use allot_events::subject::{InvalidToken, validate_token};
 use allot_events::telemetry::GpusSampled;
+use futures::FutureExt;
 use tokio::time::MissedTickBehavior;
 use tracing::Instrument;
+
+use allot_runtime::{Service, Stopping};
 
 pub use executor::{ExecutorConfig, ProcessRuns, Runs, SimulatedRuns};
 pub use host::HostCapacity;
@@ -165,13 +167,22 @@ pub enum Error {
     /// NATS failed in a way retrying cannot fix (a malformed URL, rejected credentials).
     #[error(transparent)]
     Bus(#[from] BusError),
+    /// The executor could not go on (its outbox database failed).
+    #[error("executor: {0}")]
+    Executor(#[from] executor::ExecutorError),
+    /// One of its tasks failed or panicked: the task's name and why.
+    #[error("{0}")]
+    Stopped(Box<allot_runtime::Stopped<Error>>),
 }
 
 /// Runs the collector until `shutdown` completes, with the GPU source `config.source` selects.
 ///
 /// Returns `Ok(())` after a requested shutdown, once the NATS connection has drained (or 5 s
 /// have passed).
-pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> Result<(), Error> {
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
     config.validate()?;
     let (source, why) = select_source(config.source, &config.node, &config.sim)?;
     tracing::info!(node = %config.node, gpu_source = ?source.kind(), "{why}");
@@ -184,7 +195,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()> + Send) -> R
 pub async fn run_with_source(
     config: Config,
     source: Box<dyn GpuSource>,
-    shutdown: impl Future<Output = ()> + Send,
+    shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     config.validate()?;
     let span = tracing::info_span!("collector", node = %config.node);
@@ -194,7 +205,7 @@ pub async fn run_with_source(
 async fn serve(
     config: Config,
     source: Box<dyn GpuSource>,
-    shutdown: impl Future<Output = ()> + Send,
+    shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     let started = Instant::now();
     let kind = source.kind();
@@ -213,12 +224,14 @@ async fn serve(
         gpus: inventory.gpus,
     };
 
-    tokio::pin!(shutdown);
+    // The executor stops its runs within their grace period, then the connection drains.
+    let mut service =
+        Service::new("collector", shutdown).with_grace(config.executor.stop_grace() + DRAIN_GRACE);
     let connect = ConnectConfig::new(
         config.nats_url.clone(),
         format!("allot-collector-{}", config.node),
     );
-    let client = match allot_bus::connect(&connect, shutdown.as_mut()).await {
+    let client = match allot_bus::connect(&connect, service.stopping()).await {
         Ok(client) => client,
         Err(BusError::ShutdownBeforeConnect { .. }) => {
             tracing::info!("shut down before NATS became reachable");
@@ -226,61 +239,57 @@ async fn serve(
         }
         Err(e) => return Err(e.into()),
     };
+    service.drain_on_stop(client.clone());
     let publisher = Publisher::new(client.clone(), format!("/allot/collector/{}", config.node));
     let (stop_executor, executor_stopped) = tokio::sync::watch::channel(false);
-    let executor = tokio::spawn(
-        executor::run(
-            client.clone(),
-            config.node.clone(),
-            config.pool.clone(),
-            config.executor.clone(),
-            executor_stopped,
-        )
-        .in_current_span(),
+    let stopping = service.stopping();
+    service.spawn(
+        "executor",
+        async move {
+            executor::run(
+                client,
+                config.node.clone(),
+                config.pool.clone(),
+                config.executor.clone(),
+                executor_stopped,
+            )
+            .await
+        }
+        .map(|r| r.map_err(Error::from)),
     );
-
-    Collector {
-        publisher,
-        source,
-        registration,
-        heartbeat_interval: config.heartbeat_interval,
-        telemetry_interval: config.telemetry_interval,
-        started,
-        shutdown,
-    }
-    .run()
-    .await;
-
-    let _ = stop_executor.send(true);
-    match executor.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::error!(error = %e, "the executor failed"),
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(_) => {}
-    }
-    match tokio::time::timeout(DRAIN_GRACE, client.drain()).await {
-        Ok(Ok(())) => tracing::info!("collector stopped"),
-        Ok(Err(e)) => tracing::warn!(error = %e, "draining the NATS connection failed"),
-        Err(_) => tracing::warn!(
-            grace_ms = DRAIN_GRACE.as_millis() as u64,
-            "NATS connection did not drain in time; closing anyway"
-        ),
-    }
-    Ok(())
+    tokio::spawn(async move {
+        stopping.await;
+        let _ = stop_executor.send(true);
+    });
+    service.spawn(
+        "reporter",
+        Collector {
+            publisher,
+            source,
+            registration,
+            heartbeat_interval: config.heartbeat_interval,
+            telemetry_interval: config.telemetry_interval,
+            started,
+            shutdown: service.stopping(),
+        }
+        .run()
+        .map(Ok),
+    );
+    service.run().await.map_err(|s| Error::Stopped(Box::new(s)))
 }
 
 /// The collector's main loop: register, then heartbeat and sample until shutdown.
-struct Collector<'a, S: Future<Output = ()>> {
+struct Collector {
     publisher: Publisher,
     source: Box<dyn GpuSource>,
     registration: NodeRegistered,
     heartbeat_interval: Duration,
     telemetry_interval: Duration,
     started: Instant,
-    shutdown: Pin<&'a mut S>,
+    shutdown: Stopping,
 }
 
-impl<S: Future<Output = ()>> fmt::Debug for Collector<'_, S> {
+impl fmt::Debug for Collector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Collector")
             .field("node", &self.registration.node)
@@ -289,7 +298,7 @@ impl<S: Future<Output = ()>> fmt::Debug for Collector<'_, S> {
     }
 }
 
-impl<S: Future<Output = ()>> Collector<'_, S> {
+impl Collector {
     /// Returns when shutdown is requested; publish and sample failures are logged and retried
     /// on the next tick, never fatal.
     async fn run(mut self) {
@@ -311,7 +320,7 @@ impl<S: Future<Output = ()>> Collector<'_, S> {
             // before shutdown is noticed: stop taking work, finish what is in flight.
             tokio::select! {
                 biased;
-                () = self.shutdown.as_mut() => break,
+                () = &mut self.shutdown => break,
                 _ = heartbeat.tick() => {
                     seq += 1;
                     let event = HeartbeatSent {
@@ -348,7 +357,7 @@ impl<S: Future<Output = ()>> Collector<'_, S> {
             attempt += 1;
             let result = tokio::select! {
                 biased;
-                () = self.shutdown.as_mut() => return false,
+                () = &mut self.shutdown => return false,
                 result = self.publisher.publish_envelope(&envelope) => result,
             };
             let error = match result {
@@ -372,7 +381,7 @@ impl<S: Future<Output = ()>> Collector<'_, S> {
             );
             tokio::select! {
                 biased;
-                () = self.shutdown.as_mut() => return false,
+                () = &mut self.shutdown => return false,
                 () = tokio::time::sleep(wait) => {}
             }
         }

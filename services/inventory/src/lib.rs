@@ -17,8 +17,8 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use allot_runtime::Service;
 use futures::{FutureExt, StreamExt};
-use tracing::Instrument;
 
 use allot_bus::consumer::{ConsumerRunner, ConsumerSpec, Delivery, Handler, HandlerError, Outcome};
 use allot_bus::streams::names;
@@ -86,9 +86,9 @@ pub enum Error {
     /// The query endpoint could not be started.
     #[error("starting the query service: {0}")]
     Service(String),
-    /// A task panicked.
-    #[error("inventory task failed: {0}")]
-    Task(String),
+    /// One of its tasks failed or panicked: the task's name and why.
+    #[error("{0}")]
+    Stopped(Box<allot_runtime::Stopped<Error>>),
 }
 
 /// Runs the inventory until `shutdown` completes.
@@ -96,12 +96,14 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    let shutdown = shutdown.boxed().shared();
+    let mut service = Service::new("inventory", shutdown);
     let client = allot_bus::connect(
         &ConnectConfig::new(&config.nats_url, "allot-inventory"),
-        shutdown.clone(),
+        service.stopping(),
     )
     .await?;
+    service.drain_on_stop(client.clone());
+    let shutdown = service.stopping();
     let open = || allot_store::open(&config.db_path(), projection::MIGRATIONS);
     let fleet_conn = open()?;
     let telemetry_conn = open()?;
@@ -137,46 +139,22 @@ pub async fn run(
         tick: config.check_interval,
     };
 
-    let service = query_service(client.clone(), query_conn, shutdown.clone());
-    let tasks = vec![
-        tokio::spawn(
-            fleet
-                .run(shutdown.clone())
-                .map(|r| r.map(drop).map_err(Error::from))
-                .instrument(tracing::info_span!("consumer", stream = names::FLEET)),
-        ),
-        tokio::spawn(
-            telemetry
-                .run(shutdown.clone())
-                .map(|r| r.map(drop).map_err(Error::from))
-                .instrument(tracing::info_span!("consumer", stream = names::TELEMETRY)),
-        ),
-        tokio::spawn(
-            reporter
-                .run(shutdown.clone())
-                .map(Ok)
-                .instrument(tracing::info_span!("reporter")),
-        ),
-        tokio::spawn(service.instrument(tracing::info_span!("query"))),
-    ];
-    let mut result = Ok(());
-    for task in futures::future::join_all(tasks).await {
-        let outcome = task.map_err(|e| Error::Task(e.to_string())).and_then(|r| r);
-        if let Err(e) = outcome {
-            tracing::error!(error = %e, "inventory task stopped with an error");
-            if result.is_ok() {
-                result = Err(e);
-            }
-        }
-    }
-    if tokio::time::timeout(Duration::from_secs(5), client.drain())
-        .await
-        .is_err()
-    {
-        tracing::warn!("draining the NATS connection timed out");
-    }
-    tracing::info!("inventory stopped");
-    result
+    let query = query_service(client.clone(), query_conn, shutdown.clone());
+    service.spawn(
+        format!("consumer {}", names::FLEET),
+        fleet
+            .run(shutdown.clone())
+            .map(|r| r.map(drop).map_err(Error::from)),
+    );
+    service.spawn(
+        format!("consumer {}", names::TELEMETRY),
+        telemetry
+            .run(shutdown.clone())
+            .map(|r| r.map(drop).map_err(Error::from)),
+    );
+    service.spawn("reporter", reporter.run(shutdown.clone()).map(Ok));
+    service.spawn("query", query);
+    service.run().await.map_err(|s| Error::Stopped(Box::new(s)))
 }
 
 /// Serves [`query::STATUS_SUBJECT`] until shutdown.

@@ -69,11 +69,11 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use tokio::sync::Notify;
-use tracing::Instrument;
 
 use allot_bus::consumer::{ConsumerRunner, ConsumerSpec};
 use allot_bus::streams::names;
 use allot_bus::{BusError, ConnectConfig, Publisher};
+use allot_runtime::Service;
 use allot_workload::TeamsConfig;
 
 mod consume;
@@ -140,24 +140,26 @@ pub enum Error {
     /// The pool name cannot be a subject token.
     #[error(transparent)]
     Pool(#[from] allot_events::subject::InvalidToken),
-    /// A task panicked.
-    #[error("planner task failed: {0}")]
-    Task(String),
+    /// One of its tasks failed or panicked: the task's name and why.
+    #[error("{0}")]
+    Stopped(Box<allot_runtime::Stopped<Error>>),
 }
 
-/// Runs the planner until `shutdown` completes: two durable consumers and the outbox relay,
-/// each with its own SQLite connection.
+/// Runs the planner until `shutdown` completes or one of its tasks fails: three durable
+/// consumers and the outbox relay, each with its own SQLite connection.
 pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     allot_events::subject::validate_token("pool", &config.pool)?;
-    let shutdown = shutdown.boxed().shared();
+    let mut service = Service::new("planner", shutdown);
     let client = allot_bus::connect(
         &ConnectConfig::new(&config.nats_url, "allot-planner"),
-        shutdown.clone(),
+        service.stopping(),
     )
     .await?;
+    service.drain_on_stop(client.clone());
+    let shutdown = service.stopping();
     let open = || allot_store::open(&config.db_path(), store::MIGRATIONS);
     let wake = Arc::new(Notify::new());
     tracing::info!(db = %config.db_path().display(), pool = %config.pool, "planner started");
@@ -200,48 +202,18 @@ pub async fn run(
         wake,
     };
 
-    let tasks = vec![
-        tokio::spawn(
-            workloads
+    for (stream, consumer) in [
+        (names::WORKLOADS, workloads),
+        (names::DECISIONS, decisions),
+        (names::FLEET, fleet),
+    ] {
+        service.spawn(
+            format!("consumer {stream}"),
+            consumer
                 .run(shutdown.clone())
-                .map(|r| r.map(drop).map_err(Error::from))
-                .instrument(tracing::info_span!("consumer", stream = names::WORKLOADS)),
-        ),
-        tokio::spawn(
-            decisions
-                .run(shutdown.clone())
-                .map(|r| r.map(drop).map_err(Error::from))
-                .instrument(tracing::info_span!("consumer", stream = names::DECISIONS)),
-        ),
-        tokio::spawn(
-            fleet
-                .run(shutdown.clone())
-                .map(|r| r.map(drop).map_err(Error::from))
-                .instrument(tracing::info_span!("consumer", stream = names::FLEET)),
-        ),
-        tokio::spawn(
-            relay
-                .run(shutdown.clone())
-                .map(Ok)
-                .instrument(tracing::info_span!("relay")),
-        ),
-    ];
-    let mut result = Ok(());
-    for task in futures::future::join_all(tasks).await {
-        let outcome = task.map_err(|e| Error::Task(e.to_string())).and_then(|r| r);
-        if let Err(e) = outcome {
-            tracing::error!(error = %e, "planner task stopped with an error");
-            if result.is_ok() {
-                result = Err(e);
-            }
-        }
+                .map(|r| r.map(drop).map_err(Error::from)),
+        );
     }
-    if tokio::time::timeout(Duration::from_secs(5), client.drain())
-        .await
-        .is_err()
-    {
-        tracing::warn!("draining the NATS connection timed out");
-    }
-    tracing::info!("planner stopped");
-    result
+    service.spawn("relay", relay.run(shutdown.clone()).map(Ok));
+    service.run().await.map_err(|s| Error::Stopped(Box::new(s)))
 }
