@@ -25,9 +25,20 @@ fn main() -> std::process::ExitCode {
     };
     match runtime.block_on(cli::dispatch(args)) {
         Ok(code) => code,
+        // The reader went away (`allot status --json | head`): nothing to say to anyone.
+        Err(e) if broken_pipe(&e) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("allot: {e:#}");
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// Whether `e` is standard output closed under us.
+fn broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }

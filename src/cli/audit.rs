@@ -71,9 +71,7 @@ pub async fn audit(cmd: AuditCommand, env: Lookup<'_>) -> anyhow::Result<ExitCod
 }
 
 async fn archive(args: ArchiveArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
-    let data_dir = env("ALLOT_DATA_DIR").unwrap_or_else(|| ".allot".into());
-    let (url, origin) =
-        local::discover_url(args.nats.as_deref(), env, std::path::Path::new(&data_dir));
+    let (url, origin) = local::instance_url(args.nats.as_deref(), None, env)?;
     let mut config = allot_archiver::Config::new(url.clone(), &args.db);
     config.durable = args.consumer;
     let (_trigger, shutdown) = shutdown_on_signal();

@@ -173,12 +173,46 @@ pub fn discover_url(
         };
         return (url, url_file(data_dir).display().to_string());
     }
-    ("nats://127.0.0.1:4222".into(), "the default".into())
+    ("nats://127.0.0.1:4222".into(), DEFAULT_ORIGIN.into())
 }
 
-/// Connects a client command (`submit`, `abort` …) as `name` to the NATS server it finds with
-/// [`discover_url`] (`data_dir`: `--data-dir`, then `ALLOT_DATA_DIR`, then `.allot`); if it is
-/// not reachable, the error says where the URL came from and that `nothing` happened.
+/// Where [`discover_url`] says the URL came from when nothing named one.
+const DEFAULT_ORIGIN: &str = "the default";
+
+/// The instance a client command talks to: `--nats`, then `ALLOT_NATS_URL`, then the `nats.url`
+/// of the data folder — `data_dir` (`--data-dir`), then `ALLOT_DATA_DIR`, then `./.allot`. A
+/// folder that was named but holds no running Allot is an error, never a silent fall-back to
+/// someone else's server; without one named, the default port is tried and stderr says so.
+/// Returns the URL (it may hold a password) and where it came from.
+pub fn instance_url(
+    nats: Option<&str>,
+    data_dir: Option<&str>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<(String, String)> {
+    let named = data_dir
+        .map(|d| (d.to_owned(), "--data-dir"))
+        .or_else(|| env("ALLOT_DATA_DIR").map(|d| (d, "ALLOT_DATA_DIR")));
+    let dir = named
+        .as_ref()
+        .map_or(".allot", |(d, _)| d.as_str())
+        .to_owned();
+    let (url, origin) = discover_url(nats, env, Path::new(&dir));
+    if origin == DEFAULT_ORIGIN {
+        if let Some((dir, how)) = named {
+            bail!(
+                "no Allot is running in {dir} (from {how}): it has no nats.url. Start one with                  `allot up --data-dir {dir}`, or pass --nats URL"
+            );
+        }
+        eprintln!(
+            "allot: no Allot in this folder (no ./.allot/nats.url); trying {url}, the default"
+        );
+    }
+    Ok((url, origin))
+}
+
+/// Connects a client command (`submit`, `abort` …) as `name` to the instance
+/// [`instance_url`] finds; if it is not reachable, the error says where the URL came from and
+/// that `nothing` happened.
 pub async fn connect_client(
     name: &str,
     nats: Option<&str>,
@@ -186,11 +220,7 @@ pub async fn connect_client(
     env: &dyn Fn(&str) -> Option<String>,
     nothing: &str,
 ) -> anyhow::Result<async_nats::Client> {
-    let data_dir = data_dir
-        .map(str::to_owned)
-        .or_else(|| env("ALLOT_DATA_DIR"))
-        .unwrap_or_else(|| ".allot".into());
-    let (url, origin) = discover_url(nats, env, Path::new(&data_dir));
+    let (url, origin) = instance_url(nats, data_dir, env)?;
     allot_bus::connect::with_url_credentials(async_nats::ConnectOptions::new(), &url)
         .name(name)
         .connection_timeout(Duration::from_secs(2))

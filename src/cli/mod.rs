@@ -97,14 +97,36 @@ pub enum Command {
     },
 }
 
+impl Command {
+    /// Whether the command runs until stopped (services, the simulator, benchmarks), whose
+    /// progress is what its log is for; the others are client commands, whose answer is
+    /// their output.
+    fn runs_until_stopped(&self) -> bool {
+        matches!(
+            self,
+            Self::Up(_) | Self::Run(_) | Self::Sim(_) | Self::Bench(_)
+        )
+    }
+}
+
 /// Sets up `tracing` from `--log`/`ALLOT_LOG` and `--log-format`/`ALLOT_LOG_FORMAT`.
+///
+/// Long-running commands log at `info` by default; client commands only warnings and errors,
+/// so their output is their answer (`--log info` shows more). Colour only on a terminal, and
+/// never with `NO_COLOR` set: a log file or a CI log gets plain text.
 pub fn init_tracing(cli: &Cli) {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
+    let default = if cli.command.runs_until_stopped() {
+        "info,async_nats=warn"
+    } else {
+        "warn"
+    };
     let filter = cli
         .log
         .clone()
         .or_else(|| std::env::var("ALLOT_LOG").ok())
-        .unwrap_or_else(|| "info,async_nats=warn".into());
+        .unwrap_or_else(|| default.into());
     let filter = EnvFilter::try_new(&filter).unwrap_or_else(|e| {
         eprintln!("allot: ignoring invalid log filter {filter:?}: {e}");
         EnvFilter::new("info")
@@ -114,8 +136,11 @@ pub fn init_tracing(cli: &Cli) {
         .clone()
         .or_else(|| std::env::var("ALLOT_LOG_FORMAT").ok())
         .is_some_and(|f| f == "json");
+    let colour = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     if json {
         builder.json().init();

@@ -29,13 +29,7 @@ pub struct StatusArgs {
 
 /// Asks the inventory and prints its answer.
 pub async fn status(args: StatusArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
-    let data_dir = args
-        .data_dir
-        .clone()
-        .or_else(|| env("ALLOT_DATA_DIR"))
-        .unwrap_or_else(|| ".allot".into());
-    let (url, origin) =
-        local::discover_url(args.nats.as_deref(), env, std::path::Path::new(&data_dir));
+    let (url, origin) = local::instance_url(args.nats.as_deref(), args.data_dir.as_deref(), env)?;
     let status = fetch(&url).await.with_context(|| {
         format!(
             "asking the inventory at {} (from {origin})",

@@ -130,6 +130,71 @@ fn status_without_a_running_allot_says_how_to_start_one() {
     assert!(err.contains("is `allot up` running"), "{err}");
 }
 
+/// A named data folder without a running Allot is an error naming it, never a silent fall-back
+/// to whatever listens on the default port; without one named, the fall-back is announced.
+#[test]
+fn client_commands_never_fall_back_silently_to_another_instance() {
+    let dir = tempfile::tempdir().unwrap();
+    let elsewhere = dir.path().join("no-allot-here");
+    std::fs::create_dir(&elsewhere).unwrap();
+    for (flag, via_env) in [(true, false), (false, true)] {
+        let mut cmd = allot(dir.path());
+        cmd.arg("status").env_remove("ALLOT_NATS_URL");
+        if flag {
+            cmd.arg("--data-dir").arg(&elsewhere);
+        }
+        if via_env {
+            cmd.env("ALLOT_DATA_DIR", &elsewhere);
+        }
+        let out = cmd.output().unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("no Allot is running in") && err.contains("no-allot-here"),
+            "{err}"
+        );
+        assert!(!err.contains("4222"), "tried the default port: {err}");
+    }
+    let out = allot(dir.path())
+        .arg("status")
+        .env_remove("ALLOT_NATS_URL")
+        .env_remove("ALLOT_DATA_DIR")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no Allot in this folder") && err.contains("nats://127.0.0.1:4222"),
+        "{err}"
+    );
+}
+
+/// Logs written anywhere but a terminal are plain text, and client commands print their
+/// answer, not INFO lines.
+#[test]
+fn client_commands_are_quiet_and_logs_off_a_terminal_have_no_colour() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = allot_testkit::NatsServer::start();
+    // A one-shot client command that connects (and fails: this server has no streams).
+    let out = allot(dir.path())
+        .env_remove("ALLOT_LOG")
+        .args(["audit", "archive", "--nats", &server.url(), "--db"])
+        .arg(dir.path().join("archive.db"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("stream not found"), "{err}");
+    assert!(!err.contains("INFO"), "{err}");
+    // Asked for, logs come — without escape codes, since stderr is a pipe.
+    let out = allot(dir.path())
+        .args(["--log", "trace", "status", "--nats"])
+        .arg(format!("nats://127.0.0.1:{}", free_port()))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("TRACE") || err.contains("DEBUG"), "{err}");
+    assert!(!err.contains('\u{1b}'), "colour codes in {err:?}");
+}
+
 #[test]
 fn invalid_configuration_is_reported_all_at_once_before_anything_starts() {
     let dir = tempfile::tempdir().unwrap();
