@@ -152,6 +152,9 @@ pub struct Summary {
     pub reason: Option<String>,
     /// From the submission to the last event seen, ms.
     pub elapsed_ms: i64,
+    /// How long the command waited before giving up, ms (only when it timed out).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waited_ms: Option<i64>,
     /// Every task, in the spec's order.
     pub tasks: Vec<TaskSummary>,
 }
@@ -164,14 +167,22 @@ impl Summary {
             Ending::Succeeded => "succeeded",
             Ending::Failed => "failed",
             Ending::Aborted => "was aborted",
-            Ending::TimedOut => "is still running (timed out waiting)",
+            Ending::TimedOut => "is still running",
         };
-        let _ = write!(
-            out,
-            "workload {} {how} after {}s",
-            self.workload,
-            seconds(self.elapsed_ms)
-        );
+        let _ = match (self.ending, self.waited_ms) {
+            (Ending::TimedOut, Some(waited)) => write!(
+                out,
+                "workload {} {how}: stopped waiting after {}s (--timeout)",
+                self.workload,
+                seconds(waited)
+            ),
+            _ => write!(
+                out,
+                "workload {} {how} after {}s",
+                self.workload,
+                seconds(self.elapsed_ms)
+            ),
+        };
         if let Some(reason) = &self.reason {
             let _ = write!(out, ": {reason}");
         }
@@ -390,6 +401,7 @@ impl Progress {
             ending,
             reason,
             elapsed_ms: self.last_ms - self.submitted_ms,
+            waited_ms: None,
             tasks,
         }
     }

@@ -185,7 +185,10 @@ pub async fn watch(client: &async_nats::Client, w: Watch) -> anyhow::Result<Summ
         }
     }
 
-    let summary = progress.summary();
+    let mut summary = progress.summary();
+    if summary.ending == Ending::TimedOut {
+        summary.waited_ms = w.timeout.map(|t| t.as_millis() as i64);
+    }
     match w.output {
         Output::Text => print!("{}", summary.render()),
         Output::Json => println!(
