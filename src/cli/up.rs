@@ -100,6 +100,8 @@ pub struct UpConfig {
     pub executor: ExecutorKind,
     pub prices: allot_billing::PriceTable,
     pub teams: Option<allot_workload::TeamsConfig>,
+    /// Where `teams` came from.
+    pub teams_file: Option<String>,
     /// Restarts of the embedded nats-server allowed within a minute.
     pub nats_restarts: u32,
 }
@@ -185,6 +187,7 @@ impl UpConfig {
                 }),
         };
         let teams = super::run::teams_file(args.teams.as_deref(), &mut s);
+        let teams_file = args.teams.clone().or_else(|| env("ALLOT_TEAMS_FILE"));
         let nats_restarts = s.parse(args.nats_restarts.as_deref(), "ALLOT_NATS_RESTARTS", 5u32);
         if missed_heartbeats == 0 {
             s.problem("--missed-heartbeats / ALLOT_MISSED_HEARTBEATS: must be at least 1");
@@ -203,6 +206,7 @@ impl UpConfig {
             executor,
             prices,
             teams,
+            teams_file,
             nats_restarts,
         })
     }
@@ -478,6 +482,19 @@ async fn run_services(
         services.spawn(format!("collector {node}"), async move {
             Ok(allot_collector::run(collector, stop).await?)
         });
+    }
+    match (&config.teams, &config.teams_file) {
+        (Some(teams), Some(file)) => tracing::info!(
+            file = %file,
+            teams = %team_names(config).join(", "),
+            classes = teams.priority_classes.len(),
+            "teams file in force: submissions naming another team are refused; quotas and \
+             budgets apply"
+        ),
+        _ => tracing::warn!(
+            "no teams file: any team name is accepted and no quota or budget applies \
+             (pass --teams FILE, e.g. examples/teams.yaml; `./dev up` does)"
+        ),
     }
     tracing::info!(
         nats = %urls.url,
