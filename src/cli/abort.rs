@@ -5,14 +5,27 @@
 //! period), releases their GPUs and cancels every task downstream; aborting the whole workload
 //! finishes it as `aborted`. An abort names the team that owns the workload: the planner
 //! refuses one from another team.
+//!
+//! Then it waits for the planner's answer (`WorkloadAbortAnswered` on
+//! `allot.workload.abort_answered.<team>`, subscribed to before publishing so it cannot be
+//! missed) and says what it was:
+//!
+//! | exit | meaning |
+//! |---|---|
+//! | 0 | carried out; it says what was cancelled |
+//! | 2 | refused (unknown workload or task, another team's, already finished): the reason |
+//! | 5 | no answer within `--timeout`: the abort is stored and will be applied when the planner runs |
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args;
+use futures::StreamExt;
 
 use allot_bus::Publisher;
-use allot_events::workload::WorkloadAborted;
+use allot_events::workload::{AbortOutcome, WorkloadAbortAnswered, WorkloadAborted};
+use allot_events::{AnyEvent, WorkloadEvent};
 
 use super::local;
 use super::settings::Lookup;
@@ -40,6 +53,9 @@ pub struct AbortArgs {
     /// Folder where `allot up` keeps its state (ALLOT_DATA_DIR).
     #[arg(long)]
     pub data_dir: Option<String>,
+    /// How long to wait for the planner's answer (exit 5 past it; the abort stays stored).
+    #[arg(long, value_parser = allot_workload::quantity::duration, default_value = "30s")]
+    pub timeout: Duration,
 }
 
 /// `allot abort`: publishes the abort and waits for JetStream to store it.
@@ -71,19 +87,66 @@ pub async fn abort(args: AbortArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode>
     .await?;
     let event = WorkloadAborted {
         workload_id: args.workload.clone(),
-        team,
+        team: team.clone(),
         task: args.task.clone(),
         reason: args.reason.clone(),
         by,
     };
-    Publisher::new(client.clone(), "/allot/cli")
-        .publish(event)
+    // Listening first: the answer may come before the publish returns.
+    let mut answers = client
+        .subscribe(allot_events::subject::workload_abort_answered(&team))
+        .await
+        .with_context(|| format!("listening for the planner's answers to team {team}"))?;
+    let publisher = Publisher::new(client.clone(), "/allot/cli");
+    let envelope = publisher.envelope(event);
+    let abort_id = envelope.id.to_string();
+    publisher
+        .publish_envelope(&envelope)
         .await
         .with_context(|| format!("publishing the abort of {}", args.workload))?;
+    let what = match &args.task {
+        Some(task) => format!("{}: abort of task {task}", args.workload),
+        None => format!("{}: abort", args.workload),
+    };
+    let answer = tokio::time::timeout(args.timeout, async {
+        while let Some(message) = answers.next().await {
+            let Ok(envelope) = allot_events::decode(&message.payload) else {
+                continue;
+            };
+            if let AnyEvent::Workload(WorkloadEvent::AbortAnswered(a)) = envelope.data
+                && a.abort == abort_id
+            {
+                return Some(a);
+            }
+        }
+        None
+    })
+    .await;
     client.drain().await.ok();
-    match &args.task {
-        Some(task) => eprintln!("{}: abort of task {task} requested", args.workload),
-        None => eprintln!("{}: abort requested", args.workload),
+    match answer {
+        Ok(Some(WorkloadAbortAnswered {
+            outcome: AbortOutcome::Accepted,
+            detail,
+            ..
+        })) => {
+            eprintln!("{what} carried out: {detail}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Ok(Some(WorkloadAbortAnswered {
+            outcome: AbortOutcome::Refused,
+            detail,
+            ..
+        })) => {
+            eprintln!("{what} refused: {detail}");
+            Ok(ExitCode::from(super::workload::REJECTED))
+        }
+        Ok(None) | Err(_) => {
+            eprintln!(
+                "{what} is stored, but the planner did not answer within {} — is it running \
+                 (`allot up`, or `allot run planner`)? It will be applied when the planner runs.",
+                humantime::format_duration(args.timeout)
+            );
+            Ok(ExitCode::from(super::workload::TIMED_OUT))
+        }
     }
-    Ok(ExitCode::SUCCESS)
 }

@@ -366,25 +366,45 @@ spec:
 "#,
     );
     let trains = cluster.started(&id, "train-", 2);
-    let out = allot(cluster.dir.path())
-        .args([
-            "abort",
-            &id,
-            "--team",
-            "vision",
-            "--reason",
-            "wrong learning rate",
-        ])
-        .args(["--nats", &cluster.server.url(), "--by", "alice"])
-        .output()
-        .unwrap();
+    let abort = |workload: &str, team: &str, task: Option<&str>| {
+        let mut cmd = allot(cluster.dir.path());
+        cmd.args(["abort", workload, "--team", team])
+            .args(["--reason", "wrong learning rate"])
+            .args(["--nats", &cluster.server.url(), "--by", "alice"]);
+        if let Some(task) = task {
+            cmd.args(["--task", task]);
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // Refused, each with its reason and exit 2, and the training goes on.
+    let (code, err) = abort(&id, "nlp", None);
+    assert_eq!(code, Some(2), "{err}");
     assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        err.contains("refused") && err.contains("belongs to team vision"),
+        "{err}"
+    );
+    let (code, err) = abort(&id, "vision", Some("trian-0"));
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("has no task \"trian-0\""), "{err}");
+    let (code, err) = abort("nosuch-0123456789", "vision", None);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("unknown workload nosuch-0123456789"), "{err}");
+
+    let (code, err) = abort(&id, "vision", None);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("carried out: cancelled") && err.contains("eval"),
+        "{err}"
     );
     let done = cluster.finished(&id);
     assert_eq!(done.outcome, WorkloadOutcome::Aborted);
+    let (code, err) = abort(&id, "vision", None);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("has already been aborted"), "{err}");
     assert!(
         done.reason
             .as_deref()

@@ -16,13 +16,16 @@ use tracing::{info, warn};
 use allot_bus::consumer::{Delivery, Handler, HandlerError, Outcome};
 use allot_events::alloc::Applied;
 use allot_events::task::{TaskCancelled, TaskPreload, TaskReady};
-use allot_events::workload::{WorkloadFinished, WorkloadSubmitted};
+use allot_events::workload::{
+    AbortOutcome, WorkloadAbortAnswered, WorkloadAborted, WorkloadFinished, WorkloadOutcome,
+    WorkloadSubmitted,
+};
 use allot_events::{AllocEvent, AnyEvent, Envelope, NodeEvent, TaskEvent, WorkloadEvent};
 use allot_sched::{Decision, TaskId, Time};
 use allot_store::rusqlite::Connection;
 use allot_workload::TeamsConfig;
 
-use crate::machine::{Effect, Workload};
+use crate::machine::{Effect, TaskStatus, Workload, WorkloadStatus};
 use crate::plan::{event_id, plan};
 use crate::store::{self, StoreError};
 
@@ -125,27 +128,7 @@ fn step(
     let at = d.published.timestamp_millis().max(0) as Time;
     match &d.event.data {
         AnyEvent::Workload(WorkloadEvent::Submitted(s)) => submitted(c, pool, teams, s, d),
-        AnyEvent::Workload(WorkloadEvent::Aborted(a)) => {
-            let Some(mut w) = store::load(c, &a.workload_id)? else {
-                return Ok(Step::rejected(format!(
-                    "abort of unknown workload {}",
-                    a.workload_id
-                )));
-            };
-            if a.team != w.team {
-                return Ok(Step::rejected(format!(
-                    "abort of workload {} by team {}: it belongs to team {}",
-                    a.workload_id, a.team, w.team
-                )));
-            }
-            match w.abort(a.task.as_deref(), &a.by, &a.reason) {
-                Ok(effects) => {
-                    info!(workload.id = %w.id, task = ?a.task, by = %a.by, "workload aborted");
-                    commit(c, &w, effects)
-                }
-                Err(e) => Ok(Step::rejected(e.to_string())),
-            }
-        }
+        AnyEvent::Workload(WorkloadEvent::Aborted(a)) => aborted(c, a, d),
         AnyEvent::Task(TaskEvent::Completed(t)) => {
             on_attempt(c, t.task, true, |w, name, attempt| {
                 w.completed(name, attempt)
@@ -232,6 +215,90 @@ fn submitted(
     info!(workload.id = %w.id, tasks = w.tasks.len(), "workload planned");
     emit(c, &w, effects)?;
     Ok(Step::handled(true))
+}
+
+/// Carries out an abort, or refuses it; either way its answer goes in the outbox, for whoever
+/// aborted (`allot abort` waits for it).
+fn aborted(c: &Connection, a: &WorkloadAborted, d: &Delivery) -> Result<Step, StoreError> {
+    let refuse = |why: String| -> Result<Step, StoreError> {
+        warn!(workload.id = %a.workload_id, team = %a.team, reason = %why, "abort refused");
+        answer(c, a, d, AbortOutcome::Refused, &why)?;
+        Ok(Step {
+            outcome: Outcome::Rejected(why),
+            queued: true,
+        })
+    };
+    let Some(mut w) = store::load(c, &a.workload_id)? else {
+        return refuse(format!("abort of unknown workload {}", a.workload_id));
+    };
+    if a.team != w.team {
+        return refuse(format!(
+            "abort of workload {} by team {}: it belongs to team {}",
+            a.workload_id, a.team, w.team
+        ));
+    }
+    if w.status != WorkloadStatus::Running {
+        return refuse(format!(
+            "workload {} has already {}: nothing to abort",
+            w.id,
+            match w.status {
+                WorkloadStatus::Finished(WorkloadOutcome::Succeeded) => "succeeded",
+                WorkloadStatus::Finished(WorkloadOutcome::Failed) => "failed",
+                WorkloadStatus::Finished(WorkloadOutcome::Aborted) => "been aborted",
+                WorkloadStatus::Running => "run",
+            }
+        ));
+    }
+    let before: Vec<TaskStatus> = w.tasks.iter().map(|t| t.status).collect();
+    match w.abort(a.task.as_deref(), &a.by, &a.reason) {
+        Ok(effects) => {
+            let cancelled: Vec<&str> = w
+                .tasks
+                .iter()
+                .zip(&before)
+                .filter(|(t, was)| t.status == TaskStatus::Cancelled && **was != t.status)
+                .map(|(t, _)| t.name.as_str())
+                .collect();
+            let detail = if cancelled.is_empty() {
+                "nothing was left to stop".to_owned()
+            } else {
+                format!("cancelled {}", cancelled.join(", "))
+            };
+            info!(workload.id = %w.id, task = ?a.task, by = %a.by, %detail, "workload aborted");
+            commit(c, &w, effects)?;
+            answer(c, a, d, AbortOutcome::Accepted, &detail)?;
+            Ok(Step::handled(true))
+        }
+        Err(e) => refuse(e.to_string()),
+    }
+}
+
+/// Queues the answer to abort `d`.
+fn answer(
+    c: &Connection,
+    a: &WorkloadAborted,
+    d: &Delivery,
+    outcome: AbortOutcome,
+    detail: &str,
+) -> Result<(), StoreError> {
+    let answer = WorkloadAbortAnswered {
+        abort: d.event.id.to_string(),
+        workload_id: a.workload_id.clone(),
+        team: a.team.clone(),
+        task: a.task.clone(),
+        outcome,
+        detail: detail.to_owned(),
+    };
+    let mut envelope = Envelope::at(SOURCE, answer, Utc::now());
+    envelope.id = event_id(&format!("abort-answer/{}", d.event.id));
+    store::enqueue(
+        c,
+        0,
+        &envelope.nats_subject(),
+        &envelope.id.to_string(),
+        &envelope.to_json(),
+    )?;
+    Ok(())
 }
 
 /// Runs `transition` on the workload that attempt `id` belongs to, if it is one of the

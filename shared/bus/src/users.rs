@@ -13,7 +13,7 @@
 //! |---|---|
 //! | `collector-<node>` | `allot.node.{registered,heartbeat}.<node>`, `allot.telemetry.<node>`, `allot.task.{started,checkpointed,completed,failed,stopped}.*.<node>` |
 //! | `allocator` | `allot.alloc.*.journal`, its lease bucket (`$KV.allot-leases.>`, creating `KV_allot-leases`) |
-//! | `planner` | `allot.task.{ready,preload,cancelled}.*`, `allot.workload.finished.*` |
+//! | `planner` | `allot.task.{ready,preload,cancelled}.*`, `allot.workload.{finished,abort_answered}.*` |
 //! | `inventory` | `allot.inventory.>`, replies to the status queries it receives |
 //! | `billing` | `allot.cost.>` |
 //! | `archiver` | nothing of its own |
@@ -157,7 +157,10 @@ impl Role {
                 PLANNER_TASK_EVENTS
                     .iter()
                     .map(|e| subject::task(e, "*"))
-                    .chain([subject::workload_finished("*")])
+                    .chain([
+                        subject::workload_finished("*"),
+                        subject::workload_abort_answered("*"),
+                    ])
                     .collect(),
             ),
             Self::Billing => service(vec![subject::COST_ALL.to_owned()]),
@@ -184,8 +187,9 @@ impl Role {
                     format!("{}.>", subject::INVENTORY_QUERY),
                 ],
                 publish_deny: vec!["$JS.>".to_owned(), "$KV.>".to_owned(), INBOX.to_owned()],
-                // Its PubAcks and query answers; nothing of the bus itself.
-                subscribe_allow: vec![INBOX.to_owned()],
+                // Its PubAcks and query answers, and the planner's answers to its own aborts;
+                // nothing else of the bus.
+                subscribe_allow: vec![INBOX.to_owned(), subject::workload_abort_answered(team)],
                 allow_responses: false,
             },
         })

@@ -88,6 +88,11 @@ pub fn workload_finished(team: &str) -> String {
     format!("allot.workload.finished.{team}")
 }
 
+/// `allot.workload.abort_answered.<team>`: the planner's answers to the team's aborts.
+pub fn workload_abort_answered(team: &str) -> String {
+    format!("allot.workload.abort_answered.{team}")
+}
+
 /// `allot.task.<event>.<pool>`: a task event the planner publishes (ready, preload, cancelled).
 pub fn task(event: &str, pool: &str) -> String {
     format!("allot.task.{event}.{pool}")

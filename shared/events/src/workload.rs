@@ -256,6 +256,8 @@ domain_events! {
         /// The planner saw the workload to its end: every task succeeded, one failed for good,
         /// or it was aborted.
         Finished(WorkloadFinished) = "finished",
+        /// The planner's answer to an abort: carried out, or refused and why.
+        AbortAnswered(WorkloadAbortAnswered) = "abort_answered",
     }
 }
 
@@ -268,6 +270,7 @@ impl EventKind for WorkloadEvent {
             Self::Submitted(e) => subject::workload_submitted(&e.spec.metadata.team),
             Self::Aborted(e) => subject::workload_aborted(&e.team),
             Self::Finished(e) => subject::workload_finished(&e.team),
+            Self::AbortAnswered(e) => subject::workload_abort_answered(&e.team),
         }
     }
     fn entity(&self) -> String {
@@ -278,6 +281,7 @@ impl EventKind for WorkloadEvent {
                 None => e.workload_id.clone(),
             },
             Self::Finished(e) => e.workload_id.clone(),
+            Self::AbortAnswered(e) => e.workload_id.clone(),
         }
     }
     fn team(&self) -> Option<&str> {
@@ -285,18 +289,20 @@ impl EventKind for WorkloadEvent {
             Self::Submitted(e) => Some(&e.spec.metadata.team),
             Self::Aborted(e) => Some(&e.team),
             Self::Finished(e) => Some(&e.team),
+            Self::AbortAnswered(e) => Some(&e.team),
         }
     }
 }
 
 /// A workload was validated and submitted.
 ///
-/// Published with `Nats-Msg-Id` = `idempotency_key`, so a retried submission within the
-/// WORKLOADS stream's duplicate window is stored once.
+/// Published with a `Nats-Msg-Id` derived from the team, `idempotency_key` and the spec, so a
+/// retried submission within the WORKLOADS stream's duplicate window is stored once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WorkloadSubmitted {
-    /// The workload's id: `<metadata.name>-<10 hex digits of the idempotency key's hash>`.
+    /// The workload's id: `<metadata.name>-<10 hex digits of SHA-256(<team>\n<key>)>`; the
+    /// planner refuses an id that does not follow.
     pub workload_id: String,
     /// What makes two submissions the same one (default: a hash of the canonical spec and the
     /// run id).
@@ -354,4 +360,35 @@ pub struct WorkloadFinished {
     /// status 1`, `aborted by alice: wrong learning rate`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+}
+
+/// Whether the planner carried an abort out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AbortOutcome {
+    /// Done: the tasks named were stopped or cancelled.
+    Accepted,
+    /// Nothing was done (an unknown workload or task, another team's workload, a workload
+    /// already finished); `detail` says why.
+    Refused,
+}
+
+/// The planner's answer to one `WorkloadAborted` (published once, with a `Nats-Msg-Id` derived
+/// from the abort's event id), so whoever aborted learns what came of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadAbortAnswered {
+    /// The CloudEvent id of the `WorkloadAborted` answered.
+    pub abort: String,
+    /// The workload it named.
+    pub workload_id: String,
+    /// The team it was published under (the subject's key).
+    pub team: String,
+    /// The task it named; absent: the whole workload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+    /// Carried out or refused.
+    pub outcome: AbortOutcome,
+    /// What was done (`cancelled eval; stopped train-0, train-1`), or why nothing was.
+    pub detail: String,
 }

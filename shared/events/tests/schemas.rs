@@ -14,8 +14,9 @@ use allot_events::task::{
 };
 use allot_events::telemetry::{GpuSample, GpusSampled};
 use allot_events::workload::{
-    ApiVersion, Checkpoint, Kind, Metadata, Quantity, Resources, Retry, Task, Workload,
-    WorkloadAborted, WorkloadFinished, WorkloadOutcome, WorkloadSpec, WorkloadSubmitted,
+    AbortOutcome, ApiVersion, Checkpoint, Kind, Metadata, Quantity, Resources, Retry, Task,
+    Workload, WorkloadAbortAnswered, WorkloadAborted, WorkloadFinished, WorkloadOutcome,
+    WorkloadSpec, WorkloadSubmitted,
 };
 use allot_events::{AnyEvent, Envelope, schema};
 use allot_sched::{DagFacts, LeaseId, TaskId, TaskSpec};
@@ -175,6 +176,15 @@ fn samples() -> Vec<AnyEvent> {
             team: "vision".into(),
             outcome: WorkloadOutcome::Failed,
             reason: Some("task train failed after 3 attempts: exit status 3".into()),
+        }
+        .into(),
+        WorkloadAbortAnswered {
+            abort: "0192f0c4-0000-7000-8000-00000000000f".into(),
+            workload_id: "train-eval-3f9a2c71d0".into(),
+            team: "vision".into(),
+            task: Some("train".into()),
+            outcome: AbortOutcome::Refused,
+            detail: "workload train-eval-3f9a2c71d0 has no task train".into(),
         }
         .into(),
         TaskReady {
