@@ -29,6 +29,7 @@ use clap::Args;
 use allot_bus::Publisher;
 use allot_bus::async_nats::jetstream::message::PublishMessage;
 use allot_events::query::{self, ClusterStatus};
+use allot_workload::limits::{self, SpecSize};
 use allot_workload::submit::{self, Submission};
 use allot_workload::validate::Checked;
 use allot_workload::{ClusterShape, Context, Format, NodeShape, SpecProblem, TeamsConfig};
@@ -101,7 +102,10 @@ pub struct SubmitArgs {
 
 /// `allot validate FILE`: every problem, or a one-line summary.
 pub fn validate(args: ValidateArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
-    let (text, format) = read_spec(&args.file)?;
+    let (text, format) = match read_spec(&args.file)? {
+        Ok(read) => read,
+        Err(problem) => return Ok(rejected(&args.file, &[problem])),
+    };
     let (teams, teams_note) = load_teams(args.teams.as_deref(), env)?;
     let cluster = args.cluster.as_deref().map(offline_cluster).transpose()?;
     let cluster_note = match &cluster {
@@ -130,7 +134,11 @@ pub fn validate(args: ValidateArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode>
 /// PubAck, and prints the workload id on standard output.
 pub async fn submit(args: SubmitArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
     let wait = args.wait || args.follow || args.timeout.is_some();
-    let (text, format) = read_spec(&args.file)?;
+    // Before connecting: a spec that is not text, or too large, is refused whatever the bus.
+    let (text, format) = match read_spec(&args.file)? {
+        Ok(read) => read,
+        Err(problem) => return Ok(rejected(&args.file, &[problem])),
+    };
     let (teams, teams_note) = load_teams(args.teams.as_deref(), env)?;
     let run_id = args.run_id.clone().or_else(|| env("ALLOT_RUN_ID"));
 
@@ -251,23 +259,54 @@ pub async fn submit(args: SubmitArgs, env: Lookup<'_>) -> anyhow::Result<ExitCod
     Ok(ExitCode::from(watch::exit_code(summary.ending)))
 }
 
+/// A spec as read: its text and format, or why it cannot be one (too large, not UTF-8).
+type SpecText = Result<(String, Format), SpecProblem>;
+
 /// The spec's text and format (`-` reads standard input, as YAML unless it starts with `{`).
-fn read_spec(path: &Path) -> anyhow::Result<(String, Format)> {
+///
+/// At most one byte more than [`limits::MAX_SPEC_BYTES`] is read, so `allot validate - <
+/// /dev/zero` stops at once with the size problem instead of filling memory.
+fn read_spec(path: &Path) -> anyhow::Result<SpecText> {
+    let bound = limits::MAX_SPEC_BYTES as u64 + 1;
+    let mut bytes = Vec::new();
     if path == Path::new("-") {
-        let mut text = String::new();
         std::io::stdin()
-            .read_to_string(&mut text)
+            .lock()
+            .take(bound)
+            .read_to_end(&mut bytes)
             .context("reading the spec from standard input")?;
+        if bytes.len() > limits::MAX_SPEC_BYTES {
+            return Ok(Err(limits::too_large(SpecSize::MoreThan(
+                limits::MAX_SPEC_BYTES as u64,
+            ))));
+        }
+        let text = match limits::text(bytes) {
+            Ok(text) => text,
+            Err(problem) => return Ok(Err(problem)),
+        };
         let format = if text.trim_start().starts_with('{') {
             Format::Json
         } else {
             Format::Yaml
         };
-        return Ok((text, format));
+        return Ok(Ok((text, format)));
     }
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading the workload spec {}", path.display()))?;
-    Ok((text, Format::from_path(path)))
+    let reading = || format!("reading the workload spec {}", path.display());
+    let file = std::fs::File::open(path).with_context(reading)?;
+    file.take(bound)
+        .read_to_end(&mut bytes)
+        .with_context(reading)?;
+    if bytes.len() > limits::MAX_SPEC_BYTES {
+        // A regular file's size is known; a pipe or device is only known to be too large.
+        let size = std::fs::metadata(path)
+            .ok()
+            .filter(|m| m.is_file() && m.len() > limits::MAX_SPEC_BYTES as u64)
+            .map_or(SpecSize::MoreThan(limits::MAX_SPEC_BYTES as u64), |m| {
+                SpecSize::Bytes(m.len())
+            });
+        return Ok(Err(limits::too_large(size)));
+    }
+    Ok(limits::text(bytes).map(|text| (text, Format::from_path(path))))
 }
 
 /// The teams file from `--teams`, `ALLOT_TEAMS_FILE` or `./teams.yaml`, and how to say what was

@@ -151,6 +151,41 @@ fn a_retried_submission_is_stored_once_a_new_run_again_and_a_bad_spec_never() {
         "{stderr}"
     );
     assert_eq!(workloads(&rt, &url).len(), 2, "nothing more was published");
+
+    // What the bus would have misread: a duration whose milliseconds overflow (it went out as
+    // 384 ms) and, in JSON, a key given twice (the last one won).
+    let overflow = dir.path().join("overflow.yaml");
+    std::fs::write(
+        &overflow,
+        std::fs::read_to_string(&spec).unwrap().replacen(
+            "maxRuntime: 6h",
+            "maxRuntime: 18446744073709552s",
+            1,
+        ),
+    )
+    .unwrap();
+    let twice = dir.path().join("twice.json");
+    std::fs::write(
+        &twice,
+        r#"{"apiVersion":"allot/v1","kind":"Workload","metadata":{"name":"x","team":"vision","team":"nlp"},"spec":{"tasks":[{"name":"a","command":["true"]}]}}"#,
+    )
+    .unwrap();
+    for (file, want) in [
+        (
+            &overflow,
+            "  - spec.tasks[1].maxRuntime (task \"train-0\"): \"18446744073709552s\" is longer than 365 days, the longest duration a spec may give\n",
+        ),
+        (
+            &twice,
+            "  - metadata.team: duplicate key \"team\": this object gives it more than once; give each key once\n",
+        ),
+    ] {
+        let rejected = submit(dir.path(), &url, file, "ci-1845");
+        let stderr = text(&rejected.stderr);
+        assert_eq!(rejected.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(want), "{stderr}");
+    }
+    assert_eq!(workloads(&rt, &url).len(), 2, "nothing more was published");
 }
 
 #[test]
@@ -182,6 +217,103 @@ fn validate_lists_every_problem_offline_and_summarizes_a_good_spec() {
     assert!(
         stderr.contains("  - spec.tasks[1].resources (task \"train-0\"): no node could ever run this task, which needs 1 GPU, 40960 MiB GPU memory, 8000m CPU, 65536 MiB memory: 2x1:T4: 15360 MiB per GPU\n"),
         "{stderr}"
+    );
+}
+
+#[test]
+fn specs_too_large_or_not_text_are_refused_with_exit_2_without_reading_them_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = std::fs::read_to_string(example("train-eval.yaml")).unwrap();
+    let write = |name: &str, bytes: &[u8]| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        path
+    };
+    let mut many = good.clone();
+    for i in 0..1_000 {
+        many.push_str(&format!("    - {{name: extra-{i}, command: [\"true\"]}}\n"));
+    }
+    let huge = write("huge.yaml", &vec![b'#'; 50 * 1024 * 1024]);
+    let latin1 = write(
+        "latin1.yaml",
+        b"apiVersion: allot/v1\nkind: Workload\nmetadata: {name: caf\xe9}\n",
+    );
+    let many = write("many.yaml", many.as_bytes());
+    let nan = write(
+        "nan.yaml",
+        good.replacen("gpus: 1, gpuMemory", "gpus: .nan, gpuMemory", 1)
+            .as_bytes(),
+    );
+
+    struct Case {
+        name: &'static str,
+        file: PathBuf,
+        stdin: Option<PathBuf>,
+        want: String,
+    }
+    let cases = [
+        Case {
+            name: "a 50 MB file",
+            file: huge.clone(),
+            stdin: None,
+            want: "  - the spec is 52428800 bytes; at most 524288 bytes (512 KiB), so the submission fits in one NATS message — split the workload\n".into(),
+        },
+        Case {
+            // As `< /dev/zero` would: a regression reads 50 MB, not all memory.
+            name: "standard input is read no further than the limit",
+            file: "-".into(),
+            stdin: Some(huge.clone()),
+            want: "  - the spec is more than 524288 bytes (reading stopped there); at most 524288 bytes (512 KiB), so the submission fits in one NATS message — split the workload\n".into(),
+        },
+        Case {
+            name: "1,006 tasks",
+            file: many,
+            stdin: None,
+            want: "  - spec.tasks: 1006 tasks; at most 1000 in one workload — split the workload\n".into(),
+        },
+        Case {
+            name: "Latin-1 text",
+            file: latin1.clone(),
+            stdin: None,
+            want: "  - not UTF-8 at byte 57 (0xe9): a spec is UTF-8 text (was it saved as Latin-1 or UTF-16?) at line 3 column 21\n".into(),
+        },
+        Case {
+            name: "Latin-1 text on standard input",
+            file: "-".into(),
+            stdin: Some(latin1),
+            want: "  - not UTF-8 at byte 57 (0xe9): a spec is UTF-8 text (was it saved as Latin-1 or UTF-16?) at line 3 column 21\n".into(),
+        },
+        Case {
+            name: "a GPU count that is not a number",
+            file: nan,
+            stdin: None,
+            want: "  - spec.tasks[1].resources.gpus (task \"train-0\"): .nan is not a finite number; expected a whole number of GPUs, e.g. 4\n".into(),
+        },
+    ];
+    for case in cases {
+        let mut cmd = allot(dir.path());
+        cmd.arg("validate").arg(&case.file);
+        if let Some(stdin) = &case.stdin {
+            cmd.stdin(std::fs::File::open(stdin).unwrap());
+        }
+        let out = cmd.output().unwrap();
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{}: {stderr}", case.name);
+        assert!(stderr.contains(&case.want), "{}: {stderr}", case.name);
+    }
+
+    // `allot submit` refuses them before it looks for a server.
+    let out = allot(dir.path())
+        .arg("submit")
+        .arg(&huge)
+        .args(["--nats", "nats://127.0.0.1:1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("nothing was submitted:\n  - the spec is 52428800 bytes"),
+        "{}",
+        text(&out.stderr)
     );
 }
 

@@ -13,6 +13,10 @@
 //!   quantities, names, duplicate tasks, unknown or cyclic dependencies, gang rules, teams and
 //!   priority classes, and requests no node of the cluster could ever hold. [`check`] runs
 //!   parsing and validation together.
+//! - [`limits`]: the largest spec (bytes as written and as published, tasks) and the longest
+//!   duration, so `allot validate`, `allot submit` and the planner agree; [`limits::text`]
+//!   turns bytes read from a file or standard input into text, or a problem (too large, not
+//!   UTF-8).
 //! - [`problem`]: [`SpecProblem`] — a path such as `spec.tasks[2].after[0]`, the task's name,
 //!   the message, and the line and column where the format gives them.
 //! - [`quantity`]: strict parsing of `"500m"`, `"64Gi"`, `"0.25"`, `"2h"`.
@@ -26,6 +30,7 @@
 
 pub mod cluster;
 pub mod dag;
+pub mod limits;
 pub mod parse;
 pub mod problem;
 pub mod quantity;

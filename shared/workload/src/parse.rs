@@ -6,11 +6,17 @@
 //! unknown field, wrong type and missing field with its path, and only then deserialized.
 //! Unknown fields are dropped after being reported, so the semantic checks of
 //! [`crate::validate`] still run on the rest and a spec's problems all come out in one go.
+//!
+//! What the JSON value would hide is reported first, by path: a key a JSON object gives twice
+//! (YAML refuses those as a syntax error) and a YAML number that is not finite (`.nan`, `.inf`,
+//! which JSON would make null).
 
+use std::cell::RefCell;
 use std::sync::OnceLock;
 
 use jsonschema::error::ValidationErrorKind;
 use jsonschema::paths::LocationSegment;
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 use allot_events::workload::Workload;
@@ -48,8 +54,8 @@ pub struct Parsed {
 
 /// Reads a workload from `text`.
 pub fn parse(text: &str, format: Format) -> Parsed {
-    let value = match read_value(text, format) {
-        Ok(value) => value,
+    let Read { value, flaws } = match read_value(text, format) {
+        Ok(read) => read,
         Err(problem) => {
             return Parsed {
                 workload: None,
@@ -57,9 +63,9 @@ pub fn parse(text: &str, format: Format) -> Parsed {
             };
         }
     };
-    let mut problems = Vec::new();
+    let mut problems: Vec<SpecProblem> = flaws.iter().map(|flaw| flaw.problem(&value)).collect();
     let mut cleaned = value.clone();
-    let mut only_unknown_fields = true;
+    let mut only_unknown_fields = flaws.is_empty();
     let mut unknown = Vec::new();
     for error in validator().iter_errors(&value) {
         let segments: Vec<Segment> = error
@@ -70,6 +76,14 @@ pub fn parse(text: &str, format: Format) -> Parsed {
                 LocationSegment::Index(i) => Segment::Index(i),
             })
             .collect();
+        // A number that is not finite is null in JSON: its flaw already says what it was.
+        if flaws
+            .iter()
+            .any(|f| matches!(f, Flaw::NotFinite { path, .. } if *path == segments))
+        {
+            only_unknown_fields = false;
+            continue;
+        }
         match &error.kind {
             ValidationErrorKind::AdditionalProperties { unexpected } => {
                 for field in unexpected {
@@ -98,11 +112,12 @@ pub fn parse(text: &str, format: Format) -> Parsed {
             }
             kind => {
                 only_unknown_fields = false;
+                let expected = segments.last().and_then(expected_number);
                 problems.push(problem_at(
                     &value,
                     ProblemKind::Structure,
                     &segments,
-                    structure_message(kind, &error.instance),
+                    structure_message(kind, &error.instance, expected),
                 ));
             }
         }
@@ -128,9 +143,77 @@ pub fn parse(text: &str, format: Format) -> Parsed {
     Parsed { workload, problems }
 }
 
-fn read_value(text: &str, format: Format) -> Result<Value, SpecProblem> {
+/// The document as a JSON value, and what is wrong with it that the value cannot show.
+struct Read {
+    value: Value,
+    flaws: Vec<Flaw>,
+}
+
+/// Something the text says that its JSON value loses.
+#[derive(Debug)]
+enum Flaw {
+    /// A JSON object gives this key (the path's last segment) more than once.
+    DuplicateKey(Vec<Segment>),
+    /// A YAML number that is not finite (`.nan`, `.inf`), written here as it was; JSON has no
+    /// such numbers, so the value holds null.
+    NotFinite { path: Vec<Segment>, written: String },
+}
+
+impl Flaw {
+    fn problem(&self, document: &Value) -> SpecProblem {
+        match self {
+            Flaw::DuplicateKey(path) => {
+                let key = match path.last() {
+                    Some(Segment::Key(k)) => k.as_str(),
+                    _ => "",
+                };
+                problem_at(
+                    document,
+                    ProblemKind::Syntax,
+                    path,
+                    format!(
+                        "duplicate key {key:?}: this object gives it more than once; give each \
+                         key once"
+                    ),
+                )
+            }
+            Flaw::NotFinite { path, written } => {
+                let expected = path
+                    .last()
+                    .and_then(expected_number)
+                    .unwrap_or("a finite number or a quantity such as \"500m\"");
+                problem_at(
+                    document,
+                    ProblemKind::Structure,
+                    path,
+                    format!("{written} is not a finite number; expected {expected}"),
+                )
+            }
+        }
+    }
+}
+
+/// What a numeric field takes, for messages about a value that is not one.
+fn expected_number(field: &Segment) -> Option<&'static str> {
+    let Segment::Key(field) = field else {
+        return None;
+    };
+    Some(match field.as_str() {
+        "gpus" => "a whole number of GPUs, e.g. 4",
+        "gpuFraction" => "a share of one GPU between 0 and 1 (exclusive), e.g. \"0.25\"",
+        "gpuMilli" => "thousandths of one GPU, 1 to 999, e.g. 250",
+        "cpu" => "cores (\"16\", \"0.5\") or millicores (\"500m\")",
+        "memory" | "gpuMemory" => {
+            "bytes with a suffix Ki, Mi, Gi, Ti (or k, M, G, T), e.g. \"64Gi\""
+        }
+        "maxAttempts" => "the number of runs in all, 1 or more, e.g. 3",
+        _ => return None,
+    })
+}
+
+fn read_value(text: &str, format: Format) -> Result<Read, SpecProblem> {
     match format {
-        Format::Json => serde_json::from_str(text).map_err(|e| {
+        Format::Json => read_json(text).map_err(|e| {
             let mut p = SpecProblem::new(
                 ProblemKind::Syntax,
                 "",
@@ -153,8 +236,164 @@ fn read_value(text: &str, format: Format) -> Result<Value, SpecProblem> {
             // written that way.
             let mut yaml: yaml_serde::Value = yaml_serde::from_str(text).map_err(syntax)?;
             yaml.apply_merge().map_err(syntax)?;
-            yaml_serde::from_value(yaml).map_err(syntax)
+            let mut flaws = Vec::new();
+            not_finite(&yaml, &mut Vec::new(), &mut flaws);
+            let value = yaml_serde::from_value(yaml).map_err(syntax)?;
+            Ok(Read { value, flaws })
         }
+    }
+}
+
+/// Every number in a YAML document that is not finite; JSON would make each of them null.
+fn not_finite(yaml: &yaml_serde::Value, path: &mut Vec<Segment>, out: &mut Vec<Flaw>) {
+    match yaml {
+        yaml_serde::Value::Number(n) if n.is_nan() || n.is_infinite() => {
+            out.push(Flaw::NotFinite {
+                path: path.clone(),
+                written: n.to_string(),
+            })
+        }
+        yaml_serde::Value::Sequence(items) => {
+            for (i, item) in items.iter().enumerate() {
+                path.push(Segment::Index(i));
+                not_finite(item, path, out);
+                path.pop();
+            }
+        }
+        yaml_serde::Value::Mapping(map) => {
+            for (key, item) in map {
+                // Only string keys become fields; the schema reports the others.
+                if let Some(key) = key.as_str() {
+                    path.push(Segment::Key(key.to_owned()));
+                    not_finite(item, path, out);
+                    path.pop();
+                }
+            }
+        }
+        yaml_serde::Value::Tagged(tagged) => not_finite(&tagged.value, path, out),
+        _ => {}
+    }
+}
+
+/// JSON text → value, noting every key an object gives twice.
+///
+/// serde_json keeps the last of two equal keys and has no option to refuse them, while YAML
+/// refuses them — so `{"team":"vision","team":"nlp"}` would be submitted as `nlp`. Rather than
+/// parse JSON by hand, serde_json's own parser reads the text (so syntax errors, escapes,
+/// numbers and the depth limit are exactly serde_json's, with line and column) and only the
+/// building of the value is ours: [`JsonSeed`] builds the same `Value` and records each
+/// repeated key with its path, so every duplicate is reported at once, by path and task like
+/// any other problem. Reading JSON through the YAML parser, which refuses duplicates, was the
+/// other way; but YAML 1.1 reads some JSON differently (escapes such as `\/`, tabs, `1e3`) and
+/// would call a JSON syntax error a YAML one.
+fn read_json(text: &str) -> Result<Read, serde_json::Error> {
+    let duplicates = RefCell::new(Vec::new());
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let value = JsonSeed {
+        path: &[],
+        duplicates: &duplicates,
+    }
+    .deserialize(&mut deserializer)?;
+    deserializer.end()?;
+    let flaws = duplicates
+        .into_inner()
+        .into_iter()
+        .map(Flaw::DuplicateKey)
+        .collect();
+    Ok(Read { value, flaws })
+}
+
+/// Builds a `serde_json::Value` at `path`, recording repeated keys in `duplicates` (the
+/// first of them is kept).
+struct JsonSeed<'a> {
+    path: &'a [Segment],
+    duplicates: &'a RefCell<Vec<Vec<Segment>>>,
+}
+
+impl JsonSeed<'_> {
+    fn at(&self, segment: Segment) -> Vec<Segment> {
+        let mut path = self.path.to_vec();
+        path.push(segment);
+        path
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for JsonSeed<'_> {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for JsonSeed<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        loop {
+            let path = self.at(Segment::Index(items.len()));
+            let seed = JsonSeed {
+                path: &path,
+                duplicates: self.duplicates,
+            };
+            match seq.next_element_seed(seed)? {
+                Some(item) => items.push(item),
+                None => return Ok(Value::Array(items)),
+            }
+        }
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut object = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let path = self.at(Segment::Key(key.clone()));
+            let value = map.next_value_seed(JsonSeed {
+                path: &path,
+                duplicates: self.duplicates,
+            })?;
+            if object.contains_key(&key) {
+                let mut duplicates = self.duplicates.borrow_mut();
+                if !duplicates.contains(&path) {
+                    duplicates.push(path);
+                }
+            } else {
+                object.insert(key, value);
+            }
+        }
+        Ok(Value::Object(object))
     }
 }
 
@@ -221,7 +460,28 @@ fn problem_at(
     problem
 }
 
-fn structure_message(kind: &ValidationErrorKind, instance: &Value) -> String {
+/// What is wrong with `instance`; `expected` is what its field takes, for a numeric field.
+fn structure_message(
+    kind: &ValidationErrorKind,
+    instance: &Value,
+    expected: Option<&str>,
+) -> String {
+    let found = match instance {
+        Value::Null => "null".to_owned(),
+        _ => format!("{} {}", json_kind(instance), compact(instance)),
+    };
+    // Messages of the schema's own words, unless the field says better what it takes.
+    if let Some(expected) = expected {
+        match kind {
+            ValidationErrorKind::Type { .. } => {
+                return format!("expected {expected}, found {found}");
+            }
+            ValidationErrorKind::Minimum { .. } | ValidationErrorKind::Maximum { .. } => {
+                return format!("{} is out of range; expected {expected}", compact(instance));
+            }
+            _ => {}
+        }
+    }
     match kind {
         ValidationErrorKind::Required { property } => {
             format!("missing field {}", property)
@@ -235,11 +495,7 @@ fn structure_message(kind: &ValidationErrorKind, instance: &Value) -> String {
                     .collect::<Vec<_>>()
                     .join(" or "),
             };
-            format!(
-                "expected {want}, found {} {}",
-                json_kind(instance),
-                compact(instance)
-            )
+            format!("expected {want}, found {found}")
         }
         ValidationErrorKind::Constant { expected_value } => {
             format!("must be {expected_value}, found {}", compact(instance))

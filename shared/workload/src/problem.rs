@@ -29,6 +29,8 @@ pub enum ProblemKind {
     UnknownPriorityClass,
     /// A request no node of the cluster could ever hold.
     Unsatisfiable,
+    /// A spec larger than [`crate::limits`] allow (bytes, tasks).
+    TooLarge,
 }
 
 /// One problem in a spec: where, in which task, and what.

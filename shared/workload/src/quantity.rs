@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use crate::limits::{MAX_DURATION, MAX_DURATION_DAYS};
+
 /// CPU as cores (`"16"`, `"0.5"`) or millicores (`"500m"`), in millicores.
 pub fn cpu_milli(text: &str) -> Result<u64, String> {
     let text = text.trim();
@@ -84,6 +86,11 @@ pub fn whole_gpus(text: &str) -> Result<u32, String> {
     if let Some(v) = digits(text) {
         return u32::try_from(v).map_err(|_| format!("{text:?} is too many GPUs"));
     }
+    if text.starts_with('-') {
+        return Err(format!(
+            "{text:?} is negative: use a whole number of GPUs, e.g. 4 (0 for none)"
+        ));
+    }
     if decimal_milli(text).is_some() {
         return Err(format!(
             "{text:?} is not a whole number; for a share of one GPU use gpuFraction: \"{text}\""
@@ -110,15 +117,32 @@ pub fn gpu_fraction_milli(text: &str) -> Result<u32, String> {
     }
 }
 
-/// A humantime duration (`"45m"`, `"2h 30m"`), longer than zero.
+/// A humantime duration (`"45m"`, `"2h 30m"`), longer than zero and at most
+/// [`MAX_DURATION`] (365 days).
 pub fn duration(text: &str) -> Result<Duration, String> {
     match humantime::parse_duration(text.trim()) {
         Ok(d) if d.is_zero() => Err(format!("{text:?} must be longer than zero")),
+        Ok(d) if d > MAX_DURATION => Err(too_long(text)),
         Ok(d) => Ok(d),
+        Err(humantime::DurationError::NumberOverflow) => Err(overflow(text)),
         Err(e) => Err(format!(
             "{text:?} is not a duration ({e}); use e.g. 90s, 45m, 2h"
         )),
     }
+}
+
+fn too_long(text: &str) -> String {
+    format!(
+        "{text:?} is longer than {MAX_DURATION_DAYS} days, the longest duration a spec may give"
+    )
+}
+
+/// humantime's one error for a number too large and for one finer than a nanosecond.
+fn overflow(text: &str) -> String {
+    format!(
+        "{text:?} is not a duration: longer than {MAX_DURATION_DAYS} days (the longest a spec \
+         may give) or finer than a nanosecond"
+    )
 }
 
 /// When a task should be done.
@@ -136,6 +160,8 @@ pub fn deadline(text: &str) -> Result<Deadline, String> {
         return Ok(Deadline::At(at.with_timezone(&Utc)));
     }
     match humantime::parse_duration(text.trim()) {
+        Ok(d) if d > MAX_DURATION => Err(too_long(text)),
+        Err(humantime::DurationError::NumberOverflow) => Err(overflow(text)),
         Ok(d) if !d.is_zero() => Ok(Deadline::AfterSubmit(d)),
         _ => Err(format!(
             "{text:?} is neither a duration after submission (\"6h\") nor an RFC 3339 time \
@@ -248,6 +274,26 @@ mod tests {
             duration("2 parsecs")
                 .unwrap_err()
                 .starts_with("\"2 parsecs\" is not a duration")
+        );
+        for text in ["18446744073709552s", "366 days", "8761h"] {
+            assert_eq!(
+                duration(text).unwrap_err(),
+                format!("{text:?} is longer than 365 days, the longest duration a spec may give")
+            );
+            assert_eq!(
+                deadline(text).unwrap_err(),
+                format!("{text:?} is longer than 365 days, the longest duration a spec may give")
+            );
+        }
+        assert_eq!(duration("365 days"), Ok(MAX_DURATION));
+        assert_eq!(
+            duration("99999999999999999999999h").unwrap_err(),
+            "\"99999999999999999999999h\" is not a duration: longer than 365 days (the longest a \
+             spec may give) or finer than a nanosecond"
+        );
+        assert_eq!(
+            whole_gpus("-1").unwrap_err(),
+            "\"-1\" is negative: use a whole number of GPUs, e.g. 4 (0 for none)"
         );
         assert_eq!(
             deadline("6h"),

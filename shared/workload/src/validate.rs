@@ -6,12 +6,15 @@
 //!   hash to it); `team`, `project`, task and gang names: subject tokens (1-64 such characters).
 //! - `team` must be listed in the teams file (when one is given); `priorityClass` must be one
 //!   of its classes (by default `batch`, `standard`, `critical`).
+//! - The spec: at most 512 KiB as written and as published, at most 1,000 tasks
+//!   ([`crate::limits`]).
 //! - At least one task; task names unique; `command` names a program.
 //! - Resources: at most one of `gpus`, `gpuFraction`, `gpuMilli`, `migProfile`; quantities
 //!   parse strictly; `gpuMemory` and `gpuModels` only with a GPU request.
 //! - Durations (`durationEstimate`, `maxRuntime`, `retry.backoff`, `checkpoint.interval`) are
-//!   humantime and longer than zero; `deadline` is a duration after submission or an RFC 3339
-//!   time; `retry.maxAttempts` ≥ 1; a checkpoint `interval` needs `supported: true`.
+//!   humantime, longer than zero and at most 365 days ([`limits::MAX_DURATION`]); `deadline` is
+//!   such a duration after submission or an RFC 3339 time; `retry.maxAttempts` ≥ 1; a
+//!   checkpoint `interval` needs `supported: true`.
 //! - `after` names tasks of the workload; the tasks form no cycle (printed `a -> b -> c -> a`).
 //! - Gangs (tasks with the same `gang`) start together, so: at least two members; every
 //!   member makes the **same GPU request** (`gpus`/`gpuFraction`/`gpuMilli`/`migProfile`,
@@ -30,6 +33,7 @@ use allot_sched::model::{DagFacts, WHOLE_GPU_MILLI, mig_milli};
 
 use crate::cluster::{ClusterShape, NodeShape};
 use crate::dag::Dag;
+use crate::limits;
 use crate::parse::{Format, parse};
 use crate::problem::{ProblemKind, SpecProblem, task_path};
 use crate::quantity;
@@ -62,6 +66,11 @@ pub struct Checked {
 
 /// Parses and validates `text`: the workload, or every problem found.
 pub fn check(text: &str, format: Format, ctx: Context<'_>) -> Result<Checked, Vec<SpecProblem>> {
+    if text.len() > limits::MAX_SPEC_BYTES {
+        return Err(vec![limits::too_large(limits::SpecSize::Bytes(
+            text.len() as u64
+        ))]);
+    }
     let parsed = parse(text, format);
     let mut problems = parsed.problems;
     let Some(workload) = parsed.workload else {
@@ -301,8 +310,14 @@ impl Request {
 /// Every problem with `workload` that its types do not rule out.
 pub fn validate(workload: &Workload, ctx: Context<'_>) -> Vec<SpecProblem> {
     let mut out = Vec::new();
+    limits::workload(workload, &mut out);
     metadata(workload, ctx, &mut out);
     let tasks = &workload.spec.tasks;
+    if tasks.len() > limits::MAX_TASKS {
+        // Too many to be one workload: the count is the problem to fix first, and checking
+        // each of them (gangs compare members pairwise) is work no answer needs.
+        return out;
+    }
     if tasks.is_empty() {
         out.push(SpecProblem::new(
             ProblemKind::Structure,

@@ -309,3 +309,165 @@ fn without_teams_or_cluster_only_static_checks_run() {
     let checked = check(&yaml, Format::Yaml, Context::default()).unwrap();
     assert_eq!(checked.priority, 100);
 }
+
+#[test]
+fn out_of_range_durations_and_numbers_that_are_not_finite_name_the_task_and_field() {
+    struct Case {
+        name: &'static str,
+        yaml: String,
+        want: Vec<&'static str>,
+    }
+    let cases = vec![
+        Case {
+            name: "a duration whose milliseconds overflow is too long, not 384 ms",
+            yaml: good_with(
+                "command: [python, eval.py]",
+                "command: [python, eval.py]\n      durationEstimate: 18446744073709552s\n      maxRuntime: 400 days\n      deadline: 9999999999h\n      retry: {maxAttempts: 2, backoff: 18446744073709552s}\n      checkpoint: {supported: true, interval: 366d}",
+            ),
+            want: vec![
+                "spec.tasks[3].durationEstimate (task \"eval\"): \"18446744073709552s\" is longer than 365 days, the longest duration a spec may give",
+                "spec.tasks[3].maxRuntime (task \"eval\"): \"400 days\" is longer than 365 days, the longest duration a spec may give",
+                "spec.tasks[3].retry.backoff (task \"eval\"): \"18446744073709552s\" is longer than 365 days, the longest duration a spec may give",
+                "spec.tasks[3].checkpoint.interval (task \"eval\"): \"366d\" is longer than 365 days, the longest duration a spec may give",
+                "spec.tasks[3].deadline (task \"eval\"): \"9999999999h\" is longer than 365 days, the longest duration a spec may give",
+            ],
+        },
+        Case {
+            name: "NaN and infinite quantities say what the field takes",
+            yaml: good_with("{gpus: 1, gpuModels", "{gpus: .nan, gpuModels")
+                .replacen(
+                    "{cpu: \"8\", memory: 32Gi}",
+                    "{cpu: .inf, memory: -.inf}",
+                    1,
+                )
+                .replacen("{gpuFraction: \"0.5\"}", "{gpuFraction: .NaN}", 1),
+            want: vec![
+                "spec.tasks[0].resources.cpu (task \"prep\"): .inf is not a finite number; expected cores (\"16\", \"0.5\") or millicores (\"500m\")",
+                "spec.tasks[0].resources.memory (task \"prep\"): -.inf is not a finite number; expected bytes with a suffix Ki, Mi, Gi, Ti (or k, M, G, T), e.g. \"64Gi\"",
+                "spec.tasks[1].resources.gpus (task \"train-0\"): .nan is not a finite number; expected a whole number of GPUs, e.g. 4",
+                "spec.tasks[3].resources.gpuFraction (task \"eval\"): .nan is not a finite number; expected a share of one GPU between 0 and 1 (exclusive), e.g. \"0.25\"",
+            ],
+        },
+        Case {
+            name: "null, negative and out-of-range numbers say what the field takes",
+            yaml: good_with("{gpus: 1, gpuModels", "{gpus: ~, gpuModels")
+                .replacen("{gpuFraction: \"0.5\"}", "{gpuMilli: -250}", 1)
+                .replacen(
+                    "command: [python, eval.py]",
+                    "command: [python, eval.py]\n      retry: {maxAttempts: -1}",
+                    1,
+                ),
+            want: vec![
+                "spec.tasks[1].resources.gpus (task \"train-0\"): expected a whole number of GPUs, e.g. 4, found null",
+                "spec.tasks[3].resources.gpuMilli (task \"eval\"): -250 is out of range; expected thousandths of one GPU, 1 to 999, e.g. 250",
+                "spec.tasks[3].retry.maxAttempts (task \"eval\"): -1 is out of range; expected the number of runs in all, 1 or more, e.g. 3",
+            ],
+        },
+        Case {
+            name: "a negative number of GPUs",
+            yaml: good_with("{gpus: 1, gpuModels", "{gpus: -2, gpuModels"),
+            want: vec![
+                "spec.tasks[1].resources.gpus (task \"train-0\"): \"-2\" is negative: use a whole number of GPUs, e.g. 4 (0 for none)",
+                "spec.tasks[1].resources.gpuMemory (task \"train-0\"): is set but the task requests no GPU",
+                "spec.tasks[1].resources.gpuModels (task \"train-0\"): is set but the task requests no GPU",
+            ],
+        },
+    ];
+    for case in cases {
+        let got = problems(&case.yaml, Format::Yaml);
+        assert_eq!(got, case.want, "{}", case.name);
+    }
+}
+
+/// `GOOD` as pretty JSON with `from` replaced by `to` (once).
+fn good_json_with(from: &str, to: &str) -> String {
+    let value: serde_json::Value = yaml_serde::from_str(GOOD).unwrap();
+    let json = serde_json::to_string_pretty(&value).unwrap();
+    assert!(json.contains(from), "{from:?} is not in {json}");
+    json.replacen(from, to, 1)
+}
+
+#[test]
+fn a_key_a_json_object_gives_twice_is_refused_at_every_level_by_path() {
+    let json = good_json_with(
+        "\"team\": \"vision\"",
+        "\"team\": \"vision\",\"team\": \"nlp\"",
+    )
+    .replacen("\"gpus\": 1", "\"gpus\": 1, \"gpus\": 8", 1)
+    .replacen(
+        "\"kind\": \"Workload\",",
+        "\"kind\": \"Workload\", \"kind\": \"Workload\",",
+        1,
+    )
+    .replacen(
+        "\"name\": \"eval\"",
+        "\"name\": \"eval\", \"name\": \"eval\", \"name\": \"test\"",
+        1,
+    );
+    assert_eq!(
+        problems(&json, Format::Json),
+        [
+            "kind: duplicate key \"kind\": this object gives it more than once; give each key once",
+            "metadata.team: duplicate key \"team\": this object gives it more than once; give each key once",
+            "spec.tasks[1].resources.gpus (task \"train-0\"): duplicate key \"gpus\": this object gives it more than once; give each key once",
+            "spec.tasks[3].name (task \"eval\"): duplicate key \"name\": this object gives it more than once; give each key once",
+        ]
+    );
+    // The same spec without them is valid: nothing else was made of the repeats.
+    assert_eq!(
+        problems(&good_json_with("{", "{"), Format::Json),
+        Vec::<String>::new()
+    );
+    // YAML refuses them too, as a syntax error.
+    let yaml = good_with("team: vision", "team: vision\n  team: nlp");
+    let got = problems(&yaml, Format::Yaml);
+    assert!(
+        got[0].contains("duplicate entry with key \"team\""),
+        "{got:?}"
+    );
+}
+
+#[test]
+fn a_spec_too_large_to_publish_or_with_too_many_tasks_is_refused_with_the_limit() {
+    use crate::limits::{MAX_SPEC_BYTES, MAX_TASKS};
+
+    let mut many = String::from(GOOD);
+    for i in 0..=MAX_TASKS - 4 {
+        many.push_str(&format!("    - {{name: t{i}, command: [x]}}\n"));
+    }
+    assert_eq!(
+        problems(&many, Format::Yaml),
+        ["spec.tasks: 1001 tasks; at most 1000 in one workload — split the workload"]
+    );
+    many.push_str("    - {name: t1000, command: [x]}\n");
+    assert_eq!(
+        problems(&many, Format::Yaml),
+        ["spec.tasks: 1002 tasks; at most 1000 in one workload — split the workload"]
+    );
+
+    // Under the limit as YAML, over it as the JSON that would be published.
+    let args = vec!["a"; MAX_SPEC_BYTES / 3].join(",");
+    let yaml = good_with("command: [python, eval.py]", &format!("command: [{args}]"));
+    assert!(yaml.len() < MAX_SPEC_BYTES);
+    let got = problems(&yaml, Format::Yaml);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(
+        got[0].starts_with("the spec is ")
+            && got[0].ends_with(
+                " bytes as published (compact JSON); at most 524288 bytes (512 KiB), so the \
+                 submission fits in one NATS message — split the workload"
+            ),
+        "{got:?}"
+    );
+
+    // Text over the limit is not parsed at all.
+    let huge = format!("{GOOD}#{}\n", " ".repeat(MAX_SPEC_BYTES));
+    assert_eq!(
+        problems(&huge, Format::Yaml),
+        [format!(
+            "the spec is {} bytes; at most 524288 bytes (512 KiB), so the submission fits in one \
+             NATS message — split the workload",
+            huge.len()
+        )]
+    );
+}
