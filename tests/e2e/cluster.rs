@@ -46,6 +46,8 @@ pub struct Cluster {
     rt: tokio::runtime::Runtime,
     client: async_nats::Client,
     procs: BTreeMap<String, Child>,
+    /// The allocators' policy.
+    policy: &'static str,
 }
 
 impl Cluster {
@@ -53,6 +55,15 @@ impl Cluster {
     /// executor runs each task's command as a process.
     pub fn start(nodes: &[(&str, u32)]) -> Cluster {
         Self::start_with(nodes, &["--executor", "process", "--stop-grace", "3s"])
+    }
+
+    /// The same, with allocators running `policy` instead of `allot`.
+    pub fn start_with_policy(nodes: &[(&str, u32)], policy: &'static str) -> Cluster {
+        Self::start_full(
+            nodes,
+            &["--executor", "process", "--stop-grace", "3s"],
+            policy,
+        )
     }
 
     /// The same, with simulated runs: each task lasts its duration estimate divided by
@@ -65,6 +76,10 @@ impl Cluster {
     }
 
     fn start_with(nodes: &[(&str, u32)], executor: &[&str]) -> Cluster {
+        Self::start_full(nodes, executor, "allot")
+    }
+
+    fn start_full(nodes: &[(&str, u32)], executor: &[&str], policy: &'static str) -> Cluster {
         let server = NatsServer::start();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -84,6 +99,7 @@ impl Cluster {
             rt,
             client,
             procs: BTreeMap::new(),
+            policy,
         };
         cluster.planner();
         cluster.allocator("a1");
@@ -145,7 +161,7 @@ impl Cluster {
             "--instance",
             instance,
             "--policy",
-            "allot",
+            self.policy,
             "--lease-ttl",
             "2s",
         ];

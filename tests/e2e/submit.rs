@@ -230,7 +230,7 @@ fn specs_too_large_or_not_text_are_refused_with_exit_2_without_reading_them_whol
         path
     };
     let mut many = good.clone();
-    for i in 0..1_000 {
+    for i in 0..5_000 {
         many.push_str(&format!("    - {{name: extra-{i}, command: [\"true\"]}}\n"));
     }
     let huge = write("huge.yaml", &vec![b'#'; 50 * 1024 * 1024]);
@@ -266,10 +266,10 @@ fn specs_too_large_or_not_text_are_refused_with_exit_2_without_reading_them_whol
             want: "  - the spec is more than 524288 bytes (reading stopped there); at most 524288 bytes (512 KiB), so the submission fits in one NATS message — split the workload\n".into(),
         },
         Case {
-            name: "1,006 tasks",
+            name: "5,006 tasks",
             file: many,
             stdin: None,
-            want: "  - spec.tasks: 1006 tasks; at most 1000 in one workload — split the workload\n".into(),
+            want: "  - spec.tasks: 5006 tasks; at most 5000 in one workload — split the workload\n".into(),
         },
         Case {
             name: "Latin-1 text",

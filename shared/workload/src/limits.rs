@@ -17,7 +17,7 @@ use crate::problem::{ProblemKind, SpecProblem};
 pub const MAX_SPEC_BYTES: usize = 512 * 1024;
 
 /// The most tasks in one workload; a larger pipeline is several workloads.
-pub const MAX_TASKS: usize = 1_000;
+pub const MAX_TASKS: usize = 5_000;
 
 /// The longest duration a spec may give (`durationEstimate`, `maxRuntime`, `deadline`,
 /// `retry.backoff`, `checkpoint.interval`): 365 days. Durations travel as milliseconds; a

@@ -437,12 +437,18 @@ fn a_spec_too_large_to_publish_or_with_too_many_tasks_is_refused_with_the_limit(
     }
     assert_eq!(
         problems(&many, Format::Yaml),
-        ["spec.tasks: 1001 tasks; at most 1000 in one workload — split the workload"]
+        [format!(
+            "spec.tasks: {} tasks; at most {MAX_TASKS} in one workload — split the workload",
+            MAX_TASKS + 1
+        )]
     );
-    many.push_str("    - {name: t1000, command: [x]}\n");
+    many.push_str(&format!("    - {{name: t{MAX_TASKS}, command: [x]}}\n"));
     assert_eq!(
         problems(&many, Format::Yaml),
-        ["spec.tasks: 1002 tasks; at most 1000 in one workload — split the workload"]
+        [format!(
+            "spec.tasks: {} tasks; at most {MAX_TASKS} in one workload — split the workload",
+            MAX_TASKS + 2
+        )]
     );
 
     // Under the limit as YAML, over it as the JSON that would be published.
