@@ -45,9 +45,13 @@ pub struct ArchiveArgs {
 /// Flags of `allot audit verify`.
 #[derive(Debug, Args)]
 pub struct VerifyArgs {
-    /// The archive file.
+    /// The archive file (default: `archive.db` of the data folder, which `allot up`'s archiver
+    /// keeps).
     #[arg(long)]
-    pub db: PathBuf,
+    pub db: Option<PathBuf>,
+    /// Folder where `allot up` keeps its state (ALLOT_DATA_DIR; default `.allot`).
+    #[arg(long, conflicts_with = "db")]
+    pub data_dir: Option<PathBuf>,
     /// A head hash you were given earlier (64 hex digits): the chain must still pass through
     /// it. Detects a cut tail and a rewritten chain.
     #[arg(long, value_parser = parse_head)]
@@ -66,7 +70,7 @@ fn parse_head(text: &str) -> Result<chain::Hash, String> {
 pub async fn audit(cmd: AuditCommand, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
     match cmd {
         AuditCommand::Archive(args) => archive(args, env).await,
-        AuditCommand::Verify(args) => verify(&args),
+        AuditCommand::Verify(args) => verify(&args, env),
     }
 }
 
@@ -105,13 +109,25 @@ async fn archive(args: ArchiveArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode>
     Ok(ExitCode::SUCCESS)
 }
 
-fn verify(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
-    if !args.db.exists() {
-        bail!("no archive at {}", args.db.display());
+fn verify(args: &VerifyArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
+    let db = match &args.db {
+        Some(db) => db.clone(),
+        None => args
+            .data_dir
+            .clone()
+            .or_else(|| env("ALLOT_DATA_DIR").map(PathBuf::from))
+            .unwrap_or_else(|| PathBuf::from(".allot"))
+            .join("archive.db"),
+    };
+    if !db.exists() {
+        bail!(
+            "no archive at {} (give --db FILE, or run this where `allot up` keeps its state)",
+            db.display()
+        );
     }
     // Read-only: an auditor's check must not change the file it checks.
-    let conn = Connection::open_with_flags(&args.db, OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .with_context(|| format!("opening {}", args.db.display()))?;
+    let conn = Connection::open_with_flags(&db, OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .with_context(|| format!("opening {}", db.display()))?;
     let expect = chain::Expect {
         head: args.expect_head,
         count: args.expect_count,
@@ -119,7 +135,7 @@ fn verify(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     match chain::verify_against(&conn, &expect) {
         Ok(s) => {
-            writeln!(out, "archive {}: chain intact", args.db.display())?;
+            writeln!(out, "archive {}: chain intact", db.display())?;
             writeln!(out, "  records   {}", s.records)?;
             if let (Some(first), Some(last)) = (s.first_seq, s.last_seq) {
                 writeln!(out, "  sequences {first}..={last}")?;
@@ -135,7 +151,7 @@ fn verify(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Err(broken) => {
-            writeln!(out, "archive {}: chain BROKEN", args.db.display())?;
+            writeln!(out, "archive {}: chain BROKEN", db.display())?;
             writeln!(out, "{broken}")?;
             Ok(ExitCode::FAILURE)
         }

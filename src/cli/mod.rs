@@ -163,8 +163,8 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Audit(cmd) => audit::audit(cmd, &env).await,
         Command::Bench(cmd) => bench::bench(cmd, &env).await,
         Command::Sim(args) => sim::sim(args),
-        Command::Replay(args) => replay::replay(args).await,
-        Command::Explain(args) => replay::explain(args).await,
+        Command::Replay(args) => replay::replay(args, &env).await,
+        Command::Explain(args) => replay::explain(args, &env).await,
         Command::NatsConfig(args) => nats_config::nats_config(args).await,
         Command::Schemas { out, spec_out } => {
             allot_events::schema::write_all(&out)?;

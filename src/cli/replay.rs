@@ -22,30 +22,43 @@ use clap::Args;
 use allot_sched::journal::{self, Entry, Header, VerifyError};
 use allot_sched::{Decision, Input, TaskId, Time};
 
+use super::local;
+use super::settings::Lookup;
+
 /// Where a journal is read from (one of the two).
 #[derive(Debug, Args)]
 pub struct JournalSource {
     /// The journal: a JSON-lines file as `allot sim --journal` writes it.
-    #[arg(long, required_unless_present = "pool", conflicts_with = "pool")]
+    #[arg(long, conflicts_with_all = ["pool", "nats", "data_dir"])]
     pub journal: Option<PathBuf>,
-    /// The pool whose journal to read from the DECISIONS stream.
+    /// The pool whose journal to read from the DECISIONS stream (default: `default`, the pool
+    /// of `allot up`).
     #[arg(long)]
     pub pool: Option<String>,
-    /// NATS URL for --pool.
-    #[arg(long, default_value = "nats://127.0.0.1:4222")]
-    pub nats: String,
+    /// NATS URL (ALLOT_NATS_URL; default: the Allot running in this folder).
+    #[arg(long)]
+    pub nats: Option<String>,
+    /// Folder where `allot up` keeps its state (ALLOT_DATA_DIR).
+    #[arg(long)]
+    pub data_dir: Option<String>,
 }
 
 impl JournalSource {
-    /// The journal's header and entries.
-    async fn open(&self) -> anyhow::Result<(Header, Entries)> {
-        match (&self.journal, &self.pool) {
-            (Some(path), _) => open(path),
-            (None, Some(pool)) => from_stream(&self.nats, pool).await,
-            (None, None) => bail!("give --journal PATH or --pool POOL"),
+    /// The journal's header and entries: the file, or the pool's journal on the instance
+    /// [`local::instance_url`] finds.
+    async fn open(&self, env: Lookup<'_>) -> anyhow::Result<(Header, Entries)> {
+        if let Some(path) = &self.journal {
+            return open(path);
         }
+        let pool = self.pool.as_deref().unwrap_or(DEFAULT_POOL);
+        let (url, origin) =
+            local::instance_url(self.nats.as_deref(), self.data_dir.as_deref(), env)?;
+        from_stream(&url, &origin, pool).await
     }
 }
+
+/// The pool `allot up` runs.
+const DEFAULT_POOL: &str = "default";
 
 /// Flags of `allot replay`.
 #[derive(Debug, Args)]
@@ -77,11 +90,11 @@ pub struct ExplainArgs {
 }
 
 /// Runs `allot replay`.
-pub async fn replay(args: ReplayArgs) -> anyhow::Result<ExitCode> {
+pub async fn replay(args: ReplayArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
     if !args.verify {
         bail!("nothing to do: add --verify to recompute and compare every decision");
     }
-    let (header, entries) = args.source.open().await?;
+    let (header, entries) = args.source.open(env).await?;
     let started = Instant::now();
     let mut bad_line: Option<anyhow::Error> = None;
     let entries = entries.map_while(|e| match e {
@@ -145,14 +158,14 @@ pub async fn replay(args: ReplayArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Runs `allot explain`.
-pub async fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
+pub async fn explain(args: ExplainArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
     let id: u64 = args
         .task
         .trim_start_matches("task-")
         .parse()
         .with_context(|| format!("{:?} is not a task id (e.g. 42 or task-42)", args.task))?;
     let task = TaskId(id);
-    let (_, entries) = args.source.open().await?;
+    let (_, entries) = args.source.open(env).await?;
     let mut lines = 0;
     for entry in entries {
         let entry = entry?;
@@ -318,11 +331,17 @@ type Entries = Box<dyn Iterator<Item = anyhow::Result<Entry>>>;
 
 /// Reads a pool's journal from the DECISIONS stream: the policy from its elections, the
 /// entries in order.
-async fn from_stream(url: &str, pool: &str) -> anyhow::Result<(Header, Entries)> {
+async fn from_stream(url: &str, origin: &str, pool: &str) -> anyhow::Result<(Header, Entries)> {
     let client = allot_bus::connect::with_url_credentials(async_nats::ConnectOptions::new(), url)
+        .connection_timeout(std::time::Duration::from_secs(2))
         .connect(allot_bus::server_list(url))
         .await
-        .with_context(|| format!("connecting to {url}"))?;
+        .with_context(|| {
+            format!(
+                "connecting to {} (from {origin}); is `allot up` running in this folder?",
+                allot_bus::users::without_credentials(url)
+            )
+        })?;
     let js = async_nats::jetstream::new(client);
     let events = allot_allocator::journal::read(&js, pool)
         .await

@@ -1,5 +1,6 @@
 //! The README's quick start as a newcomer runs it: `allot up`, then every example workload
-//! submitted as it is, with `--wait`; each runs to success on the simulated cluster.
+//! submitted as it is, with `--wait`; each runs to success on the simulated cluster, and the
+//! journal and the archive verify with no flags from the same folder.
 
 use std::path::Path;
 use std::time::Duration;
@@ -40,6 +41,26 @@ fn every_example_workload_runs_to_success_on_allot_up() {
         let printed = String::from_utf8_lossy(&out.stdout);
         assert!(printed.contains("succeeded after"), "{example}: {printed}");
     }
+    // An auditor in the same folder needs no flags: the local instance's pool and archive.
+    let out = allot(dir.path())
+        .args(["replay", "--verify"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "replay --verify:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let archived = wait_for(Duration::from_secs(30), || {
+        let out = allot(dir.path())
+            .args(["audit", "verify"])
+            .output()
+            .unwrap();
+        let printed = String::from_utf8_lossy(&out.stdout).into_owned();
+        (out.status.success() && printed.contains("chain intact")).then_some(printed)
+    });
+    assert!(archived.is_some(), "audit verify never passed");
     terminate(&up);
     assert!(
         wait_exit(&mut up, Duration::from_secs(30)).is_some_and(|s| s.success()),
