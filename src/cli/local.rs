@@ -221,17 +221,37 @@ pub async fn connect_client(
     nothing: &str,
 ) -> anyhow::Result<async_nats::Client> {
     let (url, origin) = instance_url(nats, data_dir, env)?;
-    allot_bus::connect::with_url_credentials(async_nats::ConnectOptions::new(), &url)
+    connect_url(name, &url, &origin)
+        .await
+        .context(nothing.to_owned())
+}
+
+/// Connects client `name` to `url` (found from `origin`), once, within 2 s. The error says
+/// which it was — the server refused the credentials, or it could not be reached — and never
+/// shows the password.
+pub async fn connect_url(
+    name: &str,
+    url: &str,
+    origin: &str,
+) -> anyhow::Result<async_nats::Client> {
+    let shown = allot_bus::users::without_credentials(url);
+    allot_bus::connect::with_url_credentials(async_nats::ConnectOptions::new(), url)
         .name(name)
         .connection_timeout(Duration::from_secs(2))
-        .connect(allot_bus::server_list(&url))
+        .connect(allot_bus::server_list(url))
         .await
-        .with_context(|| {
-            format!(
-                "NATS at {} (from {origin}) is not reachable; {nothing}. Is `allot up` running \
+        .map_err(|e| match e.kind() {
+            async_nats::ConnectErrorKind::AuthorizationViolation
+            | async_nats::ConnectErrorKind::Authentication => anyhow::anyhow!(
+                "NATS at {shown} (from {origin}) refused the login: wrong user or password \
+                 (in this folder the credentials are .allot/auth/admin.credentials.json; with \
+                 --nats give nats://USER:PASSWORD@HOST:PORT)"
+            ),
+            _ => anyhow::anyhow!(
+                "NATS at {shown} (from {origin}) is not reachable ({}): is `allot up` running \
                  in this folder? (or pass --nats URL)",
-                allot_bus::users::without_credentials(&url)
-            )
+                e.kind()
+            ),
         })
 }
 

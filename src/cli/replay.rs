@@ -332,16 +332,7 @@ type Entries = Box<dyn Iterator<Item = anyhow::Result<Entry>>>;
 /// Reads a pool's journal from the DECISIONS stream: the policy from its elections, the
 /// entries in order.
 async fn from_stream(url: &str, origin: &str, pool: &str) -> anyhow::Result<(Header, Entries)> {
-    let client = allot_bus::connect::with_url_credentials(async_nats::ConnectOptions::new(), url)
-        .connection_timeout(std::time::Duration::from_secs(2))
-        .connect(allot_bus::server_list(url))
-        .await
-        .with_context(|| {
-            format!(
-                "connecting to {} (from {origin}); is `allot up` running in this folder?",
-                allot_bus::users::without_credentials(url)
-            )
-        })?;
+    let client = local::connect_url("allot-replay", url, origin).await?;
     let js = async_nats::jetstream::new(client);
     let events = allot_allocator::journal::read(&js, pool)
         .await

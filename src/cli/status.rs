@@ -30,12 +30,7 @@ pub struct StatusArgs {
 /// Asks the inventory and prints its answer.
 pub async fn status(args: StatusArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
     let (url, origin) = local::instance_url(args.nats.as_deref(), args.data_dir.as_deref(), env)?;
-    let status = fetch(&url).await.with_context(|| {
-        format!(
-            "asking the inventory at {} (from {origin})",
-            allot_bus::users::without_credentials(&url)
-        )
-    })?;
+    let status = fetch(&url, &origin).await.context("asking the inventory")?;
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &status)?;
@@ -46,15 +41,8 @@ pub async fn status(args: StatusArgs, env: Lookup<'_>) -> anyhow::Result<ExitCod
     Ok(ExitCode::SUCCESS)
 }
 
-async fn fetch(url: &str) -> anyhow::Result<ClusterStatus> {
-    let client = allot_bus::connect::with_url_credentials(async_nats::ConnectOptions::new(), url)
-        .name("allot-status")
-        .connection_timeout(Duration::from_secs(2))
-        .connect(allot_bus::server_list(url))
-        .await
-        .context(
-            "NATS is not reachable; is `allot up` running in this folder? (or pass --nats URL)",
-        )?;
+async fn fetch(url: &str, origin: &str) -> anyhow::Result<ClusterStatus> {
+    let client = local::connect_url("allot-status", url, origin).await?;
     let reply = tokio::time::timeout(
         Duration::from_secs(5),
         client.request(query::STATUS_SUBJECT, bytes::Bytes::new()),

@@ -497,7 +497,7 @@ async fn run_services(
         ),
     }
     tracing::info!(
-        nats = %urls.url,
+        nats = %allot_bus::users::without_credentials(urls.url),
         authenticated = urls.users.is_some(),
         nodes = config.sim_nodes,
         gpus_per_node = config.sim_gpus,

@@ -328,7 +328,8 @@ fn wait_without_a_reachable_server_fails_before_submitting_anything() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        text(&out.stderr).contains("is not reachable; nothing was submitted"),
+        text(&out.stderr).contains("nothing was submitted: NATS at nats://127.0.0.1:1")
+            && text(&out.stderr).contains("is not reachable"),
         "{}",
         text(&out.stderr)
     );

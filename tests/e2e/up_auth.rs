@@ -103,6 +103,21 @@ fn allot_up_lets_in_only_its_users_and_the_quick_start_still_works() {
         .output()
         .unwrap();
     assert!(!status.status.success(), "anonymous status was answered");
+    let err = String::from_utf8_lossy(&status.stderr);
+    assert!(err.contains("refused the login"), "{err}");
+    // A wrong password is named as such, and never echoed.
+    let guessed = url.replacen("nats://", "nats://admin:s3cr3t-guess@", 1);
+    let status = allot(dir.path())
+        .args(["status", "--nats", &guessed])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&status.stderr);
+    assert!(!status.status.success());
+    assert!(err.contains("refused the login"), "{err}");
+    assert!(
+        !err.contains("s3cr3t-guess"),
+        "the password was echoed: {err}"
+    );
 
     // A team's credentials finish nothing: WorkloadFinished is the planner's.
     let team: Credentials = serde_json::from_str(
