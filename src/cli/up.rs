@@ -483,6 +483,13 @@ async fn run_services(
             Ok(allot_collector::run(collector, stop).await?)
         });
     }
+    if let ExecutorKind::Simulated { speedup } = config.executor {
+        tracing::info!(
+            speedup,
+            "simulated runs last their duration estimate ÷ {speedup}; billing prices the GPU time \
+             they really hold, so costs are {speedup}× below what the estimates would cost"
+        );
+    }
     match (&config.teams, &config.teams_file) {
         (Some(teams), Some(file)) => tracing::info!(
             file = %file,

@@ -211,3 +211,75 @@ fn invalid_configuration_is_reported_all_at_once_before_anything_starts() {
     }
     assert!(!dir.path().join(".allot").exists(), "nothing was started");
 }
+
+/// While a granted task runs on a simulated node, `allot status` shows its GPUs busy and
+/// holding memory, and idle again once it ended: the simulated load follows the work.
+#[test]
+fn status_shows_the_load_of_a_running_task_and_its_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("busy.yaml");
+    std::fs::write(
+        &spec,
+        "apiVersion: allot/v1\nkind: Workload\nmetadata: {name: busy, team: vision}\nspec:\n  \
+         tasks:\n    - {name: train, resources: {gpus: 2}, command: [python, train.py], \
+         durationEstimate: 8m}\n",
+    )
+    .unwrap();
+    let mut up = allot(dir.path());
+    // 60x: eight estimated minutes run eight seconds.
+    up.args([
+        "up",
+        "--sim-nodes",
+        "1",
+        "--sim-gpus",
+        "4",
+        "--sim-speedup",
+        "60",
+    ])
+    .args(["--telemetry-interval", "200ms"])
+    .args(["--nats-port", &free_port().to_string()]);
+    let mut up = spawn_logged(up, dir.path(), "up");
+    wait_for(Duration::from_secs(60), || {
+        dir.path().join(".allot/nats.url").exists().then_some(())
+    })
+    .expect("allot up wrote its URL");
+    let status = || -> Option<ClusterStatus> {
+        let out = allot(dir.path())
+            .args(["status", "--json"])
+            .output()
+            .unwrap();
+        serde_json::from_slice(&out.stdout).ok()
+    };
+    let busy = |s: &ClusterStatus| {
+        s.nodes
+            .iter()
+            .flat_map(|n| &n.gpus)
+            .filter(|g| g.utilization_pct.unwrap_or(0) >= 50 && g.memory_used_mib.unwrap_or(0) > 0)
+            .count()
+    };
+    let submitted = allot(dir.path()).arg("submit").arg(&spec).output().unwrap();
+    assert!(
+        submitted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&submitted.stderr)
+    );
+    let during = wait_for(Duration::from_secs(30), || {
+        status().filter(|s| busy(s) == 2)
+    });
+    assert!(
+        during.is_some(),
+        "two GPUs never showed the task's load: {:?}\n{}",
+        status(),
+        log_of(dir.path(), "up")
+    );
+    let after = wait_for(Duration::from_secs(60), || {
+        status().filter(|s| busy(s) == 0)
+    });
+    assert!(
+        after.is_some(),
+        "the GPUs stayed busy after the task: {:?}",
+        status()
+    );
+    terminate(&up);
+    assert!(wait_exit(&mut up, Duration::from_secs(30)).is_some());
+}

@@ -63,6 +63,8 @@ use allot_events::{AllocEvent, AnyEvent, Envelope, TaskEvent, decode, subject};
 use allot_sched::LeaseId;
 use allot_store::StoreError;
 
+use crate::sim::SimLoad;
+
 use orders::Order;
 use run::{End, Report, Reporter, RunContext, Stop};
 use state::{Progress, State, StoredRun};
@@ -163,6 +165,8 @@ struct Executor {
     running: BTreeMap<LeaseId, Running>,
     tx: mpsc::UnboundedSender<(LeaseId, Report)>,
     outbox: mpsc::UnboundedSender<Outgoing>,
+    /// A simulated node's load, which follows the runs on it.
+    load: Option<SimLoad>,
 }
 
 fn now_ms() -> u64 {
@@ -177,6 +181,7 @@ pub async fn run(
     node: String,
     pool: String,
     config: ExecutorConfig,
+    load: Option<SimLoad>,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), ExecutorError> {
     if config.runs == Runs::Off {
@@ -204,6 +209,7 @@ pub async fn run(
         running: BTreeMap::new(),
         tx,
         outbox,
+        load,
     };
     let served = ex.serve(client, began, &mut stop, &mut rx).await;
     // Also after a failure: runs are stopped and ends already recorded get their chance.
@@ -283,6 +289,7 @@ impl Executor {
         // grants made while it was down: the first entry read is recorded at once.
         let mut positioned = position.is_some();
         loop {
+            self.show_load();
             tokio::select! {
                 biased;
                 _ = stop.changed() => return Ok(()),
@@ -421,6 +428,21 @@ impl Executor {
             self.start(stored)?;
         }
         Ok(())
+    }
+
+    /// On a simulated node, makes each GPU's load follow the runs on it (deferred runs hold
+    /// nothing yet).
+    fn show_load(&self) {
+        let Some(load) = &self.load else {
+            return;
+        };
+        let mut granted: BTreeMap<u32, u32> = BTreeMap::new();
+        for run in self.running.values().filter(|r| !r.deferred) {
+            for (gpu, milli) in &run.stored.share.gpus {
+                *granted.entry(*gpu).or_default() += milli;
+            }
+        }
+        load.occupy(&granted);
     }
 
     /// Whether a GPU of `run`'s share is still held by a run that is stopping.

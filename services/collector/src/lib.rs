@@ -241,6 +241,7 @@ async fn serve(
     };
     service.drain_on_stop(client.clone());
     let publisher = Publisher::new(client.clone(), format!("/allot/collector/{}", config.node));
+    let load = source.sim_load();
     let (stop_executor, executor_stopped) = tokio::sync::watch::channel(false);
     let stopping = service.stopping();
     service.spawn(
@@ -251,6 +252,7 @@ async fn serve(
                 config.node.clone(),
                 config.pool.clone(),
                 config.executor.clone(),
+                load,
                 executor_stopped,
             )
             .await

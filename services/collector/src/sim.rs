@@ -276,12 +276,36 @@ struct GpuState {
 #[derive(Debug, Clone)]
 pub struct SimLoad {
     gpus: Arc<Mutex<Vec<GpuState>>>,
+    /// Each GPU's memory, MiB (for [`SimLoad::occupy`]).
+    memory_mib: u64,
 }
 
+/// Utilization of a GPU whose whole share is granted, percent (work is never quite 100%).
+const BUSY_PCT: u64 = 95;
+/// Memory a granted share holds, percent of its part of the GPU's memory.
+const BUSY_MEMORY_PCT: u64 = 80;
+
 impl SimLoad {
-    fn new(gpus: u32) -> Self {
+    fn new(gpus: u32, memory_mib: u64) -> Self {
         Self {
             gpus: Arc::new(Mutex::new(vec![GpuState::default(); gpus as usize])),
+            memory_mib,
+        }
+    }
+
+    /// Makes the node's load follow the work granted on it: each GPU in `granted` (index →
+    /// milli-GPU held by the runs on it) is busy in proportion to its share — a whole GPU 95%
+    /// busy with 80% of its memory held — and every other GPU is idle. The executor calls it
+    /// as runs start and end, so simulated telemetry (and billing's idle cost) means something.
+    pub fn occupy(&self, granted: &std::collections::BTreeMap<u32, u32>) {
+        let mut gpus = self.lock();
+        for (index, gpu) in gpus.iter_mut().enumerate() {
+            gpu.load = granted.get(&(index as u32)).map(|&milli| {
+                let milli = u64::from(milli.min(1000));
+                let pct = (milli * BUSY_PCT / 1000) as u8;
+                let memory = self.memory_mib * milli / 1000 * BUSY_MEMORY_PCT / 100;
+                (pct, memory)
+            });
         }
     }
 
@@ -382,7 +406,7 @@ impl SimulatedSource {
         Self {
             node: node.to_owned(),
             background_pct: vec![spec.background_load * 100.0; spec.gpus as usize],
-            load: SimLoad::new(spec.gpus),
+            load: SimLoad::new(spec.gpus, spec.model.memory_mib()),
             spec,
             rng,
         }
@@ -448,6 +472,10 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 impl GpuSource for SimulatedSource {
     fn kind(&self) -> GpuSourceKind {
         GpuSourceKind::Simulated
+    }
+
+    fn sim_load(&self) -> Option<SimLoad> {
+        Some(self.load())
     }
 
     fn describe(&mut self) -> Result<GpuInventory, SourceError> {

@@ -23,6 +23,11 @@ pub trait GpuSource: Send {
     fn describe(&mut self) -> Result<GpuInventory, SourceError>;
     /// One sample of every GPU, by index.
     fn sample(&mut self) -> Result<Vec<GpuSample>, SourceError>;
+    /// For a simulated node, the handle through which the work run on it shows in its samples;
+    /// `None` for real GPUs, whose readings are the work's own.
+    fn sim_load(&self) -> Option<crate::sim::SimLoad> {
+        None
+    }
 }
 
 /// What [`GpuSource::describe`] reports about a node.

@@ -58,7 +58,7 @@ impl Node {
             let client = allot_bus::connect(&connect, std::future::pending())
                 .await
                 .expect("the server is up");
-            executor::run(client, NODE.into(), POOL.into(), config, stopped).await
+            executor::run(client, NODE.into(), POOL.into(), config, None, stopped).await
         });
         Ok(Node {
             runtime: Some(runtime),

@@ -344,3 +344,33 @@ fn out_of_range_background_load_is_clamped() {
         assert_eq!(source.spec().background_load, want, "{given}");
     }
 }
+
+#[test]
+fn granted_shares_load_their_gpus_in_proportion_and_the_rest_go_idle() {
+    let mut source = node("n1", 3, GpuModel::H100);
+    let load = source
+        .sim_load()
+        .expect("a simulated node has a load handle");
+    load.occupy(&std::collections::BTreeMap::from([(0, 1000), (2, 250)]));
+    let samples = source.sample().unwrap();
+    let whole = &samples[0];
+    assert!(whole.utilization_pct.unwrap() >= 90, "{whole:?}");
+    let total = GpuModel::H100.memory_mib();
+    assert!(
+        (total * 79 / 100..=total * 82 / 100).contains(&whole.memory_used_mib),
+        "{whole:?}"
+    );
+    let quarter = &samples[2];
+    let pct = quarter.utilization_pct.unwrap();
+    assert!((20..=27).contains(&pct), "{quarter:?}");
+    assert_eq!(samples[1].utilization_pct, Some(0));
+    // The runs ended: every GPU idle again.
+    load.occupy(&std::collections::BTreeMap::new());
+    assert!(
+        source
+            .sample()
+            .unwrap()
+            .iter()
+            .all(|s| s.utilization_pct == Some(0) && s.memory_used_mib == 0)
+    );
+}
