@@ -23,7 +23,7 @@ use allot_events::alloc::Dispatch;
 use allot_events::task::StopCause;
 use allot_events::workload::{Workload, WorkloadAborted, WorkloadFinished, WorkloadOutcome};
 use allot_events::{AnyEvent, TaskEvent, WorkloadEvent};
-use allot_sched::{Decision, TaskId};
+use allot_sched::{Decision, LeaseId, TaskId};
 
 #[cfg(test)]
 mod tests;
@@ -239,6 +239,9 @@ struct Task {
     granted: BTreeSet<u32>,
     /// The last waiting reason printed per attempt (repeated passes repeat it).
     waiting: HashMap<u32, String>,
+    /// Leases whose run was seen starting: a second start under one lease is the executor
+    /// resuming the run after a restart.
+    started: BTreeSet<LeaseId>,
     detail: String,
 }
 
@@ -272,6 +275,7 @@ impl Progress {
                 ready: BTreeSet::new(),
                 granted: BTreeSet::new(),
                 waiting: HashMap::new(),
+                started: BTreeSet::new(),
                 detail: String::new(),
             })
             .collect();
@@ -493,6 +497,13 @@ impl Progress {
                 let current = attempt == self.tasks[i].attempt;
                 let t = &mut self.tasks[i];
                 let (state, detail) = match e {
+                    TaskEvent::Started(s) if !t.started.insert(s.lease) => (
+                        "resumed",
+                        format!(
+                            "on {} ({}), the same run (lease {}) after its executor restarted",
+                            s.node, s.how, s.lease.0
+                        ),
+                    ),
                     TaskEvent::Started(s) => ("started", format!("on {} ({})", s.node, s.how)),
                     TaskEvent::Checkpointed(c) => ("checkpointed", format!("on {}", c.node)),
                     TaskEvent::Completed(c) => {

@@ -214,6 +214,36 @@ fn events_become_ci_log_lines_in_causal_order_and_a_summary() {
     use WorkloadOutcome::*;
     let cases = [
         Case {
+            name: "a run started again under its lease after an executor restart says resumed",
+            events: vec![
+                ready("prep", 1),
+                granted("prep", 1, &[]),
+                started("prep"),
+                started("prep"),
+                completed("prep", 1),
+                ready("train", 1),
+                granted("train", 1, &[0, 1]),
+                completed("train", 1),
+                finished(Succeeded, None),
+            ],
+            want_lines: &[
+                "prep ready no GPU; pool default",
+                "prep granted n1 (no GPU)",
+                "prep started on n1 (simulated)",
+                "prep resumed on n1 (simulated), the same run (lease 7) after its executor restarted",
+                "prep completed on n1",
+                "train ready 2 GPUs; pool default",
+                "train granted n1 GPUs 0,1",
+                "train completed on n1",
+                "* succeeded",
+            ],
+            want_ending: Ending::Succeeded,
+            want_tasks: &[
+                "prep:succeeded:1/2:ran on n1",
+                "train:succeeded:1/1:ran on n1",
+            ],
+        },
+        Case {
             name: "a pipeline that succeeds prints each stage once, in order",
             events: vec![
                 ready("prep", 1),
