@@ -158,7 +158,11 @@ fn payloads(events: usize, nodes: usize) -> Vec<Envelope> {
                 .collect();
             Envelope::new(
                 format!("/allot/collector/{node}"),
-                GpusSampled { node, samples },
+                GpusSampled {
+                    node,
+                    samples,
+                    held: Vec::new(),
+                },
             )
         })
         .collect()

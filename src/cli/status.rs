@@ -128,7 +128,7 @@ pub fn render(status: &ClusterStatus) -> String {
     }
     let mut gpus = Table::new();
     gpus.load_preset(NOTHING).set_header([
-        "NODE", "GPU", "MODEL", "HEALTH", "UTIL", "MEM USED", "TEMP", "POWER", "UUID",
+        "NODE", "GPU", "MODEL", "HEALTH", "UTIL", "MEM USED", "TEMP", "POWER", "HELD BY", "UUID",
     ]);
     for n in &status.nodes {
         for g in &n.gpus {
@@ -155,6 +155,7 @@ pub fn render(status: &ClusterStatus) -> String {
                 g.power_mw
                     .map(|p| format!("{}W", p / 1000))
                     .unwrap_or_else(|| "-".into()),
+                held_by(g),
                 g.uuid.clone(),
             ]);
         }
@@ -170,4 +171,24 @@ pub fn render(status: &ClusterStatus) -> String {
         "{} nodes, {total} GPUs ({healthy} healthy)\n\n{nodes}\n\n{gpus}\n",
         status.nodes.len()
     )
+}
+
+/// `train-eval-3f9a2c71d0/train-0 (lease 7)`, one per run on the GPU, a share when it is one
+/// (`… 250m`); `-` when nothing runs on it.
+fn held_by(g: &allot_events::query::GpuStatus) -> String {
+    if g.held_by.is_empty() {
+        return "-".into();
+    }
+    g.held_by
+        .iter()
+        .map(|h| {
+            let share = if h.milli < 1000 {
+                format!(" {}m", h.milli)
+            } else {
+                String::new()
+            };
+            format!("{}/{} (lease {}){share}", h.workload, h.task, h.lease.0)
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -266,12 +266,31 @@ fn status_shows_the_load_of_a_running_task_and_its_end() {
     let during = wait_for(Duration::from_secs(30), || {
         status().filter(|s| busy(s) == 2)
     });
+    let during = during.unwrap_or_else(|| {
+        panic!(
+            "two GPUs never showed the task's load: {:?}\n{}",
+            status(),
+            log_of(dir.path(), "up")
+        )
+    });
+    // And what holds them: the workload and task, by name.
+    let holders: Vec<String> = during
+        .nodes
+        .iter()
+        .flat_map(|n| &n.gpus)
+        .flat_map(|g| &g.held_by)
+        .map(|h| format!("{}/{}", h.workload, h.task))
+        .collect();
+    assert_eq!(holders.len(), 2, "{holders:?}");
     assert!(
-        during.is_some(),
-        "two GPUs never showed the task's load: {:?}\n{}",
-        status(),
-        log_of(dir.path(), "up")
+        holders
+            .iter()
+            .all(|h| h.starts_with("busy-") && h.ends_with("/train")),
+        "{holders:?}"
     );
+    let table = allot(dir.path()).arg("status").output().unwrap();
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("HELD BY"), "{table}");
     let after = wait_for(Duration::from_secs(60), || {
         status().filter(|s| busy(s) == 0)
     });

@@ -59,6 +59,7 @@ use uuid::Uuid;
 use allot_bus::Publisher;
 use allot_bus::streams::names;
 use allot_events::task::{TaskCheckpointed, TaskCompleted, TaskFailed, TaskStarted, TaskStopped};
+use allot_events::telemetry::GpuHeld;
 use allot_events::{AllocEvent, AnyEvent, Envelope, TaskEvent, decode, subject};
 use allot_sched::LeaseId;
 use allot_store::StoreError;
@@ -167,7 +168,13 @@ struct Executor {
     outbox: mpsc::UnboundedSender<Outgoing>,
     /// A simulated node's load, which follows the runs on it.
     load: Option<SimLoad>,
+    /// The runs on each GPU, for the telemetry.
+    holdings: Holdings,
 }
+
+/// Which runs hold which GPUs of the node, shared by the executor (which writes it as runs
+/// start and end) and the telemetry (which reports it with every sample).
+pub type Holdings = Arc<std::sync::Mutex<Vec<GpuHeld>>>;
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -182,6 +189,7 @@ pub async fn run(
     pool: String,
     config: ExecutorConfig,
     load: Option<SimLoad>,
+    holdings: Holdings,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), ExecutorError> {
     if config.runs == Runs::Off {
@@ -210,6 +218,7 @@ pub async fn run(
         tx,
         outbox,
         load,
+        holdings,
     };
     let served = ex.serve(client, began, &mut stop, &mut rx).await;
     // Also after a failure: runs are stopped and ends already recorded get their chance.
@@ -289,7 +298,7 @@ impl Executor {
         // grants made while it was down: the first entry read is recorded at once.
         let mut positioned = position.is_some();
         loop {
-            self.show_load();
+            self.show_holdings();
             tokio::select! {
                 biased;
                 _ = stop.changed() => return Ok(()),
@@ -430,19 +439,29 @@ impl Executor {
         Ok(())
     }
 
-    /// On a simulated node, makes each GPU's load follow the runs on it (deferred runs hold
-    /// nothing yet).
-    fn show_load(&self) {
-        let Some(load) = &self.load else {
-            return;
-        };
+    /// Tells the telemetry which runs hold which GPUs and, on a simulated node, makes each
+    /// GPU's load follow them (deferred runs hold nothing yet).
+    fn show_holdings(&self) {
+        let mut held = Vec::new();
         let mut granted: BTreeMap<u32, u32> = BTreeMap::new();
         for run in self.running.values().filter(|r| !r.deferred) {
+            let d = &run.stored.dispatch;
             for (gpu, milli) in &run.stored.share.gpus {
                 *granted.entry(*gpu).or_default() += milli;
+                held.push(GpuHeld {
+                    index: *gpu,
+                    lease: d.lease,
+                    workload: d.launch.workload.clone(),
+                    task: d.launch.name.clone(),
+                    milli: *milli,
+                });
             }
         }
-        load.occupy(&granted);
+        held.sort_by_key(|h| (h.index, h.lease));
+        *self.holdings.lock().unwrap_or_else(|e| e.into_inner()) = held;
+        if let Some(load) = &self.load {
+            load.occupy(&granted);
+        }
     }
 
     /// Whether a GPU of `run`'s share is still held by a run that is stopping.

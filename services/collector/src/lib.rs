@@ -242,8 +242,10 @@ async fn serve(
     service.drain_on_stop(client.clone());
     let publisher = Publisher::new(client.clone(), format!("/allot/collector/{}", config.node));
     let load = source.sim_load();
+    let holdings = executor::Holdings::default();
     let (stop_executor, executor_stopped) = tokio::sync::watch::channel(false);
     let stopping = service.stopping();
+    let executor_holdings = holdings.clone();
     service.spawn(
         "executor",
         async move {
@@ -253,6 +255,7 @@ async fn serve(
                 config.pool.clone(),
                 config.executor.clone(),
                 load,
+                executor_holdings,
                 executor_stopped,
             )
             .await
@@ -272,6 +275,7 @@ async fn serve(
             heartbeat_interval: config.heartbeat_interval,
             telemetry_interval: config.telemetry_interval,
             started,
+            holdings,
             shutdown: service.stopping(),
         }
         .run()
@@ -288,6 +292,8 @@ struct Collector {
     heartbeat_interval: Duration,
     telemetry_interval: Duration,
     started: Instant,
+    /// What the executor runs on each GPU, reported with every sample.
+    holdings: executor::Holdings,
     shutdown: Stopping,
 }
 
@@ -338,7 +344,12 @@ impl Collector {
                     source = Some(back);
                     match samples {
                         Ok(samples) => {
-                            let event = GpusSampled { node: node.clone(), samples };
+                            let held = self
+                                .holdings
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .clone();
+                            let event = GpusSampled { node: node.clone(), samples, held };
                             telemetry_failures.record(self.publisher.publish(event).await);
                         }
                         Err(e) => telemetry_failures.sample_failed(&e),

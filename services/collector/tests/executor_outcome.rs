@@ -58,7 +58,16 @@ impl Node {
             let client = allot_bus::connect(&connect, std::future::pending())
                 .await
                 .expect("the server is up");
-            executor::run(client, NODE.into(), POOL.into(), config, None, stopped).await
+            executor::run(
+                client,
+                NODE.into(),
+                POOL.into(),
+                config,
+                None,
+                Default::default(),
+                stopped,
+            )
+            .await
         });
         Ok(Node {
             runtime: Some(runtime),

@@ -7,14 +7,15 @@
 
 use allot_bus::Delivery;
 use allot_events::node::{HeartbeatSent, NodeEvent, NodeRegistered};
-use allot_events::telemetry::{GpuSample, GpusSampled, TelemetryEvent};
+use allot_events::telemetry::{GpuHeld, GpuSample, GpusSampled, TelemetryEvent};
 use allot_events::{AnyEvent, subject};
 use allot_store::rusqlite::{self, Connection, params};
 
 use crate::health;
 
 /// The inventory's schema, in order. Never edit a shipped migration: add one.
-pub const MIGRATIONS: &[&str] = &["
+pub const MIGRATIONS: &[&str] = &[
+    "
 CREATE TABLE nodes (
     name               TEXT PRIMARY KEY,
     hostname           TEXT NOT NULL,
@@ -57,7 +58,12 @@ CREATE TABLE gpus (
     reported_health  TEXT NOT NULL DEFAULT 'healthy'
 ) STRICT;
 CREATE INDEX gpus_by_node ON gpus (node, idx);
-"];
+",
+    "
+-- What holds each GPU, as its node's executor last reported it (JSON array of GpuHeld).
+ALTER TABLE gpus ADD COLUMN held_by TEXT NOT NULL DEFAULT '[]';
+",
+];
 
 /// Why an event cannot be applied (it is dead-lettered with this reason).
 #[derive(Debug, thiserror::Error)]
@@ -206,6 +212,8 @@ struct Pending {
     node: String,
     at: String,
     sample: GpuSample,
+    /// The runs holding the GPU at the latest sample (JSON array of `GpuHeld`).
+    held: String,
     count: i64,
     /// The latest power limit reported, if any sample reported one.
     power_limit_mw: Option<u64>,
@@ -214,11 +222,14 @@ struct Pending {
 impl Coalesced {
     fn add(&mut self, e: &GpusSampled, at: String) {
         for s in &e.samples {
+            let held: Vec<&GpuHeld> = e.held.iter().filter(|h| h.index == s.index).collect();
+            let held = serde_json::to_string(&held).expect("GpuHeld serializes");
             match self.gpus.get_mut(&s.uuid) {
                 Some(p) => {
                     p.node.clone_from(&e.node);
                     p.at.clone_from(&at);
                     p.sample = s.clone();
+                    p.held = held;
                     p.count += 1;
                     p.power_limit_mw = s.power_limit_mw.or(p.power_limit_mw);
                 }
@@ -230,6 +241,7 @@ impl Coalesced {
                             node: e.node.clone(),
                             at: at.clone(),
                             sample: s.clone(),
+                            held,
                             count: 1,
                             power_limit_mw: s.power_limit_mw,
                         },
@@ -247,8 +259,9 @@ impl Coalesced {
             "INSERT INTO gpus (uuid, node, idx, memory_total_mib, power_limit_mw,
                                utilization_pct, memory_used_mib, temperature_c, power_mw,
                                ecc_corrected, ecc_uncorrected, xid_errors, last_xid,
-                               sampled_at, samples, health, health_reason)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)
+                               sampled_at, samples, health, health_reason, held_by)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
+                     ?18)
              ON CONFLICT (uuid) DO UPDATE SET
                 node = excluded.node, idx = excluded.idx,
                 memory_total_mib = excluded.memory_total_mib,
@@ -258,7 +271,8 @@ impl Coalesced {
                 ecc_corrected = excluded.ecc_corrected, ecc_uncorrected = excluded.ecc_uncorrected,
                 xid_errors = excluded.xid_errors, last_xid = excluded.last_xid,
                 sampled_at = excluded.sampled_at, samples = samples + excluded.samples,
-                health = excluded.health, health_reason = excluded.health_reason",
+                health = excluded.health, health_reason = excluded.health_reason,
+                held_by = excluded.held_by",
         )?;
         for uuid in self.order.drain(..) {
             let Some(p) = self.gpus.remove(&uuid) else {
@@ -284,6 +298,7 @@ impl Coalesced {
                 p.count,
                 health::as_str(health),
                 reason,
+                p.held,
             ])?;
         }
         Ok(())

@@ -39,7 +39,7 @@ pub fn status(conn: &Connection, now: DateTime<Utc>) -> Result<ClusterStatus, ru
         .collect::<Result<_, _>>()?;
     let mut gpus_stmt = conn.prepare_cached(
         "SELECT idx, uuid, model, health, health_reason, utilization_pct, memory_used_mib,
-                memory_total_mib, temperature_c, power_mw
+                memory_total_mib, temperature_c, power_mw, held_by
          FROM gpus WHERE node = ?1 ORDER BY idx",
     )?;
     for node in &mut nodes {
@@ -56,6 +56,8 @@ pub fn status(conn: &Connection, now: DateTime<Utc>) -> Result<ClusterStatus, ru
                     memory_total_mib: r.get::<_, Option<i64>>(7)?.map(|v| v as u64),
                     temperature_c: r.get(8)?,
                     power_mw: r.get::<_, Option<i64>>(9)?.map(|v| v as u64),
+                    // Written by this service from a typed event: unreadable only if edited.
+                    held_by: serde_json::from_str(&r.get::<_, String>(10)?).unwrap_or_default(),
                 })
             })?
             .collect::<Result<_, _>>()?;

@@ -64,6 +64,10 @@ pub struct GpuStatus {
     pub temperature_c: Option<u32>,
     /// Power draw at the last sample, mW.
     pub power_mw: Option<u64>,
+    /// The runs holding it at the last sample (workload, task, lease, share), as its node's
+    /// executor reported them.
+    #[serde(default)]
+    pub held_by: Vec<crate::telemetry::GpuHeld>,
 }
 
 impl ClusterStatus {

@@ -38,6 +38,26 @@ pub struct GpusSampled {
     pub node: String,
     /// One sample per GPU, by index.
     pub samples: Vec<GpuSample>,
+    /// What holds the node's GPUs as its executor runs them when sampled: one entry per run
+    /// and GPU (a fractional GPU may have several). Absent: nothing runs, or no executor.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<GpuHeld>,
+}
+
+/// A run holding (a share of) one GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GpuHeld {
+    /// The GPU's index on the node.
+    pub index: u32,
+    /// The lease the run holds it under.
+    pub lease: allot_sched::LeaseId,
+    /// The workload the run belongs to.
+    pub workload: String,
+    /// The task's name in the workload.
+    pub task: String,
+    /// How much of the GPU, milli-GPU (1000: all of it).
+    pub milli: u32,
 }
 
 /// One GPU's readings. Readings a device does not support are absent rather than zero.

@@ -12,7 +12,7 @@ use allot_events::task::{
     RunSpec, StopCause, TaskCancelled, TaskCheckpointed, TaskCompleted, TaskFailed, TaskPreload,
     TaskReady, TaskStarted, TaskStopped,
 };
-use allot_events::telemetry::{GpuSample, GpusSampled};
+use allot_events::telemetry::{GpuHeld, GpuSample, GpusSampled};
 use allot_events::workload::{
     AbortOutcome, ApiVersion, Checkpoint, Kind, Metadata, Quantity, Resources, Retry, Task,
     Workload, WorkloadAbortAnswered, WorkloadAborted, WorkloadFinished, WorkloadOutcome,
@@ -119,6 +119,13 @@ fn samples() -> Vec<AnyEvent> {
         .into(),
         GpusSampled {
             node: "node-1".into(),
+            held: vec![GpuHeld {
+                index: 0,
+                lease: LeaseId(5),
+                workload: "train-eval-3f9a2c71d0".into(),
+                task: "train".into(),
+                milli: 1000,
+            }],
             samples: vec![GpuSample {
                 index: 0,
                 uuid: "GPU-3f2a".into(),

@@ -108,6 +108,7 @@ impl NodeFixture {
         let util = u64::from(utilization_pct.min(100));
         GpusSampled {
             node: self.name.clone(),
+            held: Vec::new(),
             samples: (0..self.gpus)
                 .map(|i| GpuSample {
                     index: i,
