@@ -57,6 +57,35 @@ impl JournalSource {
     }
 }
 
+impl JournalSource {
+    /// The entries with, for a journal read from the stream, the launch each submission was
+    /// journalled with (its workload and task name); a file has no launches.
+    async fn open_named(
+        &self,
+        env: Lookup<'_>,
+    ) -> anyhow::Result<Vec<(Entry, Option<allot_events::alloc::Launch>)>> {
+        if let Some(path) = &self.journal {
+            let (_, entries) = open(path)?;
+            return entries.map(|e| e.map(|e| (e, None))).collect();
+        }
+        let pool = self.pool.as_deref().unwrap_or(DEFAULT_POOL);
+        let (url, origin) =
+            local::instance_url(self.nats.as_deref(), self.data_dir.as_deref(), env)?;
+        let client = local::connect_url("allot-explain", &url, &origin).await?;
+        let js = async_nats::jetstream::new(client);
+        let events = allot_allocator::journal::read(&js, pool)
+            .await
+            .with_context(|| format!("reading the journal of pool {pool}"))?;
+        Ok(events
+            .into_iter()
+            .filter_map(|(_, event)| match event {
+                allot_events::AllocEvent::Applied(a) => Some((a.entry, a.launch)),
+                allot_events::AllocEvent::LeaderElected(_) => None,
+            })
+            .collect())
+    }
+}
+
 /// The pool `allot up` runs.
 const DEFAULT_POOL: &str = "default";
 
@@ -82,12 +111,19 @@ pub struct ReplayArgs {
 /// Flags of `allot explain`.
 #[derive(Debug, Args)]
 pub struct ExplainArgs {
-    /// The task's id (the number in `task-<id>`, or `task-<id>`).
-    pub task: String,
+    /// A workload id as `allot submit` printed it (`train-eval-3f9a2c71d0`), or a task id
+    /// (`42`, `task-42`).
+    pub target: String,
+    /// With a workload: the task to explain, by its name in the spec (default: every task of
+    /// the workload).
+    pub task: Option<String>,
     /// Where the journal is.
     #[command(flatten)]
     pub source: JournalSource,
 }
+
+/// The most attempts `allot explain WORKLOAD TASK` looks for.
+const MAX_ATTEMPTS: u32 = 100;
 
 /// Runs `allot replay`.
 pub async fn replay(args: ReplayArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
@@ -159,30 +195,111 @@ pub async fn replay(args: ReplayArgs, env: Lookup<'_>) -> anyhow::Result<ExitCod
 
 /// Runs `allot explain`.
 pub async fn explain(args: ExplainArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
-    let id: u64 = args
-        .task
-        .trim_start_matches("task-")
-        .parse()
-        .with_context(|| format!("{:?} is not a task id (e.g. 42 or task-42)", args.task))?;
-    let task = TaskId(id);
-    let (_, entries) = args.source.open(env).await?;
-    let mut lines = 0;
-    for entry in entries {
-        let entry = entry?;
-        for line in history(&entry, task) {
-            println!("{line}");
-            lines += 1;
+    let journal = args.source.open_named(env).await?;
+    // Task ids and names, from the launches the allocator journalled with each submission.
+    let mut names: Vec<(TaskId, String, String)> = Vec::new();
+    for (entry, launch) in &journal {
+        if let (Input::TaskSubmitted { task, .. }, Some(l)) = (&entry.input, launch) {
+            names.push((task.id, l.workload.clone(), l.name.clone()));
         }
     }
-    if lines == 0 {
-        println!("{task} does not appear in the journal");
+    let by_id = args
+        .target
+        .trim_start_matches("task-")
+        .parse::<u64>()
+        .ok()
+        .filter(|_| args.task.is_none());
+    let tasks: Vec<(TaskId, String)> = match (by_id, &args.task) {
+        (Some(id), _) => {
+            let task = TaskId(id);
+            let label = names
+                .iter()
+                .find(|(t, _, _)| *t == task)
+                .map_or_else(|| task.to_string(), |(_, w, n)| format!("{w}/{n} ({task})"));
+            let appears = journal
+                .iter()
+                .any(|(e, _)| !history(e, task, &[]).is_empty());
+            if appears {
+                vec![(task, label)]
+            } else {
+                Vec::new()
+            }
+        }
+        (None, Some(name)) => (1..=MAX_ATTEMPTS)
+            .map(|attempt| {
+                let id = allot_events::task::task_id(&args.target, name, attempt);
+                (
+                    id,
+                    format!("{}/{name} attempt {attempt} ({id})", args.target),
+                )
+            })
+            .filter(|(id, _)| {
+                journal
+                    .iter()
+                    .any(|(e, _)| !history(e, *id, &[]).is_empty())
+            })
+            .collect(),
+        (None, None) => names
+            .iter()
+            .filter(|(_, w, _)| *w == args.target)
+            .map(|(id, w, n)| (*id, format!("{w}/{n} ({id})")))
+            .collect(),
+    };
+    if tasks.is_empty() {
+        match &args.task {
+            Some(name) => println!(
+                "task {name} of workload {} does not appear in the journal",
+                args.target
+            ),
+            None => println!("{} does not appear in the journal", args.target),
+        }
         return Ok(ExitCode::FAILURE);
+    }
+    for (task, label) in &tasks {
+        println!("{label}:");
+        // Node indices as the journal numbers them: in the order the nodes were added.
+        let mut nodes: Vec<String> = Vec::new();
+        for (entry, _) in &journal {
+            if let Input::NodeAdded(spec) = &entry.input {
+                nodes.push(spec.name.clone());
+            }
+            for line in history(entry, *task, &nodes) {
+                println!("  {line}");
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
 
+/// A journal time: a wall-clock instant (ms since the epoch, the allocator's clock) as UTC,
+/// or — for a simulated journal, whose clock starts at 0 — the offset from its start.
+fn when(ms: Time) -> String {
+    // Anything after 2001 is a wall clock; a trace spans far less.
+    if ms >= 1_000_000_000_000 {
+        if let Some(t) = chrono::DateTime::from_timestamp_millis(ms as i64) {
+            return t.format("%Y-%m-%d %H:%M:%S%.3fZ").to_string();
+        }
+    }
+    let secs = ms / 1000;
+    format!(
+        "+{}h{:02}m{:02}.{:03}s",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60,
+        ms % 1000
+    )
+}
+
+/// Node `idx` by name, when the journal added it.
+fn node_name(nodes: &[String], idx: usize) -> String {
+    nodes
+        .get(idx)
+        .cloned()
+        .unwrap_or_else(|| format!("node #{idx}"))
+}
+
 /// What `entry` says about `task`, one line per fact.
-fn history(entry: &Entry, task: TaskId) -> Vec<String> {
+fn history(entry: &Entry, task: TaskId, nodes: &[String]) -> Vec<String> {
     let mut out = Vec::new();
     let seq = entry.seq;
     match &entry.input {
@@ -193,8 +310,10 @@ fn history(entry: &Entry, task: TaskId) -> Vec<String> {
                 format!("{} GPU(s)", spec.gpus)
             };
             out.push(format!(
-                "#{seq} t={at} submitted by team {}, priority {}, {gpus}",
-                spec.team, spec.priority
+                "#{seq} {} submitted by team {}, priority {}, {gpus}",
+                when(*at),
+                spec.team,
+                spec.priority
             ));
         }
         Input::TaskPreloaded {
@@ -203,18 +322,20 @@ fn history(entry: &Entry, task: TaskId) -> Vec<String> {
             at,
         } if spec.id == task => {
             out.push(format!(
-                "#{seq} t={at} preloaded: expected ready at t={expected_at}"
+                "#{seq} {} preloaded: expected ready at {}",
+                when(*at),
+                when(*expected_at)
             ));
         }
         Input::TaskFinished { task: t, at } if *t == task => {
-            out.push(format!("#{seq} t={at} finished"));
+            out.push(format!("#{seq} {} finished", when(*at)));
         }
         Input::TaskRequeued {
             task: t,
             at,
             reason,
         } if *t == task => {
-            out.push(format!("#{seq} t={at} requeued: {reason}"));
+            out.push(format!("#{seq} {} requeued: {reason}", when(*at)));
         }
         _ => {}
     }
@@ -237,11 +358,16 @@ fn history(entry: &Entry, task: TaskId) -> Vec<String> {
                     .iter()
                     .map(|s| {
                         let gpus: Vec<String> = s.gpus.iter().map(|(g, _)| g.to_string()).collect();
-                        format!("node #{} GPUs [{}]", s.node.0, gpus.join(","))
+                        format!(
+                            "{} GPUs [{}]",
+                            node_name(nodes, s.node.0 as usize),
+                            gpus.join(",")
+                        )
                     })
                     .collect();
                 out.push(format!(
-                    "#{seq} t={at} granted lease {} on {}: {reason}",
+                    "#{seq} {} granted lease {} on {}: {reason}",
+                    when(*at),
                     lease.0,
                     nodes.join(" + ")
                 ));
@@ -252,9 +378,10 @@ fn history(entry: &Entry, task: TaskId) -> Vec<String> {
                 eta,
                 at,
             } if *t == task => {
-                let eta = eta.map_or_else(|| "unknown".to_owned(), |e| format!("t={e}"));
+                let eta = eta.map_or_else(|| "unknown".to_owned(), when);
                 out.push(format!(
-                    "#{seq} t={at} waiting: {reason} (expected start {eta})"
+                    "#{seq} {} waiting: {reason} (expected start {eta})",
+                    when(*at)
                 ));
             }
             Decision::Preempted {
@@ -265,7 +392,10 @@ fn history(entry: &Entry, task: TaskId) -> Vec<String> {
                 ..
             } if *t == task => {
                 let for_task = for_task.map_or_else(String::new, |f| format!(" for {f}"));
-                out.push(format!("#{seq} t={at} preempted{for_task}: {reason}"));
+                out.push(format!(
+                    "#{seq} {} preempted{for_task}: {reason}",
+                    when(*at)
+                ));
             }
             Decision::Preempted {
                 task: victim,
@@ -273,17 +403,23 @@ fn history(entry: &Entry, task: TaskId) -> Vec<String> {
                 for_task: Some(f),
                 ..
             } if *f == task => {
-                out.push(format!("#{seq} t={at} preempted {victim} to make room"));
+                out.push(format!(
+                    "#{seq} {} preempted {victim} to make room",
+                    when(*at)
+                ));
             }
             Decision::Released { task: t, lease, at } if *t == task => {
-                out.push(format!("#{seq} t={at} released lease {}", lease.0));
+                out.push(format!("#{seq} {} released lease {}", when(*at), lease.0));
             }
             Decision::Withdrawn {
                 task: t,
                 reason,
                 at,
             } if *t == task => {
-                out.push(format!("#{seq} t={at} withdrawn from the queue: {reason}"));
+                out.push(format!(
+                    "#{seq} {} withdrawn from the queue: {reason}",
+                    when(*at)
+                ));
             }
             Decision::Reserved {
                 task: t,
@@ -294,11 +430,13 @@ fn history(entry: &Entry, task: TaskId) -> Vec<String> {
                 let nodes: Vec<String> = placement
                     .shares
                     .iter()
-                    .map(|s| format!("node #{}", s.node.0))
+                    .map(|s| node_name(nodes, s.node.0 as usize))
                     .collect();
                 out.push(format!(
-                    "#{seq} t={at} room held on {} until t={until} (expected soon)",
-                    nodes.join(" + ")
+                    "#{seq} {} room held on {} until {} (expected soon)",
+                    when(*at),
+                    nodes.join(" + "),
+                    when(*until)
                 ));
             }
             _ => {}

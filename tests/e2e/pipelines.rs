@@ -155,6 +155,46 @@ fn a_three_stage_pipeline_runs_in_order_and_holds_no_gpu_during_its_cpu_stage() 
         cluster.logs()
     );
 
+    // `allot explain` by the names people see: the workload, its tasks, nodes by name, times
+    // as dates.
+    let explain = |args: &[&str]| {
+        let out = allot(cluster.dir.path())
+            .arg("explain")
+            .args(args)
+            .args(["--nats", &cluster.server.url()])
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (ok, story) = explain(&[&id, "train-0"]);
+    assert!(ok, "{story}");
+    assert!(
+        story.starts_with(&format!("{id}/train-0 attempt 1 (task-")),
+        "{story}"
+    );
+    assert!(
+        story.contains("granted lease") && story.contains(" on n"),
+        "{story}"
+    );
+    assert!(!story.contains("node #"), "{story}");
+    assert!(
+        story.contains(" 20") && story.contains("Z "),
+        "times as dates: {story}"
+    );
+    let (ok, all) = explain(&[&id]);
+    assert!(ok, "{all}");
+    for task in ["preprocess", "train-0", "train-3", "eval"] {
+        assert!(
+            all.contains(&format!("{id}/{task} (task-")),
+            "{task}: {all}"
+        );
+    }
+    let (ok, none) = explain(&[&id, "trian-0"]);
+    assert!(!ok && none.contains("task trian-0 of workload"), "{none}");
+
     let journal = cluster.journal();
     let (facts, names) = facts(&journal);
     let at = |what: &str, name: &str| -> Vec<usize> {
