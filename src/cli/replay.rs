@@ -275,10 +275,10 @@ pub async fn explain(args: ExplainArgs, env: Lookup<'_>) -> anyhow::Result<ExitC
 /// or — for a simulated journal, whose clock starts at 0 — the offset from its start.
 fn when(ms: Time) -> String {
     // Anything after 2001 is a wall clock; a trace spans far less.
-    if ms >= 1_000_000_000_000 {
-        if let Some(t) = chrono::DateTime::from_timestamp_millis(ms as i64) {
-            return t.format("%Y-%m-%d %H:%M:%S%.3fZ").to_string();
-        }
+    if ms >= 1_000_000_000_000
+        && let Some(t) = chrono::DateTime::from_timestamp_millis(ms as i64)
+    {
+        return t.format("%Y-%m-%d %H:%M:%S%.3fZ").to_string();
     }
     let secs = ms / 1000;
     format!(
