@@ -160,7 +160,10 @@ pub async fn workload(args: WorkloadArgs, env: Lookup<'_>) -> anyhow::Result<Exi
         Ok(detail) => detail,
         Err(Refused { code, .. }) if code == contract::NOT_FOUND => {
             let whose = scope.map(|t| format!(" of team {t}")).unwrap_or_default();
-            eprintln!("allot: no workload {}{whose} is known to the planner", args.id);
+            eprintln!(
+                "allot: no workload {}{whose} is known to the planner",
+                args.id
+            );
             return Ok(ExitCode::FAILURE);
         }
         Err(refused) => bail!("the planner refused to show {}: {refused}", args.id),
@@ -201,18 +204,21 @@ impl Asker {
         env: Lookup<'_>,
     ) -> anyhow::Result<Self> {
         let (url, origin) = local::instance_url(nats, data_dir, env)?;
-        let client = allot_bus::connect::with_url_credentials(async_nats::ConnectOptions::new(), &url)
-            .name("allot-workloads")
-            .connection_timeout(Duration::from_secs(2))
-            .connect(allot_bus::server_list(&url))
-            .await
-            .with_context(|| {
-                format!(
-                    "NATS at {} (from {origin}) is not reachable; is `allot up` running in this \
+        let client = allot_bus::connect::with_url_credentials(
+            async_nats::ConnectOptions::new(),
+            &url,
+        )
+        .name("allot-workloads")
+        .connection_timeout(Duration::from_secs(2))
+        .connect(allot_bus::server_list(&url))
+        .await
+        .with_context(|| {
+            format!(
+                "NATS at {} (from {origin}) is not reachable; is `allot up` running in this \
                      folder? (or pass --nats URL)",
-                    allot_bus::users::without_credentials(&url)
-                )
-            })?;
+                allot_bus::users::without_credentials(&url)
+            )
+        })?;
         let team = team_of_url(&url);
         Ok(Self { client, team })
     }

@@ -112,9 +112,16 @@ fn workloads_are_listed_filtered_by_state_and_shown_with_the_nodes_their_tasks_r
             .split_whitespace()
             .collect::<Vec<_>>()
     };
-    assert_eq!(row(&pipeline)[1..4], ["vision", "succeeded", "2/2"], "{table}");
+    assert_eq!(
+        row(&pipeline)[1..4],
+        ["vision", "succeeded", "2/2"],
+        "{table}"
+    );
     assert_eq!(row(&serving)[1..4], ["nlp", "running", "0/1"], "{table}");
-    assert!(table.contains(" ago "), "submission times read as ages:\n{table}");
+    assert!(
+        table.contains(" ago "),
+        "submission times read as ages:\n{table}"
+    );
 
     // One workload: its tasks in order, on the node and GPUs they were granted.
     let detail: WorkloadDetail = json(&cluster, &["workload", &pipeline]);
@@ -137,7 +144,12 @@ fn workloads_are_listed_filtered_by_state_and_shown_with_the_nodes_their_tasks_r
             ("train", "succeeded", vec!["n1"], 2)
         ]
     );
-    assert!(detail.tasks.iter().all(|t| t.ended_at >= t.started_at && t.ended_at.is_some()));
+    assert!(
+        detail
+            .tasks
+            .iter()
+            .all(|t| t.ended_at >= t.started_at && t.ended_at.is_some())
+    );
     let shown = run(&cluster, &["workload", &serving]);
     assert!(shown.status.success(), "{}", text(&shown.stderr));
     let shown = text(&shown.stdout);

@@ -15,13 +15,13 @@ use tracing::{info, warn};
 
 use allot_bus::consumer::{Delivery, Handler, HandlerError, Outcome};
 use allot_events::alloc::Applied;
+use allot_events::query::planner::{GpuShare, TaskNode};
 use allot_events::task::{TaskCancelled, TaskPreload, TaskReady};
 use allot_events::workload::{
     AbortOutcome, WorkloadAbortAnswered, WorkloadAborted, WorkloadFinished, WorkloadOutcome,
     WorkloadSubmitted,
 };
 use allot_events::{AllocEvent, AnyEvent, Envelope, NodeEvent, TaskEvent, WorkloadEvent};
-use allot_events::query::planner::{GpuShare, TaskNode};
 use allot_sched::{Decision, LeaseId, TaskId, Time};
 use allot_store::rusqlite::Connection;
 use allot_workload::TeamsConfig;

@@ -237,13 +237,21 @@ impl Endpoint {
             .map_err(failed)?;
         let mut endpoints = Vec::new();
         for (asked, name, subject) in [
-            (Asked::Workloads, "workloads", contract::workloads_subject(None)),
+            (
+                Asked::Workloads,
+                "workloads",
+                contract::workloads_subject(None),
+            ),
             (
                 Asked::Workloads,
                 "team-workloads",
                 contract::workloads_subject(Some("*")),
             ),
-            (Asked::Workload, "workload", contract::workload_subject(None)),
+            (
+                Asked::Workload,
+                "workload",
+                contract::workload_subject(None),
+            ),
             (
                 Asked::Workload,
                 "team-workload",

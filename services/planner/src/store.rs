@@ -10,8 +10,8 @@
 
 use allot_events::node::NodeRegistered;
 use allot_events::query::planner::TaskNode;
-use allot_events::workload::WorkloadSubmitted;
 use allot_events::task::RunSpec;
+use allot_events::workload::WorkloadSubmitted;
 use allot_sched::{TaskId, TaskSpec, Time};
 use allot_store::rusqlite::{self, Connection, OptionalExtension, params};
 use allot_workload::{ClusterShape, NodeShape};

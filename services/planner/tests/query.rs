@@ -82,8 +82,8 @@ impl Cluster {
     /// nats-server with the users of teams `vision` and `nlp`, one 4-GPU node, the allocator
     /// and the planner (each logged in as its own user), and a fake executor.
     fn start() -> Cluster {
-        let users = Users::generate_random::<&str, _>(&[], &["vision", "nlp"], &BTreeMap::new())
-            .unwrap();
+        let users =
+            Users::generate_random::<&str, _>(&[], &["vision", "nlp"], &BTreeMap::new()).unwrap();
         let server = NatsServer::start_with_config(&users.render());
         let url = server.url();
         let data = tempfile::tempdir().unwrap();
@@ -120,10 +120,8 @@ impl Cluster {
                 .await
                 .unwrap();
         });
-        let planner = allot_planner::Config::new(
-            users.url_for(&Role::Planner, &url).unwrap(),
-            data.path(),
-        );
+        let planner =
+            allot_planner::Config::new(users.url_for(&Role::Planner, &url).unwrap(), data.path());
         rt.spawn(async move {
             allot_planner::run(planner, std::future::pending())
                 .await
@@ -295,7 +293,11 @@ fn workloads_are_listed_newest_first_with_filters_and_shown_with_where_each_task
     assert_eq!(list.next_cursor, None);
     let first = &list.workloads[0];
     assert_eq!(
-        (first.team.as_str(), first.submitter.as_str(), first.run_id.as_deref()),
+        (
+            first.team.as_str(),
+            first.submitter.as_str(),
+            first.run_id.as_deref()
+        ),
         ("nlp", "ci@test", Some("run-3"))
     );
     assert!(first.reason.as_deref().unwrap().contains("exit status 3"));
@@ -334,7 +336,10 @@ fn workloads_are_listed_newest_first_with_filters_and_shown_with_where_each_task
     let one: WorkloadList = c.ask(&admin, &all, &page(None)).unwrap();
     assert_eq!(ids(&one), [&broken, &long]);
     let two: WorkloadList = c.ask(&admin, &all, &page(one.next_cursor.clone())).unwrap();
-    assert_eq!((ids(&two), two.next_cursor.as_deref()), (vec![pipeline.as_str()], None));
+    assert_eq!(
+        (ids(&two), two.next_cursor.as_deref()),
+        (vec![pipeline.as_str()], None)
+    );
     let refused: Result<WorkloadList, _> = c.ask(
         &admin,
         &all,
@@ -348,9 +353,13 @@ fn workloads_are_listed_newest_first_with_filters_and_shown_with_where_each_task
     // One workload: its tasks in the spec's order, where each ran and when.
     let one = contract::workload_subject(None);
     let detail: WorkloadDetail = c
-        .ask(&admin, &one, &WorkloadQuery {
-            id: pipeline.clone(),
-        })
+        .ask(
+            &admin,
+            &one,
+            &WorkloadQuery {
+                id: pipeline.clone(),
+            },
+        )
         .unwrap();
     assert_eq!(detail.workload.state, WorkloadState::Succeeded);
     let tasks: Vec<String> = detail
@@ -360,14 +369,30 @@ fn workloads_are_listed_newest_first_with_filters_and_shown_with_where_each_task
             let nodes: Vec<String> = t
                 .nodes
                 .iter()
-                .map(|n| format!("{}{:?}", n.node, n.gpus.iter().map(|g| g.milli).collect::<Vec<_>>()))
+                .map(|n| {
+                    format!(
+                        "{}{:?}",
+                        n.node,
+                        n.gpus.iter().map(|g| g.milli).collect::<Vec<_>>()
+                    )
+                })
                 .collect();
-            format!("{} {} {}/{} {}", t.name, t.state, t.attempt, t.max_attempts, nodes.join(","))
+            format!(
+                "{} {} {}/{} {}",
+                t.name,
+                t.state,
+                t.attempt,
+                t.max_attempts,
+                nodes.join(",")
+            )
         })
         .collect();
     assert_eq!(
         tasks,
-        ["prep succeeded 1/1 n1[]", "train succeeded 1/1 n1[1000, 1000]"]
+        [
+            "prep succeeded 1/1 n1[]",
+            "train succeeded 1/1 n1[1000, 1000]"
+        ]
     );
     for t in &detail.tasks {
         let (start, end) = (t.started_at.unwrap(), t.ended_at.unwrap());
@@ -451,7 +476,8 @@ fn a_team_sees_its_own_workloads_only() {
         contract::workload_subject(Some("nlp")),
         contract::workload_subject(None),
     ] {
-        let asked: Result<serde_json::Value, _> = c.ask(&team, &subject, &WorkloadsQuery::default());
+        let asked: Result<serde_json::Value, _> =
+            c.ask(&team, &subject, &WorkloadsQuery::default());
         assert_eq!(asked.unwrap_err().0, 0, "{subject} was answered");
     }
 }

@@ -70,12 +70,8 @@ pub enum WorkloadState {
 
 impl WorkloadState {
     /// Every state.
-    pub const ALL: [WorkloadState; 4] = [
-        Self::Running,
-        Self::Succeeded,
-        Self::Failed,
-        Self::Aborted,
-    ];
+    pub const ALL: [WorkloadState; 4] =
+        [Self::Running, Self::Succeeded, Self::Failed, Self::Aborted];
 
     /// Its name (as the planner stores it and `--state` takes it).
     pub fn as_str(self) -> &'static str {
