@@ -5,6 +5,7 @@
 //! - [`run`]: one service, for Kubernetes.
 //! - [`status`]: the cluster as the inventory sees it.
 //! - [`workload`]: `allot validate` and `allot submit` — check a workload spec, publish it once.
+//! - [`workloads`]: `allot workloads` and `allot workload ID` — what the planner knows of them.
 //! - [`follow`]: what `allot submit --wait`/`--follow` make of a workload's events (pure), and
 //!   [`watch`]: the consumers that feed it from the bus.
 //! - [`sim`]: trace-driven simulation of the scheduling policies (`allot sim`).
@@ -40,6 +41,7 @@ pub mod status;
 pub mod up;
 pub mod watch;
 pub mod workload;
+pub mod workloads;
 
 /// Allot: an elastic GPU service for shared GPU pools.
 #[derive(Debug, Parser)]
@@ -68,6 +70,10 @@ pub enum Command {
     Validate(workload::ValidateArgs),
     /// Validate a workload spec and submit it, once per spec and run id (for CI).
     Submit(workload::SubmitArgs),
+    /// List workloads, newest first: state, tasks, who submitted them and when.
+    Workloads(workloads::WorkloadsArgs),
+    /// Show one workload: its tasks' states, attempts, nodes, GPUs and run times.
+    Workload(workloads::WorkloadArgs),
     /// Stop a workload, or one of its stages: running tasks stop, downstream tasks are cancelled.
     Abort(abort::AbortArgs),
     /// The chargeback report: what each team, workload, project or GPU model cost.
@@ -158,6 +164,8 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Status(args) => status::status(args, &env).await,
         Command::Validate(args) => workload::validate(args, &env),
         Command::Submit(args) => workload::submit(args, &env).await,
+        Command::Workloads(args) => workloads::workloads(args, &env).await,
+        Command::Workload(args) => workloads::workload(args, &env).await,
         Command::Abort(args) => abort::abort(args, &env).await,
         Command::Costs(args) => costs::costs(args, &env).await,
         Command::Audit(cmd) => audit::audit(cmd, &env).await,

@@ -17,3 +17,4 @@ mod support;
 mod up_auth;
 mod up_lifecycle;
 mod up_status;
+mod workloads;

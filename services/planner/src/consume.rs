@@ -15,13 +15,14 @@ use tracing::{info, warn};
 
 use allot_bus::consumer::{Delivery, Handler, HandlerError, Outcome};
 use allot_events::alloc::Applied;
+use allot_events::query::planner::{GpuShare, TaskNode};
 use allot_events::task::{TaskCancelled, TaskPreload, TaskReady};
 use allot_events::workload::{
     AbortOutcome, WorkloadAbortAnswered, WorkloadAborted, WorkloadFinished, WorkloadOutcome,
     WorkloadSubmitted,
 };
 use allot_events::{AllocEvent, AnyEvent, Envelope, NodeEvent, TaskEvent, WorkloadEvent};
-use allot_sched::{Decision, TaskId, Time};
+use allot_sched::{Decision, LeaseId, TaskId, Time};
 use allot_store::rusqlite::Connection;
 use allot_workload::TeamsConfig;
 
@@ -130,29 +131,38 @@ fn step(
         AnyEvent::Workload(WorkloadEvent::Submitted(s)) => submitted(c, pool, teams, s, d),
         AnyEvent::Workload(WorkloadEvent::Aborted(a)) => aborted(c, a, d),
         AnyEvent::Task(TaskEvent::Completed(t)) => {
-            on_attempt(c, t.task, true, |w, name, attempt| {
+            on_attempt(c, t.task, Some(at), |w, name, attempt| {
                 w.completed(name, attempt)
             })
         }
-        AnyEvent::Task(TaskEvent::Failed(t)) => on_attempt(c, t.task, true, |w, name, attempt| {
-            w.failed(name, attempt, &t.reason, at)
-        }),
-        AnyEvent::Alloc(AllocEvent::Applied(Applied { entry, .. })) => {
+        AnyEvent::Task(TaskEvent::Failed(t)) => {
+            on_attempt(c, t.task, Some(at), |w, name, attempt| {
+                w.failed(name, attempt, &t.reason, at)
+            })
+        }
+        AnyEvent::Alloc(AllocEvent::Applied(applied)) => {
             let mut queued = false;
-            for decision in &entry.decisions {
+            for decision in &applied.entry.decisions {
                 let step = match decision {
                     Decision::Granted {
                         task, lease, at, ..
-                    } => on_attempt(c, *task, false, |w, name, attempt| {
-                        w.granted(name, attempt, *lease, *at, window)
-                    })?,
-                    Decision::Preempted { task, .. } => {
-                        on_attempt(c, *task, false, |w, name, attempt| {
+                    } => {
+                        store::run_granted(c, *task, &nodes_of(applied, *task, *lease), *at)?;
+                        on_attempt(c, *task, None, |w, name, attempt| {
+                            w.granted(name, attempt, *lease, *at, window)
+                        })?
+                    }
+                    Decision::Preempted { task, at, .. } => {
+                        store::run_stopped(c, *task, *at)?;
+                        on_attempt(c, *task, None, |w, name, attempt| {
                             w.preempted(name, attempt)
                         })?
                     }
+                    Decision::Released { task, at, .. } => {
+                        store::run_stopped(c, *task, *at)?;
+                        continue;
+                    }
                     Decision::Waiting { .. }
-                    | Decision::Released { .. }
                     | Decision::Reserved { .. }
                     | Decision::Withdrawn { .. } => continue,
                 };
@@ -210,8 +220,8 @@ fn submitted(
         }
     };
     let effects = w.start();
-    let received = serde_json::to_string(s).expect("an event serializes");
-    store::insert(c, &w, &received, d.stream_sequence)?;
+    let at = d.published.timestamp_millis().max(0) as Time;
+    store::insert(c, &w, s, d.stream_sequence, at)?;
     info!(workload.id = %w.id, tasks = w.tasks.len(), "workload planned");
     emit(c, &w, effects)?;
     Ok(Step::handled(true))
@@ -301,13 +311,32 @@ fn answer(
     Ok(())
 }
 
+/// Where grant `lease` of `task` runs, as the journal entry's dispatch resolved it to node
+/// names (empty when the entry has none for it).
+fn nodes_of(applied: &Applied, task: TaskId, lease: LeaseId) -> Vec<TaskNode> {
+    applied
+        .dispatch
+        .iter()
+        .filter(|d| d.task == task && d.lease == lease)
+        .flat_map(|d| &d.nodes)
+        .map(|n| TaskNode {
+            node: n.node.clone(),
+            gpus: n
+                .gpus
+                .iter()
+                .map(|&(index, milli)| GpuShare { index, milli })
+                .collect(),
+        })
+        .collect()
+}
+
 /// Runs `transition` on the workload that attempt `id` belongs to, if it is one of the
-/// planner's; `ends` says the event ends the attempt (recorded, so a late grant of a run that
-/// already ended is not mistaken for one nobody wants).
+/// planner's; `ends` is when the event ends the attempt, if it does (recorded, so a late grant
+/// of a run that already ended is not mistaken for one nobody wants).
 fn on_attempt(
     c: &Connection,
     id: TaskId,
-    ends: bool,
+    ends: Option<Time>,
     transition: impl FnOnce(&mut Workload, &str, u32) -> Vec<Effect>,
 ) -> Result<Step, StoreError> {
     let Some(attempt) = store::attempt(c, id)? else {
@@ -316,8 +345,8 @@ fn on_attempt(
     if attempt.ended {
         return Ok(Step::handled(false));
     }
-    if ends {
-        store::ended(c, id)?;
+    if let Some(at) = ends {
+        store::ended(c, id, at)?;
     }
     let Some(mut w) = store::load(c, &attempt.workload)? else {
         return Err(StoreError::Corrupt(format!(

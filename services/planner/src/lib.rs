@@ -17,11 +17,15 @@
 //! - [`machine`]: the DAG state machine, pure: task states `waiting → ready → running →
 //!   succeeded | failed | cancelled`, and the [`machine::Effect`]s of each transition (task
 //!   ready, task cancelled, workload finished).
-//! - [`store`]: the SQLite tables (workloads, tasks, attempts, outbox, nodes).
+//! - [`store`]: the SQLite tables (workloads, tasks, attempts and where each ran, outbox,
+//!   nodes).
 //! - `consume`: the consumers' handler — finds the workload a message is about, runs its
 //!   transition, and commits the state, the effects (into the outbox) and the stream position
 //!   in one transaction (`allot_store::apply`), so nothing is applied twice.
 //! - `relay`: publishes the outbox, each event when due (a retry waits out its backoff).
+//! - [`query`]: the `allot-planner` NATS micro-service answering `allot workloads` and
+//!   `allot workload ID` from the database: workloads newest first with filters, one with its
+//!   tasks and where their runs were granted (recorded from the journal's grants).
 //!
 //! # What it consumes and publishes
 //!
@@ -79,6 +83,7 @@ use allot_workload::TeamsConfig;
 mod consume;
 pub mod machine;
 pub mod plan;
+pub mod query;
 mod relay;
 pub mod store;
 
@@ -140,13 +145,16 @@ pub enum Error {
     /// The pool name cannot be a subject token.
     #[error(transparent)]
     Pool(#[from] allot_events::subject::InvalidToken),
+    /// The query endpoint could not be started.
+    #[error("starting the query service: {0}")]
+    Query(String),
     /// One of its tasks failed or panicked: the task's name and why.
     #[error("{0}")]
     Stopped(Box<allot_runtime::Stopped<Error>>),
 }
 
 /// Runs the planner until `shutdown` completes or one of its tasks fails: three durable
-/// consumers and the outbox relay, each with its own SQLite connection.
+/// consumers, the outbox relay and the query endpoint, each with its own SQLite connection.
 pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -215,5 +223,10 @@ pub async fn run(
         );
     }
     service.spawn("relay", relay.run(shutdown.clone()).map(Ok));
+    let query = query::Endpoint {
+        client: client.clone(),
+        conn: open()?,
+    };
+    service.spawn("query", query.run(shutdown.clone()));
     service.run().await.map_err(|s| Error::Stopped(Box::new(s)))
 }

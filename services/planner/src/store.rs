@@ -9,7 +9,9 @@
 //! again after a crash is harmless.
 
 use allot_events::node::NodeRegistered;
+use allot_events::query::planner::TaskNode;
 use allot_events::task::RunSpec;
+use allot_events::workload::WorkloadSubmitted;
 use allot_sched::{TaskId, TaskSpec, Time};
 use allot_store::rusqlite::{self, Connection, OptionalExtension, params};
 use allot_workload::{ClusterShape, NodeShape};
@@ -77,6 +79,23 @@ CREATE TABLE nodes (
     registered TEXT NOT NULL
 ) STRICT;
 ",
+    "
+-- What `allot workloads` and `allot workload ID` show: who submitted each workload and when
+-- (the bus's time of its submission; unknown for those stored before), and where and when
+-- each attempt last ran, from the grants, preemptions and releases in the journal.
+ALTER TABLE workloads ADD COLUMN submitter TEXT NOT NULL DEFAULT '';
+ALTER TABLE workloads ADD COLUMN run_id TEXT;
+ALTER TABLE workloads ADD COLUMN submitted_ms INTEGER;
+UPDATE workloads SET submitter = coalesce(json_extract(spec, '$.submitter'), ''),
+                     run_id = json_extract(spec, '$.run_id');
+CREATE INDEX workloads_newest ON workloads (received);
+CREATE INDEX workloads_of_team ON workloads (team, received);
+
+ALTER TABLE attempts ADD COLUMN nodes TEXT;          -- JSON [TaskNode] of its latest grant
+ALTER TABLE attempts ADD COLUMN granted_ms INTEGER;
+ALTER TABLE attempts ADD COLUMN ended_ms INTEGER;    -- completed, failed, preempted or released
+CREATE INDEX attempts_of_task ON attempts (workload, name, attempt);
+",
 ];
 
 /// Records node `r` (its latest registration replaces an earlier one).
@@ -124,24 +143,30 @@ pub fn known(conn: &Connection, id: &str) -> Result<Option<String>, rusqlite::Er
     .optional()
 }
 
-/// Stores a new workload (with the submission event as received, and its stream sequence).
+/// Stores a new workload, with its submission, the stream sequence and the time (ms since the
+/// epoch) the bus stored it.
 pub fn insert(
     conn: &Connection,
     workload: &Workload,
-    submitted: &str,
+    submission: &WorkloadSubmitted,
     seq: u64,
+    at: Time,
 ) -> Result<(), StoreError> {
     conn.execute(
-        "INSERT INTO workloads (id, team, pool, status, reason, spec, received)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        "INSERT INTO workloads (id, team, pool, status, reason, spec, received, submitter,
+                               run_id, submitted_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
         params![
             workload.id,
             workload.team,
             workload.pool,
             workload.status.as_str(),
             workload.reason,
-            submitted,
-            seq as i64
+            json(submission),
+            seq as i64,
+            submission.submitter,
+            submission.run_id,
+            at as i64,
         ],
     )?;
     save(conn, workload)
@@ -312,11 +337,37 @@ pub fn attempt(conn: &Connection, id: TaskId) -> Result<Option<Attempt>, rusqlit
     .optional()
 }
 
-/// Records that attempt `id` ended (completed or failed).
-pub fn ended(conn: &Connection, id: TaskId) -> Result<(), rusqlite::Error> {
+/// Records that attempt `id` ended (completed or failed) at `at` (ms since the epoch).
+pub fn ended(conn: &Connection, id: TaskId, at: Time) -> Result<(), rusqlite::Error> {
     conn.execute(
-        "UPDATE attempts SET ended = 1 WHERE task_id = ?1",
-        [id.0 as i64],
+        "UPDATE attempts SET ended = 1, ended_ms = coalesce(ended_ms, ?2) WHERE task_id = ?1",
+        params![id.0 as i64, at as i64],
+    )?;
+    Ok(())
+}
+
+/// Records that attempt `id` was granted at `at` on `nodes`: its run, until it stops (a
+/// no-op for an id that is not the planner's).
+pub fn run_granted(
+    conn: &Connection,
+    id: TaskId,
+    nodes: &[TaskNode],
+    at: Time,
+) -> Result<(), rusqlite::Error> {
+    conn.execute(
+        "UPDATE attempts SET nodes = ?2, granted_ms = ?3, ended_ms = NULL WHERE task_id = ?1",
+        params![id.0 as i64, json(&nodes), at as i64],
+    )?;
+    Ok(())
+}
+
+/// Records that attempt `id`'s run stopped at `at` (preempted or released), unless its end
+/// is known already.
+pub fn run_stopped(conn: &Connection, id: TaskId, at: Time) -> Result<(), rusqlite::Error> {
+    conn.execute(
+        "UPDATE attempts SET ended_ms = coalesce(ended_ms, ?2)
+         WHERE task_id = ?1 AND granted_ms IS NOT NULL",
+        params![id.0 as i64, at as i64],
     )?;
     Ok(())
 }

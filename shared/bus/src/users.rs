@@ -13,11 +13,11 @@
 //! |---|---|
 //! | `collector-<node>` | `allot.node.{registered,heartbeat}.<node>`, `allot.telemetry.<node>`, `allot.task.{started,checkpointed,completed,failed,stopped}.*.<node>` |
 //! | `allocator` | `allot.alloc.*.journal`, its lease bucket (`$KV.allot-leases.>`, creating `KV_allot-leases`) |
-//! | `planner` | `allot.task.{ready,preload,cancelled}.*`, `allot.workload.{finished,abort_answered}.*` |
+//! | `planner` | `allot.task.{ready,preload,cancelled}.*`, `allot.workload.{finished,abort_answered}.*`, replies to the workload queries it receives |
 //! | `inventory` | `allot.inventory.>`, replies to the status queries it receives |
 //! | `billing` | `allot.cost.>` |
 //! | `archiver` | nothing of its own |
-//! | `team-<team>` | `allot.workload.{submitted,aborted}.<team>`, inventory status queries |
+//! | `team-<team>` | `allot.workload.{submitted,aborted}.<team>`, inventory status queries, the planner's queries about its own team (`allot.query.planner.*.<team>`) |
 //! | `admin` | everything (creates the streams; the operator's CLI) |
 //!
 //! Every service user may also dead-letter (`allot.deadletter.>`) and use the JetStream API its
@@ -25,7 +25,8 @@
 //! create, update, delete or purge a stream or delete a message (explicitly denied, so no later
 //! allow can grant it). Nobody but `admin` may publish on `_INBOX.>`: a user that could would
 //! be able to answer another client's request or forge the PubAck of its publish. The inventory
-//! answers its queries through `allow_responses` instead (a reply to a request it received).
+//! and the planner answer their queries through `allow_responses` instead (a reply to a request
+//! it received).
 //!
 //! What stays open, knowingly: reading. Subscriptions and consumers are not restricted for
 //! service users (per-team read isolation is [`crate::accounts`]' job), and a service user's
@@ -153,16 +154,20 @@ impl Role {
                 p.publish_deny.retain(|s| s != STREAM_CREATE);
                 p
             }
-            Self::Planner => service(
-                PLANNER_TASK_EVENTS
-                    .iter()
-                    .map(|e| subject::task(e, "*"))
-                    .chain([
-                        subject::workload_finished("*"),
-                        subject::workload_abort_answered("*"),
-                    ])
-                    .collect(),
-            ),
+            Self::Planner => Permissions {
+                // It answers `allot workloads` and `allot workload ID`.
+                allow_responses: true,
+                ..service(
+                    PLANNER_TASK_EVENTS
+                        .iter()
+                        .map(|e| subject::task(e, "*"))
+                        .chain([
+                            subject::workload_finished("*"),
+                            subject::workload_abort_answered("*"),
+                        ])
+                        .collect(),
+                )
+            },
             Self::Billing => service(vec![subject::COST_ALL.to_owned()]),
             Self::Archiver => service(Vec::new()),
             Self::Collector(node) => service(
@@ -185,6 +190,9 @@ impl Role {
                     subject::workload_aborted(team),
                     // Read-only: `allot submit` checks a spec against the live inventory.
                     format!("{}.>", subject::INVENTORY_QUERY),
+                    // Its own workloads only: the planner answers about the team its
+                    // subject names (`allot_events::query::planner`).
+                    format!("{}.*.{team}", subject::PLANNER_QUERY),
                 ],
                 publish_deny: vec!["$JS.>".to_owned(), "$KV.>".to_owned(), INBOX.to_owned()],
                 // Its PubAcks and query answers, and the planner's answers to its own aborts;

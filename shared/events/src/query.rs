@@ -1,8 +1,13 @@
-//! The inventory's query contract: what `allot status` asks over NATS request/reply, and the
-//! answer's shape. The inventory (`allot_inventory::query`) answers it; clients only read it.
+//! Query contracts: what clients ask services over NATS request/reply, and the answers'
+//! shapes. The services answer them; clients only read them.
+//!
+//! - This module: the inventory's (`allot status`), answered by `allot_inventory::query`.
+//! - [`planner`]: the planner's workloads (`allot workloads`, `allot workload ID`).
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+
+pub mod planner;
 
 /// The name of the inventory's NATS micro-service (`nats micro ls` shows it).
 pub const SERVICE_NAME: &str = "allot-inventory";

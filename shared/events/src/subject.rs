@@ -52,6 +52,8 @@ pub const COST_ALL: &str = "allot.cost.>";
 pub const DEAD_LETTER_PREFIX: &str = "allot.deadletter";
 /// Inventory's request/reply query endpoint (core NATS, not a stream).
 pub const INVENTORY_QUERY: &str = "allot.query.inventory";
+/// The planner's request/reply query endpoints (core NATS, not a stream).
+pub const PLANNER_QUERY: &str = "allot.query.planner";
 
 /// `allot.node.registered.<node>`
 pub fn node_registered(node: &str) -> String {
