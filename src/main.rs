@@ -36,9 +36,13 @@ fn main() -> std::process::ExitCode {
 
 /// Whether `e` is standard output closed under us.
 fn broken_pipe(e: &anyhow::Error) -> bool {
+    let pipe = Some(std::io::ErrorKind::BrokenPipe);
     e.chain().any(|cause| {
-        cause
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        cause.downcast_ref::<std::io::Error>().map(|io| io.kind()) == pipe
+            // JSON written straight to stdout fails inside serde_json.
+            || cause
+                .downcast_ref::<serde_json::Error>()
+                .and_then(serde_json::Error::io_error_kind)
+                == pipe
     })
 }
