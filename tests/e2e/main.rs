@@ -8,6 +8,7 @@ mod inventory_crash;
 mod pipelines;
 mod quickstart;
 mod quotas;
+mod readme;
 mod replay;
 mod replicas;
 mod stress;
