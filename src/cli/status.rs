@@ -173,8 +173,8 @@ pub fn render(status: &ClusterStatus) -> String {
     )
 }
 
-/// `train-eval-3f9a2c71d0/train-0 (lease 7)`, one per run on the GPU, a share when it is one
-/// (`… 250m`); `-` when nothing runs on it.
+/// `train-eval-3f9a2c71d0/train-0 (lease 7, team vision)`, one per run on the GPU, a share
+/// when it is one (`… 250m`); `-` when nothing runs on it.
 fn held_by(g: &allot_events::query::GpuStatus) -> String {
     if g.held_by.is_empty() {
         return "-".into();
@@ -187,7 +187,15 @@ fn held_by(g: &allot_events::query::GpuStatus) -> String {
             } else {
                 String::new()
             };
-            format!("{}/{} (lease {}){share}", h.workload, h.task, h.lease.0)
+            let team = if h.team.is_empty() {
+                String::new()
+            } else {
+                format!(", team {}", h.team)
+            };
+            format!(
+                "{}/{} (lease {}{team}){share}",
+                h.workload, h.task, h.lease.0
+            )
         })
         .collect::<Vec<_>>()
         .join(", ")

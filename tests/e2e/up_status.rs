@@ -279,18 +279,21 @@ fn status_shows_the_load_of_a_running_task_and_its_end() {
         .iter()
         .flat_map(|n| &n.gpus)
         .flat_map(|g| &g.held_by)
-        .map(|h| format!("{}/{}", h.workload, h.task))
+        .map(|h| format!("{}/{} {}", h.workload, h.task, h.team))
         .collect();
     assert_eq!(holders.len(), 2, "{holders:?}");
     assert!(
         holders
             .iter()
-            .all(|h| h.starts_with("busy-") && h.ends_with("/train")),
+            .all(|h| h.starts_with("busy-") && h.ends_with("/train vision")),
         "{holders:?}"
     );
     let table = allot(dir.path()).arg("status").output().unwrap();
     let table = String::from_utf8_lossy(&table.stdout);
-    assert!(table.contains("HELD BY"), "{table}");
+    assert!(
+        table.contains("HELD BY") && table.contains("team vision"),
+        "{table}"
+    );
     // `allot status --json | head -c0`: the reader is gone before the answer comes; that is
     // no error worth a word.
     let mut piped = allot(dir.path())

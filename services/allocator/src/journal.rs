@@ -325,6 +325,7 @@ impl Journal {
                     launch: self.launches.get(task).cloned().unwrap_or_else(|| Launch {
                         workload: String::new(),
                         name: task.to_string(),
+                        team: String::new(),
                         run: Default::default(),
                     }),
                     nodes: placement

@@ -455,6 +455,7 @@ impl Leading<'_> {
             AnyEvent::Task(TaskEvent::Ready(t)) => Some(Launch {
                 workload: t.workload.clone(),
                 name: t.name.clone(),
+                team: t.task.team.clone(),
                 run: t.run.clone(),
             }),
             _ => None,

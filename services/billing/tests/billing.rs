@@ -63,6 +63,7 @@ impl Journal {
             launch: Launch {
                 workload: format!("{team}-run"),
                 name: "train".into(),
+                team: String::new(),
                 run: Default::default(),
             },
             nodes: vec![NodeGrant {

@@ -453,6 +453,7 @@ impl Executor {
                     lease: d.lease,
                     workload: d.launch.workload.clone(),
                     task: d.launch.name.clone(),
+                    team: d.launch.team.clone(),
                     milli: *milli,
                 });
             }

@@ -121,6 +121,7 @@ fn grant(task: u64, lease: u64, gpu: u32, run: RunSpec) -> Dispatch {
         launch: Launch {
             workload: "train-eval-1".into(),
             name: format!("t{task}"),
+            team: String::new(),
             run,
         },
         nodes: vec![share(NODE, gpu)],

@@ -101,6 +101,9 @@ pub struct Launch {
     pub workload: String,
     /// Its name in the workload.
     pub name: String,
+    /// The team it runs for (empty in journals written before it was recorded).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub team: String,
     /// How it runs.
     pub run: RunSpec,
 }

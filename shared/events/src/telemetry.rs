@@ -56,6 +56,9 @@ pub struct GpuHeld {
     pub workload: String,
     /// The task's name in the workload.
     pub task: String,
+    /// The team it runs for (empty when the grant did not say).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub team: String,
     /// How much of the GPU, milli-GPU (1000: all of it).
     pub milli: u32,
 }

@@ -124,6 +124,7 @@ fn samples() -> Vec<AnyEvent> {
                 lease: LeaseId(5),
                 workload: "train-eval-3f9a2c71d0".into(),
                 task: "train".into(),
+                team: "vision".into(),
                 milli: 1000,
             }],
             samples: vec![GpuSample {
@@ -321,6 +322,7 @@ fn samples() -> Vec<AnyEvent> {
                 launch: Launch {
                     workload: "train-eval-3f9a2c71d0".into(),
                     name: "train".into(),
+                    team: "vision".into(),
                     run: run_spec(),
                 },
                 nodes: vec![NodeGrant {

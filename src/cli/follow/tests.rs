@@ -75,6 +75,7 @@ fn granted(name: &str, attempt: u32, gpus: &[u32]) -> Observed {
             launch: Launch {
                 workload: ID.into(),
                 name: name.into(),
+                team: String::new(),
                 run: RunSpec::default(),
             },
             nodes: vec![NodeGrant {

@@ -69,6 +69,7 @@ impl Journal {
             launch: Launch {
                 workload: "w-1".into(),
                 name: format!("t{task}"),
+                team: String::new(),
                 run: Default::default(),
             },
             nodes: vec![NodeGrant {

@@ -100,6 +100,7 @@ mod tests {
             launch: Launch {
                 workload: "w".into(),
                 name: format!("t{task}"),
+                team: String::new(),
                 run: Default::default(),
             },
             nodes: nodes.iter().map(|n| share(n)).collect(),

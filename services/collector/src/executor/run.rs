@@ -39,6 +39,7 @@ impl RunContext {
                 launch: allot_events::alloc::Launch {
                     workload: "train-eval-1".into(),
                     name: "train".into(),
+                    team: String::new(),
                     run,
                 },
                 nodes: vec![share.clone()],

@@ -277,6 +277,7 @@ mod tests {
                 launch: Launch {
                     workload: "w".into(),
                     name: "t".into(),
+                    team: String::new(),
                     run: Default::default(),
                 },
                 nodes: vec![share.clone()],
