@@ -519,8 +519,8 @@ fn is_zombie(pid: u32) -> bool {
 #[test]
 fn killing_the_allocator_leader_and_the_planner_mid_run_loses_nothing() {
     // FIFO: no preemption, so "every task started once" means what it says (under `allot` a
-    // gang may be preempted for an evaluation and rightly run again; and a run that completes
-    // just as it is preempted is run again — a known race, see docs/operations.md).
+    // gang may be preempted for an evaluation and rightly run again; and a gang member whose
+    // run completes just as it is preempted runs again — known, see docs/operations.md).
     let mut cluster = Cluster::start_with_policy(&[("n1", 4), ("n2", 4)], "fifo");
     // The standby joins once a1 leads.
     wait_for(PATIENCE, || cluster.leaders().first().cloned()).expect("a leader");

@@ -26,7 +26,7 @@ use allot_events::node::NodeRegistered;
 use allot_events::{AnyEvent, CostEvent, InventoryEvent, NodeEvent, TaskEvent};
 use std::collections::BTreeMap;
 
-use allot_sched::{Input, NodeSpec, Scheduler, TaskId, TaskSpec, Time};
+use allot_sched::{Input, LeaseId, NodeSpec, Scheduler, TaskId, TaskSpec, Time};
 
 /// The input `event` means for `pool`'s scheduler at `at`, if any; `parked` are the tasks
 /// waiting outside the scheduler for the pool to grow (a cancellation withdraws them too).
@@ -80,10 +80,10 @@ pub fn input(
             Some(Input::TaskCheckpointed { task: t.task, at })
         }
         AnyEvent::Task(TaskEvent::Completed(t)) if t.pool == pool => {
-            Some(Input::TaskFinished { task: t.task, at })
+            Some(ended(scheduler, t.task, t.lease, "completed", at))
         }
         AnyEvent::Task(TaskEvent::Failed(t)) if t.pool == pool => {
-            Some(Input::TaskFinished { task: t.task, at })
+            Some(ended(scheduler, t.task, t.lease, "failed", at))
         }
         AnyEvent::Task(TaskEvent::Cancelled(t))
             if t.pool == pool && (scheduler.holds(t.task) || parked.contains_key(&t.task)) =>
@@ -95,6 +95,26 @@ pub fn input(
             })
         }
         _ => None,
+    }
+}
+
+/// The input a run's end (`how`: completed, failed) under `lease` means: the task finished —
+/// or, when that run had been stopped and the task waits to run again, the end came as it was
+/// being stopped and the waiting task is withdrawn: its work is done (or its failure is the
+/// planner's to retry as a new attempt), so it must not run a second time.
+fn ended(scheduler: &Scheduler, task: TaskId, lease: LeaseId, how: &str, at: Time) -> Input {
+    match scheduler.stopped_run(task) {
+        Some((stopped, _)) if stopped == lease && scheduler.running_lease(task).is_none() => {
+            Input::TaskWithdrawn {
+                task,
+                reason: format!(
+                    "its run under lease {} {how} as it was being stopped: no second run",
+                    lease.0
+                ),
+                at,
+            }
+        }
+        _ => Input::TaskFinished { task, at },
     }
 }
 
@@ -247,5 +267,64 @@ mod tests {
             withdrawn,
             "a cancellation of a queued task withdraws it"
         );
+    }
+
+    /// A run preempted in the same moment it completed (or failed): its end is journalled as
+    /// the withdrawal of the task now waiting to run again, so it never runs twice; an end that
+    /// names another lease is still a plain finish (which the leader refuses).
+    #[test]
+    fn the_end_of_a_run_stopped_as_it_ended_withdraws_the_task_waiting_to_rerun() {
+        let mut s = Scheduler::new(allot_sched::policy::by_name("allot").unwrap());
+        let n1 = node("n1").gpus(1).pool("p").registered();
+        s.apply(Input::NodeAdded(node_spec(&n1))).unwrap();
+        let low = TaskSpec::new(1, "nlp", 1);
+        let high = TaskSpec {
+            priority: 100,
+            ..TaskSpec::new(2, "vision", 1)
+        };
+        s.apply(Input::TaskSubmitted { task: low, at: 0 }).unwrap();
+        let granted = s.apply(Input::Schedule { at: 0 }).unwrap();
+        let lease = granted
+            .iter()
+            .find_map(|d| match d {
+                allot_sched::Decision::Granted { lease, .. } => Some(*lease),
+                _ => None,
+            })
+            .expect("task 1 granted");
+        s.apply(Input::TaskSubmitted { task: high, at: 10 })
+            .unwrap();
+        let decisions = s.apply(Input::Schedule { at: 10 }).unwrap();
+        assert!(
+            decisions
+                .iter()
+                .any(|d| matches!(d, allot_sched::Decision::Preempted { task, .. } if task.0 == 1)),
+            "{decisions:?}"
+        );
+        assert_eq!(s.stopped_run(TaskId(1)).map(|(l, _)| l), Some(lease));
+
+        let completed = |lease: LeaseId| -> AnyEvent {
+            TaskEvent::Completed(TaskCompleted {
+                pool: "p".into(),
+                task: TaskId(1),
+                node: "n1".into(),
+                lease,
+            })
+            .into()
+        };
+        let parked = BTreeMap::new();
+        let got = input("p", &s, &parked, &completed(lease), 20);
+        assert!(
+            matches!(&got, Some(Input::TaskWithdrawn { task, reason, .. })
+                if task.0 == 1 && reason.contains("completed as it was being stopped")),
+            "{got:?}"
+        );
+        let stale = input("p", &s, &parked, &completed(LeaseId(lease.0 + 99)), 20);
+        assert!(
+            matches!(stale, Some(Input::TaskFinished { .. })),
+            "{stale:?}"
+        );
+        // Withdrawn, it never runs again.
+        s.apply(got.unwrap()).unwrap();
+        assert!(!s.holds(TaskId(1)));
     }
 }

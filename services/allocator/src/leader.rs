@@ -483,6 +483,19 @@ impl Leading<'_> {
         };
         let cluster = self.scheduler.cluster();
         match self.scheduler.running_lease(task) {
+            // The run ended just as it was stopped: its end is news (the task needs no second
+            // run), if it names that run's lease and node.
+            None if what != "checkpoint"
+                && self
+                    .scheduler
+                    .stopped_run(task)
+                    .is_some_and(|(stopped, nodes)| {
+                        stopped == lease
+                            && nodes.iter().any(|i| cluster.node(*i).spec.name == *node)
+                    }) =>
+            {
+                None
+            }
             None => Some(format!(
                 "{what} of task {task} under lease {} on {node}: the task holds no lease",
                 lease.0

@@ -41,6 +41,9 @@ pub struct Planner {
     pool: String,
     teams: Option<TeamsConfig>,
     window: Option<Time>,
+    /// How long after the newest node registration a submission waits for the fleet to form
+    /// before its capacity is checked, ms ([`crate::store::cluster`]).
+    settle: Time,
     wake: Arc<Notify>,
 }
 
@@ -63,10 +66,21 @@ impl Planner {
             pool,
             teams,
             window,
+            settle: DEFAULT_SETTLE_MS,
             wake,
         }
     }
+
+    /// Checks capacity only against a fleet whose newest registration is `settle_ms` older than
+    /// the submission (default [`DEFAULT_SETTLE_MS`]).
+    pub fn with_settle(mut self, settle_ms: Time) -> Self {
+        self.settle = settle_ms;
+        self
+    }
 }
+
+/// How long the fleet must have been still before a submission's capacity is checked: 30 s.
+pub const DEFAULT_SETTLE_MS: Time = 30_000;
 
 impl Handler for Planner {
     fn resume_after(&mut self) -> Result<Option<u64>, HandlerError> {
@@ -81,8 +95,9 @@ impl Handler for Planner {
         for d in batch {
             let mut outcome = Outcome::Handled;
             let (pool, teams, window) = (&self.pool, self.teams.as_ref(), self.window);
+            let settle = self.settle;
             allot_store::apply(&mut self.conn, &self.consumer, d.stream_sequence, |c| {
-                let step = step(c, pool, teams, window, d)?;
+                let step = step(c, pool, teams, window, settle, d)?;
                 queued |= step.queued;
                 outcome = step.outcome;
                 Ok::<_, StoreError>(())
@@ -124,11 +139,12 @@ fn step(
     pool: &str,
     teams: Option<&TeamsConfig>,
     window: Option<Time>,
+    settle: Time,
     d: &Delivery,
 ) -> Result<Step, StoreError> {
     let at = d.published.timestamp_millis().max(0) as Time;
     match &d.event.data {
-        AnyEvent::Workload(WorkloadEvent::Submitted(s)) => submitted(c, pool, teams, s, d),
+        AnyEvent::Workload(WorkloadEvent::Submitted(s)) => submitted(c, pool, teams, settle, s, d),
         AnyEvent::Workload(WorkloadEvent::Aborted(a)) => aborted(c, a, d),
         AnyEvent::Task(TaskEvent::Completed(t)) => {
             on_attempt(c, t.task, Some(at), |w, name, attempt| {
@@ -171,7 +187,7 @@ fn step(
             Ok(Step::handled(queued))
         }
         AnyEvent::Node(NodeEvent::Registered(r)) if r.pool == pool => {
-            store::register_node(c, r)?;
+            store::register_node(c, r, at)?;
             Ok(Step::handled(false))
         }
         // Not the planner's (its own events, other task events): nothing to do.
@@ -183,6 +199,7 @@ fn submitted(
     c: &Connection,
     pool: &str,
     teams: Option<&TeamsConfig>,
+    settle: Time,
     s: &WorkloadSubmitted,
     d: &Delivery,
 ) -> Result<Step, StoreError> {
@@ -211,7 +228,8 @@ fn submitted(
         }
         return Ok(Step::handled(false));
     }
-    let cluster = store::cluster(c)?;
+    let at = d.published.timestamp_millis().max(0) as Time;
+    let cluster = store::cluster(c, at, settle)?;
     let mut w = match plan(s, pool, teams, cluster.as_ref()) {
         Ok(w) => w,
         Err(why) => {

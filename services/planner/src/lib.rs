@@ -110,6 +110,9 @@ pub struct Config {
     /// it) this long before its running predecessors are expected to end; `None`: no
     /// look-ahead. Only predecessors with a duration estimate count.
     pub preload_window: Option<Duration>,
+    /// A submission's requests are checked against the registered nodes only once no node
+    /// has registered for this long before it (the fleet may still be forming; default 30 s).
+    pub capacity_settle: Duration,
 }
 
 impl Config {
@@ -124,6 +127,7 @@ impl Config {
             consumer_prefix: "planner".into(),
             ack_wait: Duration::from_secs(30),
             preload_window: Some(Duration::from_secs(60)),
+            capacity_settle: Duration::from_millis(consume::DEFAULT_SETTLE_MS),
         }
     }
 
@@ -188,7 +192,8 @@ pub async fn run(
                 .preload_window
                 .map(|w| w.as_millis() as allot_sched::Time),
             wake.clone(),
-        );
+        )
+        .with_settle(config.capacity_settle.as_millis() as allot_sched::Time);
         Ok::<_, Error>(ConsumerRunner::new(client.clone(), spec, handler))
     };
     let workloads = consumer(

@@ -75,8 +75,9 @@ ALTER TABLE tasks ADD COLUMN started_ms INTEGER;
 -- The nodes registered in the planner's pool (NodeRegistered JSON, the latest per node): what
 -- a submission's requests are checked against, as `allot submit` checks them.
 CREATE TABLE nodes (
-    name       TEXT PRIMARY KEY,
-    registered TEXT NOT NULL
+    name          TEXT PRIMARY KEY,
+    registered    TEXT NOT NULL,
+    registered_ms INTEGER NOT NULL      -- when (the registration's stream timestamp)
 ) STRICT;
 ",
     "
@@ -99,19 +100,41 @@ CREATE INDEX attempts_of_task ON attempts (workload, name, attempt);
 ];
 
 /// Records node `r` (its latest registration replaces an earlier one).
-pub fn register_node(conn: &Connection, r: &NodeRegistered) -> Result<(), rusqlite::Error> {
+pub fn register_node(
+    conn: &Connection,
+    r: &NodeRegistered,
+    at_ms: Time,
+) -> Result<(), rusqlite::Error> {
     let json = serde_json::to_string(r).expect("an event serializes");
     conn.execute(
-        "INSERT INTO nodes (name, registered) VALUES (?1, ?2)
-         ON CONFLICT (name) DO UPDATE SET registered = excluded.registered",
-        params![r.node, json],
+        "INSERT INTO nodes (name, registered, registered_ms) VALUES (?1, ?2, ?3)
+         ON CONFLICT (name) DO UPDATE SET
+            registered = excluded.registered, registered_ms = excluded.registered_ms",
+        params![r.node, json, at_ms as i64],
     )?;
     Ok(())
 }
 
-/// The shapes of the registered nodes; `None` while none has registered (then capacity is not
-/// checked, as `allot submit` does not check it against an empty inventory).
-pub fn cluster(conn: &Connection) -> Result<Option<ClusterShape>, StoreError> {
+/// The shapes of the registered nodes, to check a submission made at `at_ms` against; `None`
+/// while none has registered, or while the fleet is still forming — a node registered within
+/// `settle_ms` before the submission, so more may be on their way (the planner reads
+/// registrations and submissions from two streams, in no fixed relative order). Then capacity
+/// is not checked, as `allot submit` does not check it against an empty inventory, and the
+/// allocator parks what no node can hold.
+pub fn cluster(
+    conn: &Connection,
+    at_ms: Time,
+    settle_ms: Time,
+) -> Result<Option<ClusterShape>, StoreError> {
+    let newest: Option<i64> =
+        conn.query_row("SELECT max(registered_ms) FROM nodes", [], |r| r.get(0))?;
+    match newest {
+        None => return Ok(None),
+        Some(newest) if (newest.max(0) as Time).saturating_add(settle_ms) > at_ms => {
+            return Ok(None);
+        }
+        Some(_) => {}
+    }
     let mut stmt = conn.prepare("SELECT name, registered FROM nodes ORDER BY name")?;
     let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
     let mut cluster = ClusterShape::default();
@@ -453,4 +476,35 @@ pub fn task_statuses(
     )?;
     stmt.query_map([workload], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Registrations and submissions come from two streams in no fixed order: a submission
+    /// made while nodes are still registering is not refused for want of the ones to come.
+    #[test]
+    fn capacity_is_checked_only_against_a_fleet_that_has_settled() {
+        let conn = allot_store::open_in_memory(MIGRATIONS).unwrap();
+        assert_eq!(
+            cluster(&conn, 100_000, 30_000).unwrap(),
+            None,
+            "no nodes yet"
+        );
+        let n1 = allot_testkit::node("n1").gpus(2).registered();
+        register_node(&conn, &n1, 50_000).unwrap();
+        // 20 s after the last registration: more may come.
+        assert_eq!(cluster(&conn, 70_000, 30_000).unwrap(), None);
+        // 30 s after: the fleet is what it is.
+        let settled = cluster(&conn, 80_000, 30_000).unwrap().expect("checked");
+        assert_eq!(settled.nodes.len(), 1);
+        assert_eq!(settled.nodes[0].gpus, 2);
+        // Another node joins: the clock starts again.
+        let n2 = allot_testkit::node("n2").gpus(8).registered();
+        register_node(&conn, &n2, 90_000).unwrap();
+        assert_eq!(cluster(&conn, 100_000, 30_000).unwrap(), None);
+        let both = cluster(&conn, 120_000, 30_000).unwrap().expect("checked");
+        assert_eq!(both.nodes.iter().map(|n| n.count).sum::<u32>(), 2);
+    }
 }

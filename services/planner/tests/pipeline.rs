@@ -122,7 +122,11 @@ impl Harness {
                 .await
                 .unwrap();
         });
-        let planner = allot_planner::Config::new(&url, data.path());
+        // Capacity is checked as soon as a node has registered: this cluster is formed.
+        let planner = allot_planner::Config {
+            capacity_settle: Duration::ZERO,
+            ..allot_planner::Config::new(&url, data.path())
+        };
         let db = planner.db_path();
         rt.spawn(async move {
             allot_planner::run(planner, std::future::pending())
@@ -680,7 +684,7 @@ fn raw_submissions_get_the_checks_allot_submit_makes() {
     // The planner has seen the pool's 4-GPU node.
     h.until(|h| {
         let conn = allot_store::rusqlite::Connection::open(&h.db).ok()?;
-        allot_planner::store::cluster(&conn).ok()?
+        allot_planner::store::cluster(&conn, u64::MAX, 0).ok()?
     })
     .expect("the node registered with the planner");
 

@@ -196,6 +196,8 @@ struct Task {
     seq: u64,
     /// Run time of earlier runs (before preemptions), ms.
     attained: Time,
+    /// The lease and nodes of its last run, once one was stopped (preempted or requeued).
+    last_run: Option<(LeaseId, Vec<NodeIdx>)>,
     state: State,
 }
 
@@ -609,6 +611,7 @@ impl Scheduler {
                 submitted: at,
                 seq,
                 attained: 0,
+                last_run: None,
                 state: State::Pending {
                     key: QueueKey(0, 0, 0),
                     last_wait: None,
@@ -840,6 +843,17 @@ impl Scheduler {
         }
     }
 
+    /// For a task waiting to run again after its run was stopped (preempted or requeued), and
+    /// not part of a gang: the lease and nodes of that run. A report that this run ended — it
+    /// completed or failed just as it was stopped — means the task needs no second run.
+    pub fn stopped_run(&self, task: TaskId) -> Option<(LeaseId, &[NodeIdx])> {
+        let t = self.tasks.get(&task)?;
+        match (&t.state, &t.last_run, &t.spec.gang) {
+            (State::Pending { .. }, Some((lease, nodes)), None) => Some((*lease, nodes)),
+            _ => None,
+        }
+    }
+
     /// Whether the task is queued, preloaded or running: one a withdrawal would affect.
     pub fn holds(&self, task: TaskId) -> bool {
         self.tasks.contains_key(&task) || self.preloads.contains_key(&task)
@@ -999,6 +1013,7 @@ impl Scheduler {
             self.no_room.clear();
         }
         task.attained += now.saturating_sub(since);
+        task.last_run = Some((lease, placement.shares.iter().map(|s| s.node).collect()));
         out.push(Decision::Preempted {
             task: id,
             lease,
