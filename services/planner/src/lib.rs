@@ -7,7 +7,8 @@
 //! - [`plan`]: a submission → the workload's state. The spec is validated again with
 //!   `allot-workload` — a raw submission can come from any NATS client, so it gets every check
 //!   `allot submit` makes: the teams file, node capacity (against the nodes registered in the
-//!   pool), and an id derived from its team and key (`allot_workload::submit::workload_id`; a
+//!   pool, once none has registered for [`Config::capacity_settle`]), and an id derived from
+//!   its team and key (`allot_workload::submit::workload_id`; a
 //!   known id with another spec is refused too). What fails is dead-lettered with every problem.
 //!   Each task becomes an [`allot_sched::TaskSpec`]:
 //!   team, priority from the class, resources, gang `<workload>/<gang>` of all its members, DAG
