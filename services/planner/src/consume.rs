@@ -72,7 +72,7 @@ impl Planner {
     }
 
     /// Checks capacity only against a fleet whose newest registration is `settle_ms` older than
-    /// the submission (default [`DEFAULT_SETTLE_MS`]).
+    /// the submission (default 30 s).
     pub fn with_settle(mut self, settle_ms: Time) -> Self {
         self.settle = settle_ms;
         self
