@@ -507,4 +507,33 @@ mod tests {
         let both = cluster(&conn, 120_000, 30_000).unwrap().expect("checked");
         assert_eq!(both.nodes.iter().map(|n| n.count).sum::<u32>(), 2);
     }
+
+    /// A database written before the workload queries keeps its workloads, and learns who
+    /// submitted them and under which run id from the submissions it stored.
+    #[test]
+    fn an_older_database_is_migrated_with_its_submitters_and_run_ids() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("planner.db");
+        {
+            // As the build before the queries left it: the first two migrations.
+            let old = allot_store::open(&path, &MIGRATIONS[..2]).unwrap();
+            old.execute(
+                "INSERT INTO workloads (id, team, pool, status, reason, spec, received)
+                 VALUES ('w-1', 'vision', 'default', 'running', NULL, ?1, 7)",
+                [r#"{"workload_id":"w-1","idempotency_key":"k","run_id":"ci-9","submitter":"ci@build"}"#],
+            )
+            .unwrap();
+        }
+        let conn = allot_store::open(&path, MIGRATIONS).unwrap();
+        let (submitter, run_id, submitted): (String, Option<String>, Option<i64>) = conn
+            .query_row(
+                "SELECT submitter, run_id, submitted_ms FROM workloads WHERE id = 'w-1'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .unwrap();
+        assert_eq!(submitter, "ci@build");
+        assert_eq!(run_id.as_deref(), Some("ci-9"));
+        assert_eq!(submitted, None, "unknown for workloads stored before");
+    }
 }
