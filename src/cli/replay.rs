@@ -51,9 +51,21 @@ impl JournalSource {
             return open(path);
         }
         let pool = self.pool.as_deref().unwrap_or(DEFAULT_POOL);
+        from_events(pool, self.events(env).await?)
+    }
+
+    /// The pool's journal as the allocator published it, from the instance
+    /// [`local::instance_url`] finds.
+    async fn events(&self, env: Lookup<'_>) -> anyhow::Result<Vec<allot_events::AllocEvent>> {
+        let pool = self.pool.as_deref().unwrap_or(DEFAULT_POOL);
         let (url, origin) =
             local::instance_url(self.nats.as_deref(), self.data_dir.as_deref(), env)?;
-        from_stream(&url, &origin, pool).await
+        let client = local::connect_url("allot-replay", &url, &origin).await?;
+        let js = async_nats::jetstream::new(client);
+        let events = allot_allocator::journal::read(&js, pool)
+            .await
+            .with_context(|| format!("reading the journal of pool {pool}"))?;
+        Ok(events.into_iter().map(|(_, event)| event).collect())
     }
 }
 
@@ -68,17 +80,11 @@ impl JournalSource {
             let (_, entries) = open(path)?;
             return entries.map(|e| e.map(|e| (e, None))).collect();
         }
-        let pool = self.pool.as_deref().unwrap_or(DEFAULT_POOL);
-        let (url, origin) =
-            local::instance_url(self.nats.as_deref(), self.data_dir.as_deref(), env)?;
-        let client = local::connect_url("allot-explain", &url, &origin).await?;
-        let js = async_nats::jetstream::new(client);
-        let events = allot_allocator::journal::read(&js, pool)
-            .await
-            .with_context(|| format!("reading the journal of pool {pool}"))?;
-        Ok(events
+        Ok(self
+            .events(env)
+            .await?
             .into_iter()
-            .filter_map(|(_, event)| match event {
+            .filter_map(|event| match event {
                 allot_events::AllocEvent::Applied(a) => Some((a.entry, a.launch)),
                 allot_events::AllocEvent::LeaderElected(_) => None,
             })
@@ -467,24 +473,22 @@ fn outcome_line(entry: &Entry) -> String {
 
 type Entries = Box<dyn Iterator<Item = anyhow::Result<Entry>>>;
 
-/// Reads a pool's journal from the DECISIONS stream: the policy from its elections, the
+/// The header and entries of a pool's journal events: the policy from its elections, the
 /// entries in order.
-async fn from_stream(url: &str, origin: &str, pool: &str) -> anyhow::Result<(Header, Entries)> {
-    let client = local::connect_url("allot-replay", url, origin).await?;
-    let js = async_nats::jetstream::new(client);
-    let events = allot_allocator::journal::read(&js, pool)
-        .await
-        .with_context(|| format!("reading the journal of pool {pool}"))?;
+fn from_events(
+    pool: &str,
+    events: Vec<allot_events::AllocEvent>,
+) -> anyhow::Result<(Header, Entries)> {
     let mut policy = None;
     let mut entries = Vec::new();
-    for (_, event) in events {
+    for event in events {
         match event {
             allot_events::AllocEvent::LeaderElected(e) => policy = policy.or(Some(e.policy)),
             allot_events::AllocEvent::Applied(a) => entries.push(Ok(a.entry)),
         }
     }
     let Some(policy) = policy else {
-        bail!("pool {pool} has no journal on {url}");
+        bail!("pool {pool} has no journal on this server");
     };
     Ok((Header::new(&policy), Box::new(entries.into_iter())))
 }

@@ -80,10 +80,10 @@ pub fn input(
             Some(Input::TaskCheckpointed { task: t.task, at })
         }
         AnyEvent::Task(TaskEvent::Completed(t)) if t.pool == pool => {
-            Some(ended(scheduler, t.task, t.lease, "completed", at))
+            Some(ended(scheduler, t.task, t.lease, &t.node, "completed", at))
         }
         AnyEvent::Task(TaskEvent::Failed(t)) if t.pool == pool => {
-            Some(ended(scheduler, t.task, t.lease, "failed", at))
+            Some(ended(scheduler, t.task, t.lease, &t.node, "failed", at))
         }
         AnyEvent::Task(TaskEvent::Cancelled(t))
             if t.pool == pool && (scheduler.holds(t.task) || parked.contains_key(&t.task)) =>
@@ -98,24 +98,40 @@ pub fn input(
     }
 }
 
-/// The input a run's end (`how`: completed, failed) under `lease` means: the task finished —
-/// or, when that run had been stopped and the task waits to run again, the end came as it was
-/// being stopped and the waiting task is withdrawn: its work is done (or its failure is the
-/// planner's to retry as a new attempt), so it must not run a second time.
-fn ended(scheduler: &Scheduler, task: TaskId, lease: LeaseId, how: &str, at: Time) -> Input {
-    match scheduler.stopped_run(task) {
-        Some((stopped, _)) if stopped == lease && scheduler.running_lease(task).is_none() => {
-            Input::TaskWithdrawn {
-                task,
-                reason: format!(
-                    "its run under lease {} {how} as it was being stopped: no second run",
-                    lease.0
-                ),
-                at,
-            }
-        }
-        _ => Input::TaskFinished { task, at },
+/// Whether a report of lease `lease` on `node` is about the task's run that was stopped (and
+/// the task waits to run again): an end that came just as the run was being stopped.
+pub fn ends_stopped_run(scheduler: &Scheduler, task: TaskId, lease: LeaseId, node: &str) -> bool {
+    scheduler.running_lease(task).is_none()
+        && scheduler.stopped_run(task).is_some_and(|(stopped, nodes)| {
+            stopped == lease
+                && nodes
+                    .iter()
+                    .any(|i| scheduler.cluster().node(*i).spec.name == node)
+        })
+}
+
+/// The input a run's end (`how`: completed, failed) under `lease` on `node` means: the task
+/// finished — or, when it [`ends_stopped_run`], the waiting task is withdrawn: its work is done
+/// (or its failure is the planner's to retry as a new attempt), so it must not run twice.
+fn ended(
+    scheduler: &Scheduler,
+    task: TaskId,
+    lease: LeaseId,
+    node: &str,
+    how: &str,
+    at: Time,
+) -> Input {
+    if ends_stopped_run(scheduler, task, lease, node) {
+        return Input::TaskWithdrawn {
+            task,
+            reason: format!(
+                "its run under lease {} {how} as it was being stopped: no second run",
+                lease.0
+            ),
+            at,
+        };
     }
+    Input::TaskFinished { task, at }
 }
 
 /// The scheduler's view of a registered node: its GPUs (one model: the first GPU's; the

@@ -475,25 +475,21 @@ impl Leading<'_> {
     /// Why a task report must not be believed, if it must not: it names a lease the task does
     /// not hold, or a node that lease is not on.
     fn refuse(&self, event: &AnyEvent) -> Option<String> {
-        let (what, task, lease, node) = match event {
-            AnyEvent::Task(TaskEvent::Completed(t)) => ("completion", t.task, t.lease, &t.node),
-            AnyEvent::Task(TaskEvent::Failed(t)) => ("failure", t.task, t.lease, &t.node),
-            AnyEvent::Task(TaskEvent::Checkpointed(t)) => ("checkpoint", t.task, t.lease, &t.node),
+        let (what, task, lease, node, ends_run) = match event {
+            AnyEvent::Task(TaskEvent::Completed(t)) => {
+                ("completion", t.task, t.lease, &t.node, true)
+            }
+            AnyEvent::Task(TaskEvent::Failed(t)) => ("failure", t.task, t.lease, &t.node, true),
+            AnyEvent::Task(TaskEvent::Checkpointed(t)) => {
+                ("checkpoint", t.task, t.lease, &t.node, false)
+            }
             _ => return None,
         };
         let cluster = self.scheduler.cluster();
         match self.scheduler.running_lease(task) {
             // The run ended just as it was stopped: its end is news (the task needs no second
             // run), if it names that run's lease and node.
-            None if what != "checkpoint"
-                && self
-                    .scheduler
-                    .stopped_run(task)
-                    .is_some_and(|(stopped, nodes)| {
-                        stopped == lease
-                            && nodes.iter().any(|i| cluster.node(*i).spec.name == *node)
-                    }) =>
-            {
+            None if ends_run && inputs::ends_stopped_run(&self.scheduler, task, lease, node) => {
                 None
             }
             None => Some(format!(
