@@ -13,7 +13,7 @@
 //! | exit | meaning |
 //! |---|---|
 //! | 0 | carried out; it says what was cancelled |
-//! | 2 | refused (unknown workload or task, another team's, already finished): the reason |
+//! | 2 | refused (unknown workload or task, another team's, already finished): the reason; also when a team's user (`ALLOT_CREDENTIALS`) names another team |
 //! | 5 | no answer within `--timeout`: the abort is stored and will be applied when the planner runs |
 
 use std::process::ExitCode;
@@ -60,14 +60,9 @@ pub struct AbortArgs {
 
 /// `allot abort`: publishes the abort and waits for JetStream to store it.
 pub async fn abort(args: AbortArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
-    let Some(team) = args.team.clone().or_else(|| env("ALLOT_TEAM")) else {
-        anyhow::bail!(
-            "--team (or ALLOT_TEAM): name the team that owns {}",
-            args.workload
-        );
-    };
-    for (what, value) in [("workload id", &args.workload), ("team", &team)] {
-        allot_events::subject::validate_token(what, value)?;
+    allot_events::subject::validate_token("workload id", &args.workload)?;
+    if let Some(team) = &args.team {
+        allot_events::subject::validate_token("team", team)?;
     }
     let by = args
         .by
@@ -77,7 +72,7 @@ pub async fn abort(args: AbortArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode>
             let user = env("USER").unwrap_or_else(|| "someone".into());
             format!("{user}@{}", allot_events::node::hostname())
         });
-    let client = local::connect_client(
+    let connection = local::connect_client(
         "allot-abort",
         args.nats.as_deref(),
         args.data_dir.as_deref(),
@@ -85,6 +80,25 @@ pub async fn abort(args: AbortArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode>
         "nothing was aborted",
     )
     .await?;
+    // A team's user aborts for its team: `--team` is then implied, and another is refused here
+    // rather than by the server's permissions (which would only time out).
+    let Some(team) = args
+        .team
+        .clone()
+        .or_else(|| env("ALLOT_TEAM"))
+        .or_else(|| connection.team.clone())
+    else {
+        anyhow::bail!(
+            "--team (or ALLOT_TEAM): name the team that owns {}; nothing was aborted",
+            args.workload
+        );
+    };
+    allot_events::subject::validate_token("team", &team)?;
+    if let Some(why) = connection.refuses_team(&team, &format!("aborting {}", args.workload)) {
+        eprintln!("allot: {why}; nothing was aborted");
+        return Ok(ExitCode::from(2));
+    }
+    let client = connection.client;
     let event = WorkloadAborted {
         workload_id: args.workload.clone(),
         team: team.clone(),

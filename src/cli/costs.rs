@@ -139,7 +139,8 @@ pub async fn costs(args: CostsArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode>
         env,
         "no report was made",
     )
-    .await?;
+    .await?
+    .client;
     let js = jetstream::new(client.clone());
     let filter = match &args.team {
         Some(team) => subject::cost_of_team(team),

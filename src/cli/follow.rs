@@ -20,6 +20,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use allot_events::alloc::Dispatch;
+use allot_events::query::planner::{TaskDetail, WorkloadDetail, WorkloadState};
 use allot_events::task::StopCause;
 use allot_events::workload::{Workload, WorkloadAborted, WorkloadFinished, WorkloadOutcome};
 use allot_events::{AnyEvent, TaskEvent, WorkloadEvent};
@@ -83,6 +84,9 @@ pub struct Line {
     /// The task's attempt the line is about.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub attempt: Option<u32>,
+    /// The attempt's task id (`task-42`), what `allot explain` and the journal name it by.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<String>,
     /// `ready`, `retried`, `waiting`, `granted`, `started`, `checkpointed`, `preempted`,
     /// `stopped`, `completed`, `failed`, `cancelled`, `aborted`, `succeeded` (the workload).
     pub state: &'static str,
@@ -136,6 +140,9 @@ pub struct TaskSummary {
     pub attempts: u32,
     /// Attempts allowed by its retry policy.
     pub max_attempts: u32,
+    /// The latest attempt's task id (`task-42`); `None` before its first attempt.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<String>,
     /// The failure or cancellation reason, or where it ran.
     pub detail: String,
 }
@@ -194,16 +201,27 @@ impl Summary {
             .chain([4])
             .max()
             .unwrap_or(4);
+        let id_width = self
+            .tasks
+            .iter()
+            .filter_map(|t| t.task_id.as_ref().map(String::len))
+            .chain([2])
+            .max()
+            .unwrap_or(2);
         let _ = writeln!(
             out,
-            "  {:<width$}  {:<10} {:<8} DETAIL",
-            "TASK", "STATE", "ATTEMPTS"
+            "  {:<width$}  {:<id_width$}  {:<10} {:<8} DETAIL",
+            "TASK", "ID", "STATE", "ATTEMPTS"
         );
         for t in &self.tasks {
             let attempts = format!("{}/{}", t.attempts, t.max_attempts);
             let row = format!(
-                "  {:<width$}  {:<10} {:<8} {}",
-                t.name, t.state, attempts, t.detail
+                "  {:<width$}  {:<id_width$}  {:<10} {:<8} {}",
+                t.name,
+                t.task_id.as_deref().unwrap_or("-"),
+                t.state,
+                attempts,
+                t.detail
             );
             out.push_str(row.trim_end());
             out.push('\n');
@@ -397,6 +415,9 @@ impl Progress {
                 },
                 attempts: t.attempt,
                 max_attempts: t.max_attempts,
+                task_id: (t.attempt > 0)
+                    .then(|| allot_events::task::task_id(&self.workload, &t.name, t.attempt))
+                    .map(|id| id.to_string()),
                 detail: t.detail.clone(),
             })
             .collect();
@@ -454,11 +475,14 @@ impl Progress {
 
     fn apply(&mut self, at_ms: i64, event: Observed, lines: &mut Vec<Line>) {
         let t_ms = at_ms - self.submitted_ms;
+        let workload = self.workload.clone();
         let mut line = |task: Option<&Task>, attempt: u32, state: &'static str, detail: String| {
             lines.push(Line {
                 t_ms,
                 task: task.map(|t| t.name.clone()),
                 attempt: task.map(|_| attempt),
+                task_id: task
+                    .map(|t| allot_events::task::task_id(&workload, &t.name, attempt).to_string()),
                 state,
                 detail,
             });
@@ -478,16 +502,15 @@ impl Progress {
                 }
                 t.attempt = t.attempt.max(attempt);
                 t.state = State::Queued;
-                let detail = format!("{}; pool {}", resources(&r.task), r.pool);
+                // The id is printed once per attempt, where it first appears: it is what
+                // `allot explain` and the journal's decisions name the attempt by.
+                let what = format!("{}; pool {}", resources(&r.task), r.pool);
                 if attempt > 1 {
-                    line(
-                        Some(t),
-                        attempt,
-                        "retried",
-                        format!("attempt {attempt} of {}: {detail}", t.max_attempts),
-                    );
+                    let max = t.max_attempts;
+                    let detail = format!("{}: attempt {attempt} of {max}: {what}", r.task.id);
+                    line(Some(t), attempt, "retried", detail);
                 } else {
-                    line(Some(t), attempt, "ready", detail);
+                    line(Some(t), attempt, "ready", format!("{}: {what}", r.task.id));
                 }
             }
             Observed::Task(e) => {
@@ -701,11 +724,190 @@ impl Progress {
             t_ms: at_ms - self.submitted_ms,
             task: None,
             attempt: None,
+            task_id: None,
             state,
             detail,
         });
         self.finished = Some(finished);
     }
+}
+
+/// What `--follow` and `--wait` can tell from the planner's answers alone, for a team's user,
+/// whom the server lets read no stream (they hold every team's events): each task's state as
+/// each answer shows it. A state that came and went between two answers is not seen, and
+/// waits, grants and preemptions are not told apart — the full log needs the platform's
+/// credentials.
+#[derive(Debug, Clone)]
+pub struct Polled {
+    workload: String,
+    /// Each task's (state, attempt) in the last answer.
+    seen: HashMap<String, (String, u32)>,
+    width: usize,
+}
+
+impl Polled {
+    /// Watching `workload_id`, whose spec is `spec`.
+    pub fn new(workload_id: &str, spec: &Workload) -> Polled {
+        let width = spec
+            .spec
+            .tasks
+            .iter()
+            .map(|t| t.name.len())
+            .chain([WORKLOAD_COLUMN.len()])
+            .max()
+            .unwrap_or(0);
+        Polled {
+            workload: workload_id.to_owned(),
+            seen: HashMap::new(),
+            width,
+        }
+    }
+
+    /// How wide the task column of [`Line::render`] should be.
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
+    /// The lines for what changed since the last answer, in the spec's order; the workload's
+    /// end last.
+    pub fn observe(&mut self, detail: &WorkloadDetail) -> Vec<Line> {
+        let t_ms = elapsed_ms(detail);
+        let mut lines = Vec::new();
+        for t in &detail.tasks {
+            let now = (t.state.clone(), t.attempt);
+            if self.seen.get(&t.name) == Some(&now) || (t.state == "waiting" && t.attempt <= 1) {
+                self.seen.insert(t.name.clone(), now);
+                continue;
+            }
+            self.seen.insert(t.name.clone(), now);
+            let (state, detail) = match t.state.as_str() {
+                "ready" if t.attempt > 1 => (
+                    "retried",
+                    format!("attempt {} of {}", t.attempt, t.max_attempts),
+                ),
+                "ready" => ("ready", "handed to the allocator".to_owned()),
+                "running" => ("running", format!("on {}", where_ran(t))),
+                "succeeded" => ("completed", format!("on {}", where_ran(t))),
+                "failed" => ("failed", t.reason.clone().unwrap_or_default()),
+                "cancelled" => ("cancelled", t.reason.clone().unwrap_or_default()),
+                _ => ("waiting", String::new()),
+            };
+            lines.push(Line {
+                t_ms,
+                task: Some(t.name.clone()),
+                attempt: Some(t.attempt),
+                task_id: Some(
+                    allot_events::task::task_id(&self.workload, &t.name, t.attempt.max(1))
+                        .to_string(),
+                ),
+                state,
+                detail,
+            });
+        }
+        let state = detail.workload.state;
+        if state != WorkloadState::Running {
+            lines.push(Line {
+                t_ms,
+                task: None,
+                attempt: None,
+                task_id: None,
+                state: state.as_str(),
+                detail: detail.workload.reason.clone().unwrap_or_default(),
+            });
+        }
+        lines
+    }
+
+    /// The summary of the workload as `detail` shows it (`TimedOut` while it runs).
+    pub fn summary(detail: &WorkloadDetail) -> Summary {
+        let w = &detail.workload;
+        let ending = match w.state {
+            WorkloadState::Running => Ending::TimedOut,
+            WorkloadState::Succeeded => Ending::Succeeded,
+            WorkloadState::Failed => Ending::Failed,
+            WorkloadState::Aborted => Ending::Aborted,
+        };
+        let done = ending != Ending::TimedOut;
+        let tasks = detail
+            .tasks
+            .iter()
+            .map(|t| {
+                let never_ran = t.state == "waiting" && t.started_at.is_none();
+                let (state, detail) = match t.state.as_str() {
+                    "waiting" if never_ran && done => {
+                        ("not run", "its dependencies never succeeded".to_owned())
+                    }
+                    "waiting" => ("waiting", String::new()),
+                    "ready" => ("queued", String::new()),
+                    "running" => ("running", format!("on {}", where_ran(t))),
+                    "succeeded" => ("succeeded", format!("ran on {}", where_ran(t))),
+                    "failed" => ("failed", t.reason.clone().unwrap_or_default()),
+                    _ => ("cancelled", t.reason.clone().unwrap_or_default()),
+                };
+                let attempts = if never_ran { 0 } else { t.attempt };
+                TaskSummary {
+                    name: t.name.clone(),
+                    state,
+                    attempts,
+                    max_attempts: t.max_attempts,
+                    task_id: (attempts > 0)
+                        .then(|| allot_events::task::task_id(&w.id, &t.name, attempts).to_string()),
+                    detail,
+                }
+            })
+            .collect();
+        Summary {
+            workload: w.id.clone(),
+            ending,
+            reason: w.reason.clone(),
+            elapsed_ms: elapsed_ms(detail),
+            waited_ms: None,
+            tasks,
+        }
+    }
+}
+
+/// From the submission to the answer, or for a workload that ended to its last task's end, ms
+/// (0 when the planner does not know the submission's time).
+fn elapsed_ms(detail: &WorkloadDetail) -> i64 {
+    let ended = detail.tasks.iter().filter_map(|t| t.ended_at).max();
+    let until = match (detail.workload.state, ended) {
+        (WorkloadState::Running, _) | (_, None) => detail.at,
+        (_, Some(ended)) => ended,
+    };
+    detail
+        .workload
+        .submitted_at
+        .map_or(0, |s| (until - s).num_milliseconds())
+}
+
+/// `n1 GPUs 0,1`, `n1 (no GPU)`, `n1 GPUs 0,1 + n2 GPUs 0,1`, as the grant lines say it.
+fn where_ran(t: &TaskDetail) -> String {
+    if t.nodes.is_empty() {
+        return "no node yet".into();
+    }
+    t.nodes
+        .iter()
+        .map(|n| {
+            if n.gpus.is_empty() {
+                return format!("{} (no GPU)", n.node);
+            }
+            let gpus: Vec<String> = n
+                .gpus
+                .iter()
+                .map(|g| {
+                    if g.milli >= allot_sched::model::WHOLE_GPU_MILLI {
+                        g.index.to_string()
+                    } else {
+                        format!("{} ({}m)", g.index, g.milli)
+                    }
+                })
+                .collect();
+            let noun = if gpus.len() == 1 { "GPU" } else { "GPUs" };
+            format!("{} {noun} {}", n.node, gpus.join(","))
+        })
+        .collect::<Vec<_>>()
+        .join(" + ")
 }
 
 /// The task an executor's or the planner's event names.

@@ -152,17 +152,38 @@ fn without_credentials(url: &str) -> String {
 /// an `allot up` in this folder — with the `admin` credentials it keeps beside it written in,
 /// since its server lets no anonymous client in — then the default port.
 ///
+/// `ALLOT_CREDENTIALS=FILE` (a `<user>.credentials.json` that `allot up` or `allot nats-config`
+/// wrote, e.g. a team's handed to its CI) logs in as that file's user instead of `admin`, at the
+/// file's URL unless `--nats` or `ALLOT_NATS_URL` names another. It is read here, not passed on
+/// the command line, so the password never shows in `ps`.
+///
 /// The URL may hold a password: show it with [`allot_bus::users::without_credentials`].
 pub fn discover_url(
     flag: Option<&str>,
     env: &dyn Fn(&str) -> Option<String>,
     data_dir: &Path,
-) -> (String, String) {
-    if let Some(url) = flag {
-        return (url.to_owned(), "--nats".into());
+) -> anyhow::Result<(String, String)> {
+    let named = flag
+        .map(|url| (url.to_owned(), "--nats".to_owned()))
+        .or_else(|| env("ALLOT_NATS_URL").map(|url| (url, "ALLOT_NATS_URL".to_owned())));
+    if let Some(path) = env("ALLOT_CREDENTIALS") {
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading ALLOT_CREDENTIALS={path}"))?;
+        let creds: allot_bus::Credentials = serde_json::from_str(&text).with_context(|| {
+            format!(
+                "ALLOT_CREDENTIALS={path} is not a credentials file (JSON with user, password \
+                 and url, as `allot up` writes into .allot/auth/)"
+            )
+        })?;
+        let (url, origin) = named.unwrap_or_else(|| (creds.url.clone(), path.clone()));
+        let url = allot_bus::users::url_with_credentials(&url, &creds.user, &creds.password);
+        return Ok((
+            url,
+            format!("{origin}, as {} from ALLOT_CREDENTIALS", creds.user),
+        ));
     }
-    if let Some(url) = env("ALLOT_NATS_URL") {
-        return (url, "ALLOT_NATS_URL".into());
+    if let Some(named) = named {
+        return Ok(named);
     }
     if let Ok(url) = std::fs::read_to_string(url_file(data_dir)) {
         let url = match super::auth::admin_credentials(data_dir) {
@@ -171,9 +192,9 @@ pub fn discover_url(
             }
             None => url.trim().to_owned(),
         };
-        return (url, url_file(data_dir).display().to_string());
+        return Ok((url, url_file(data_dir).display().to_string()));
     }
-    ("nats://127.0.0.1:4222".into(), DEFAULT_ORIGIN.into())
+    Ok(("nats://127.0.0.1:4222".into(), DEFAULT_ORIGIN.into()))
 }
 
 /// Where [`discover_url`] says the URL came from when nothing named one.
@@ -196,11 +217,12 @@ pub fn instance_url(
         .as_ref()
         .map_or(".allot", |(d, _)| d.as_str())
         .to_owned();
-    let (url, origin) = discover_url(nats, env, Path::new(&dir));
+    let (url, origin) = discover_url(nats, env, Path::new(&dir))?;
     if origin == DEFAULT_ORIGIN {
         if let Some((dir, how)) = named {
             bail!(
-                "no Allot is running in {dir} (from {how}): it has no nats.url. Start one with                  `allot up --data-dir {dir}`, or pass --nats URL"
+                "no Allot is running in {dir} (from {how}): it has no nats.url. Start one with \
+                 `allot up --data-dir {dir}`, or pass --nats URL"
             );
         }
         eprintln!(
@@ -219,11 +241,51 @@ pub async fn connect_client(
     data_dir: Option<&str>,
     env: &dyn Fn(&str) -> Option<String>,
     nothing: &str,
-) -> anyhow::Result<async_nats::Client> {
+) -> anyhow::Result<Connection> {
     let (url, origin) = instance_url(nats, data_dir, env)?;
-    connect_url(name, &url, &origin)
+    let client = connect_url(name, &url, &origin)
         .await
-        .context(nothing.to_owned())
+        .context(nothing.to_owned())?;
+    Ok(Connection {
+        client,
+        team: team_of_url(&url),
+        origin,
+    })
+}
+
+/// A client command's connection to its instance.
+pub struct Connection {
+    /// The connected client.
+    pub client: async_nats::Client,
+    /// The team the user logged in for (`team-<team>`), whose subjects alone the server lets
+    /// it use; `None` for `admin` or a server without Allot's users.
+    pub team: Option<String>,
+    /// Where the URL came from (for messages).
+    pub origin: String,
+}
+
+impl Connection {
+    /// Why a team's user may not do `what` for `team` (another team's): the server would
+    /// refuse the publish anyway, but only as a permissions violation in its log and a
+    /// timeout here. The caller says so and exits 2.
+    pub fn refuses_team(&self, team: &str, what: &str) -> Option<String> {
+        match &self.team {
+            Some(mine) if mine != team => Some(format!(
+                "{what} is for team {team}, but you are logged in as team-{mine} (from {}), \
+                 which may act for team {mine} only",
+                self.origin
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// The team of a `team-<team>` user named in `url`, if any.
+pub fn team_of_url(url: &str) -> Option<String> {
+    allot_bus::server_list(url).into_iter().find_map(|s| {
+        let addr: async_nats::ServerAddr = s.parse().ok()?;
+        addr.username()?.strip_prefix("team-").map(str::to_owned)
+    })
 }
 
 /// Connects client `name` to `url` (found from `origin`), once, within 2 s. The error says

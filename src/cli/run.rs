@@ -179,7 +179,7 @@ pub struct CollectorArgs {
 /// Runs one service until SIGINT/SIGTERM.
 pub async fn run(args: RunArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
     let (url, origin) =
-        local::discover_url(args.nats.as_deref(), env, std::path::Path::new(".allot"));
+        local::discover_url(args.nats.as_deref(), env, std::path::Path::new(".allot"))?;
     let mut s = Settings::new(env);
     let replicas: usize = s.parse(args.stream_replicas.as_deref(), "ALLOT_STREAM_REPLICAS", 1);
     if !(1..=5).contains(&replicas) {

@@ -27,7 +27,10 @@ use allot_bus::streams::names;
 use allot_events::workload::Workload;
 use allot_events::{TaskEvent, subject};
 
-use super::follow::{Ending, Line, Observed, Progress, Summary};
+use allot_events::query::planner as contract;
+
+use super::follow::{Ending, Line, Observed, Polled, Progress, Summary};
+use super::workloads::Asker;
 
 /// How `--follow` prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -189,14 +192,99 @@ pub async fn watch(client: &async_nats::Client, w: Watch) -> anyhow::Result<Summ
     if summary.ending == Ending::TimedOut {
         summary.waited_ms = w.timeout.map(|t| t.as_millis() as i64);
     }
-    match w.output {
+    print_summary(&summary, w.output)?;
+    Ok(summary)
+}
+
+/// How often a team's user asks the planner how the workload stands.
+const POLL_EVERY: Duration = Duration::from_secs(1);
+
+/// `--wait` / `--follow` for a team's user, whom the server lets read no stream: asks the
+/// planner about the workload every [`POLL_EVERY`] (on the team's own query subject) and
+/// prints what changed, until it has ended or the timeout runs out. See
+/// [`Polled`](super::follow::Polled) for what this cannot see.
+pub(super) async fn poll(asker: &Asker, team: &str, w: Watch) -> anyhow::Result<Summary> {
+    let subject = contract::workload_subject(Some(team));
+    let query = contract::WorkloadQuery {
+        id: w.workload_id.clone(),
+    };
+    let mut polled = Polled::new(&w.workload_id, &w.spec);
+    let started = tokio::time::Instant::now();
+    let deadline = w.timeout.map(|t| started + t);
+    let mut hinted = false;
+    let mut last = None;
+    loop {
+        match asker
+            .ask::<contract::WorkloadDetail>(&subject, &query)
+            .await?
+        {
+            Ok(detail) => {
+                if w.follow {
+                    for line in polled.observe(&detail) {
+                        match w.output {
+                            Output::Text => println!("{}", line.render(polled.width())),
+                            Output::Json => {
+                                println!("{}", serde_json::to_string(&line).unwrap_or_default())
+                            }
+                        }
+                    }
+                }
+                let done = detail.workload.state != contract::WorkloadState::Running;
+                last = Some(detail);
+                if done {
+                    break;
+                }
+            }
+            // Not stored by the planner yet.
+            Err(refused) if refused.code == contract::NOT_FOUND => {
+                if !hinted && started.elapsed() >= QUIET_HINT {
+                    hinted = true;
+                    eprintln!(
+                        "{}: the planner has not stored it after {}s — is it running? Still \
+                         waiting.",
+                        w.workload_id,
+                        QUIET_HINT.as_secs()
+                    );
+                }
+            }
+            Err(refused) => {
+                anyhow::bail!("the planner refused to show {}: {refused}", w.workload_id)
+            }
+        }
+        let next = tokio::time::Instant::now() + POLL_EVERY;
+        if deadline.is_some_and(|d| next > d) {
+            break;
+        }
+        tokio::time::sleep_until(next).await;
+    }
+    let mut summary = match &last {
+        Some(detail) => Polled::summary(detail),
+        None => Summary {
+            workload: w.workload_id.clone(),
+            ending: Ending::TimedOut,
+            reason: Some("the planner never showed it".into()),
+            elapsed_ms: 0,
+            waited_ms: None,
+            tasks: Vec::new(),
+        },
+    };
+    if summary.ending == Ending::TimedOut {
+        summary.waited_ms = w.timeout.map(|t| t.as_millis() as i64);
+    }
+    print_summary(&summary, w.output)?;
+    Ok(summary)
+}
+
+/// Prints the summary as text, or as one `{"summary": …}` JSON line.
+fn print_summary(summary: &Summary, output: Output) -> anyhow::Result<()> {
+    match output {
         Output::Text => print!("{}", summary.render()),
         Output::Json => println!(
             "{}",
-            serde_json::json!({ "summary": serde_json::to_value(&summary)? })
+            serde_json::json!({ "summary": serde_json::to_value(summary)? })
         ),
     }
-    Ok(summary)
+    Ok(())
 }
 
 /// The exit code for how the wait ended (see the module docs of `workload`).

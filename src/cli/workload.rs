@@ -142,7 +142,7 @@ pub async fn submit(args: SubmitArgs, env: Lookup<'_>) -> anyhow::Result<ExitCod
     let (teams, teams_note) = load_teams(args.teams.as_deref(), env)?;
     let run_id = args.run_id.clone().or_else(|| env("ALLOT_RUN_ID"));
 
-    let client = local::connect_client(
+    let connection = local::connect_client(
         "allot-submit",
         args.nats.as_deref(),
         args.data_dir.as_deref(),
@@ -150,6 +150,7 @@ pub async fn submit(args: SubmitArgs, env: Lookup<'_>) -> anyhow::Result<ExitCod
         "nothing was submitted",
     )
     .await?;
+    let client = connection.client.clone();
 
     let (cluster, cluster_note) = match live_cluster(&client).await {
         Ok(c) if c.nodes.is_empty() => (
@@ -178,6 +179,11 @@ pub async fn submit(args: SubmitArgs, env: Lookup<'_>) -> anyhow::Result<ExitCod
             return Ok(rejected(&args.file, &problems));
         }
     };
+    let team = &checked.workload.metadata.team;
+    if let Some(why) = connection.refuses_team(team, &args.file.display().to_string()) {
+        eprintln!("allot: {why}; nothing was submitted");
+        return Ok(ExitCode::from(2));
+    }
     let summary = summary(&checked, teams.as_ref());
     let key = args
         .idempotency_key
@@ -243,18 +249,33 @@ pub async fn submit(args: SubmitArgs, env: Lookup<'_>) -> anyhow::Result<ExitCod
             })
         ),
     }
-    let summary = watch::watch(
-        &client,
-        Watch {
-            workload_id,
-            spec: checked.workload,
-            sequence: published.sequence,
-            follow: args.follow,
-            output: args.output,
-            timeout: args.timeout,
-        },
-    )
-    .await?;
+    let watched = Watch {
+        workload_id,
+        spec: checked.workload,
+        sequence: published.sequence,
+        follow: args.follow,
+        output: args.output,
+        timeout: args.timeout,
+    };
+    let summary = match connection.team.clone() {
+        // A team's user may read no stream (they hold every team's events): it asks the
+        // planner instead, as `allot workload` does.
+        Some(team) => {
+            if args.follow {
+                eprintln!(
+                    "following through the planner's answers, as team-{team} (it may read no \
+                     stream): each task's state as it changes, asked every second"
+                );
+            }
+            let asker = super::workloads::Asker {
+                client: client.clone(),
+                team: Some(team.clone()),
+                origin: connection.origin.clone(),
+            };
+            watch::poll(&asker, &team, watched).await?
+        }
+        None => watch::watch(&client, watched).await?,
+    };
     client.drain().await.ok();
     Ok(ExitCode::from(watch::exit_code(summary.ending)))
 }

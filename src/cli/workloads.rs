@@ -115,6 +115,9 @@ fn since(text: &str) -> Result<DateTime<Utc>, String> {
 /// Lists workloads.
 pub async fn workloads(args: WorkloadsArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
     let asker = Asker::connect(args.nats.as_deref(), args.data_dir.as_deref(), env).await?;
+    if let Some(refused) = asker.refuses_team(args.team.as_deref()) {
+        return Ok(refused);
+    }
     let scope = args.team.clone().or_else(|| asker.team.clone());
     let query = WorkloadsQuery {
         team: args.team.clone(),
@@ -149,6 +152,9 @@ pub async fn workloads(args: WorkloadsArgs, env: Lookup<'_>) -> anyhow::Result<E
 /// Shows one workload.
 pub async fn workload(args: WorkloadArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
     let asker = Asker::connect(args.nats.as_deref(), args.data_dir.as_deref(), env).await?;
+    if let Some(refused) = asker.refuses_team(args.team.as_deref()) {
+        return Ok(refused);
+    }
     let scope = args.team.clone().or_else(|| asker.team.clone());
     let query = WorkloadQuery {
         id: args.id.clone(),
@@ -180,8 +186,8 @@ pub async fn workload(args: WorkloadArgs, env: Lookup<'_>) -> anyhow::Result<Exi
 
 /// A micro-service error answer.
 #[derive(Debug)]
-struct Refused {
-    code: usize,
+pub(super) struct Refused {
+    pub(super) code: usize,
     message: String,
 }
 
@@ -192,9 +198,11 @@ impl std::fmt::Display for Refused {
 }
 
 /// A connection to the instance, and the team its user belongs to, if a team's.
-struct Asker {
-    client: async_nats::Client,
-    team: Option<String>,
+pub(super) struct Asker {
+    pub(super) client: async_nats::Client,
+    pub(super) team: Option<String>,
+    /// Where the URL came from (for messages).
+    pub(super) origin: String,
 }
 
 impl Asker {
@@ -203,28 +211,39 @@ impl Asker {
         data_dir: Option<&str>,
         env: Lookup<'_>,
     ) -> anyhow::Result<Self> {
-        let (url, origin) = local::instance_url(nats, data_dir, env)?;
-        let client = allot_bus::connect::with_url_credentials(
-            async_nats::ConnectOptions::new(),
-            &url,
+        let connection = local::connect_client(
+            "allot-workloads",
+            nats,
+            data_dir,
+            env,
+            "nothing was looked up",
         )
-        .name("allot-workloads")
-        .connection_timeout(Duration::from_secs(2))
-        .connect(allot_bus::server_list(&url))
-        .await
-        .with_context(|| {
-            format!(
-                "NATS at {} (from {origin}) is not reachable; is `allot up` running in this \
-                     folder? (or pass --nats URL)",
-                allot_bus::users::without_credentials(&url)
-            )
-        })?;
-        let team = team_of_url(&url);
-        Ok(Self { client, team })
+        .await?;
+        Ok(Self {
+            client: connection.client,
+            team: connection.team,
+            origin: connection.origin,
+        })
+    }
+
+    /// Refuses (exit 2) a team's user asking about another team: the server would let the
+    /// question go unanswered, which reads as a planner that is down.
+    fn refuses_team(&self, team: Option<&str>) -> Option<ExitCode> {
+        let (Some(mine), Some(team)) = (&self.team, team) else {
+            return None;
+        };
+        (mine != team).then(|| {
+            eprintln!(
+                "allot: --team {team}: you are logged in as team-{mine} (from {}), which may see \
+                 team {mine}'s workloads only",
+                self.origin
+            );
+            ExitCode::from(2)
+        })
     }
 
     /// Asks `subject`: the answer, or the planner's refusal; an error when nobody answers.
-    async fn ask<T: DeserializeOwned>(
+    pub(super) async fn ask<T: DeserializeOwned>(
         &self,
         subject: &str,
         query: &impl Serialize,
@@ -267,14 +286,6 @@ impl Asker {
             .map(Ok)
             .context("decoding the planner's answer")
     }
-}
-
-/// The team of a `team-<team>` user named in `url`, if any.
-fn team_of_url(url: &str) -> Option<String> {
-    allot_bus::server_list(url).into_iter().find_map(|s| {
-        let addr: async_nats::ServerAddr = s.parse().ok()?;
-        addr.username()?.strip_prefix("team-").map(str::to_owned)
-    })
 }
 
 /// The listing as a table.
@@ -454,15 +465,5 @@ mod tests {
             "2026-01-02T03:04:05+00:00"
         );
         assert!(since("yesterday").is_err());
-    }
-
-    #[test]
-    fn a_team_user_is_read_from_the_url() {
-        assert_eq!(
-            team_of_url("nats://team-vision:pw@127.0.0.1:4222").as_deref(),
-            Some("vision")
-        );
-        assert_eq!(team_of_url("nats://admin:pw@127.0.0.1:4222"), None);
-        assert_eq!(team_of_url("nats://127.0.0.1:4222"), None);
     }
 }

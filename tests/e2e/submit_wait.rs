@@ -75,6 +75,22 @@ fn position(log: &str, task: &str, state: &str) -> usize {
         .unwrap_or_else(|| panic!("no line `{task} {state}` in:\n{log}"))
 }
 
+/// The summary's row for `task`, its words without the ID column, and that id (`task-42`, or
+/// `-` for a task never run).
+fn summary_row<'a>(log: &'a str, task: &str) -> (Vec<&'a str>, &'a str) {
+    log.lines()
+        .filter(|l| !l.starts_with('['))
+        .find_map(|l| {
+            let mut words: Vec<&str> = l.split_whitespace().collect();
+            (words.len() > 2 && words[0] == task).then(|| {
+                let id = words.remove(1);
+                assert!(id == "-" || id.starts_with("task-"), "an id column: {l}");
+                (words, id)
+            })
+        })
+        .unwrap_or_else(|| panic!("no summary row for {task} in:\n{log}"))
+}
+
 /// A guard against a hung test; no assertion depends on it.
 const GUARD: &str = "120s";
 
@@ -119,10 +135,13 @@ fn follow_prints_each_stage_in_order_and_wait_exits_0_once_the_pipeline_succeede
         "the summary:\n{log}"
     );
     for task in ["preprocess", "train-0", "train-1", "eval"] {
+        let (row, task_id) = summary_row(&log, task);
+        assert_eq!(row[..3], [task, "succeeded", "1/1"], "{log}");
+        // The id the summary names is the one the ready line printed.
+        let ready = log.lines().nth(position(&log, task, "ready")).unwrap();
         assert!(
-            log.lines()
-                .any(|l| l.split_whitespace().take(3).eq([task, "succeeded", "1/1"])),
-            "{task} in the summary:\n{log}"
+            ready.contains(&format!("ready        {task_id}: ")),
+            "{log}"
         );
     }
 
@@ -159,17 +178,17 @@ fn wait_exits_3_and_names_the_failing_task_when_the_pipeline_fails() {
             && stdout.contains(": task prep failed after 2 attempts: exit status 1\n"),
         "{stdout}"
     );
-    let rows: Vec<Vec<&str>> = stdout
-        .lines()
-        .map(|l| l.split_whitespace().collect())
-        .collect();
-    assert!(
-        rows.contains(&vec!["prep", "failed", "2/2", "exit", "status", "1"]),
+    let (prep, prep_id) = summary_row(&stdout, "prep");
+    assert_eq!(
+        prep,
+        ["prep", "failed", "2/2", "exit", "status", "1"],
         "{stdout}"
     );
-    assert!(
-        rows.iter().any(|r| r[..]
-            == [
+    assert!(prep_id.starts_with("task-"), "{stdout}");
+    assert_eq!(
+        summary_row(&stdout, "train"),
+        (
+            vec![
                 "train",
                 "not",
                 "run",
@@ -178,7 +197,9 @@ fn wait_exits_3_and_names_the_failing_task_when_the_pipeline_fails() {
                 "dependencies",
                 "never",
                 "succeeded"
-            ]),
+            ],
+            "-"
+        ),
         "{stdout}"
     );
 
@@ -213,6 +234,15 @@ fn wait_exits_3_and_names_the_failing_task_when_the_pipeline_fails() {
     let summary = &lines.last().unwrap()["summary"];
     assert_eq!(summary["ending"], "failed");
     assert_eq!(summary["tasks"][0]["state"], "failed");
+    // Each attempt has its own id; the summary names the last one.
+    let prep_ids: Vec<&str> = lines
+        .iter()
+        .filter(|l| l["task"] == "prep")
+        .filter_map(|l| l["task_id"].as_str())
+        .collect();
+    assert_eq!(prep_ids.len(), prep.len(), "every task line has its id");
+    assert_ne!(prep_ids[0], prep_ids[prep_ids.len() - 1]);
+    assert_eq!(summary["tasks"][0]["task_id"], prep_ids[prep_ids.len() - 1]);
 }
 
 #[test]

@@ -9,6 +9,9 @@ pub fn allot(cwd: &Path) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_allot"));
     cmd.current_dir(cwd)
         .env_remove("ALLOT_NATS_URL")
+        .env_remove("ALLOT_CREDENTIALS")
+        .env_remove("ALLOT_DATA_DIR")
+        .env_remove("ALLOT_TEAM")
         .env("ALLOT_LOG", "info,async_nats=warn")
         .stdin(Stdio::null());
     if let Ok(binary) = allot_testkit::nats_server_binary() {

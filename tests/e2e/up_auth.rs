@@ -1,7 +1,8 @@
 //! `allot up`'s server believes only who may speak: a client without credentials is turned away,
 //! a team's credentials can submit for the team but not finish its workload, the credentials are
 //! private files — and the quick start (status, submit --wait) still works, as `admin`, without
-//! the user doing anything.
+//! the user doing anything. A team's user (`ALLOT_CREDENTIALS`) submits, follows, lists and
+//! aborts within its team, and is told at once when it names another.
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
@@ -52,6 +53,128 @@ fn publish_as(url: &str, creds: Option<&Credentials>, subject: &str) -> Result<(
             .map_err(|e| format!("ack: {e}"))?;
         Ok(())
     })
+}
+
+/// `allot <args>` run in `dir`, as the user of `ALLOT_CREDENTIALS=creds` (the folder's admin
+/// without).
+fn as_user(dir: &Path, creds: Option<&Path>, args: &[&str]) -> (Option<i32>, String, String) {
+    let mut cmd = allot(dir);
+    cmd.args(args);
+    if let Some(creds) = creds {
+        cmd.env("ALLOT_CREDENTIALS", creds);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A team's CI, logged in with the team's credentials file: it submits and follows its own
+/// workloads, and is stopped before publishing anything for another team, with exit 2 and a
+/// message naming the login — not a timeout.
+fn team_user_works_within_its_team(dir: &Path, auth: &Path, examples: &Path) {
+    let vision = auth.join("team-vision.credentials.json");
+    let vision = Some(vision.as_path());
+    let spec = |name: &str| examples.join(name).display().to_string();
+    let (train, nlp) = (spec("train-eval.yaml"), spec("fractional.yaml"));
+    let (code, nlp_id, err) = as_user(dir, None, &["submit", &nlp, "--run-id", "nlp-1"]);
+    assert_eq!(code, Some(0), "{err}");
+    let nlp_id = nlp_id.trim();
+
+    // Followed to its end through the planner's answers (a team's user reads no stream).
+    let (code, out, err) = as_user(
+        dir,
+        vision,
+        &[
+            "submit",
+            &train,
+            "--run-id",
+            "vision-ci-2",
+            "--follow",
+            "--timeout",
+            "180s",
+        ],
+    );
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(err.contains("as team-vision"), "{err}");
+    let id = out.lines().next().unwrap();
+    assert!(
+        out.contains(&format!("workload {id} succeeded after")),
+        "{out}"
+    );
+    let eval = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("eval "))
+        .unwrap_or_else(|| panic!("no summary row for eval:\n{out}"));
+    assert!(
+        eval.contains("task-") && eval.contains("succeeded"),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.contains("] eval") && l.contains("completed")),
+        "each task's state as it changes:\n{out}"
+    );
+
+    // Another team's spec: refused before anything is published.
+    let (code, _, err) = as_user(dir, vision, &["submit", &nlp, "--run-id", "nlp-2"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("is for team nlp, but you are logged in as team-vision")
+            && err.contains("nothing was submitted"),
+        "{err}"
+    );
+    let (code, nlp_list, err) = as_user(
+        dir,
+        None,
+        &["workloads", "--team", "nlp", "--output", "json"],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let nlp_list: serde_json::Value = serde_json::from_str(&nlp_list).unwrap();
+    assert_eq!(
+        nlp_list["workloads"].as_array().unwrap().len(),
+        1,
+        "{nlp_list}"
+    );
+
+    // Its own list holds its team's workloads only; another team's is not revealed.
+    let (code, mine, err) = as_user(dir, vision, &["workloads", "--output", "json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let mine: serde_json::Value = serde_json::from_str(&mine).unwrap();
+    let mine = mine["workloads"].as_array().unwrap();
+    assert!(mine.iter().any(|w| w["id"] == id), "{mine:?}");
+    assert!(mine.iter().all(|w| w["team"] == "vision"), "{mine:?}");
+    let (code, _, err) = as_user(dir, vision, &["workload", nlp_id]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("no workload") && err.contains("of team vision"),
+        "{err}"
+    );
+    let (code, _, err) = as_user(dir, vision, &["workloads", "--team", "nlp"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("logged in as team-vision"), "{err}");
+
+    // Aborts: its team is implied and the planner refuses what it does not own; naming
+    // another team is stopped here.
+    let (code, _, err) = as_user(dir, vision, &["abort", nlp_id, "--reason", "mine?"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("refused"), "{err}");
+    let (code, _, err) = as_user(
+        dir,
+        vision,
+        &["abort", nlp_id, "--team", "nlp", "--reason", "mine?"],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("logged in as team-vision") && err.contains("nothing was aborted"),
+        "{err}"
+    );
+    let (code, still, _) = as_user(dir, None, &["workload", nlp_id, "--output", "json"]);
+    assert_eq!(code, Some(0));
+    let still: serde_json::Value = serde_json::from_str(&still).unwrap();
+    assert_ne!(still["workload"]["state"], "aborted", "{still}");
 }
 
 #[test]
@@ -156,6 +279,9 @@ fn allot_up_lets_in_only_its_users_and_the_quick_start_still_works() {
         log_of(dir.path(), "up")
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("succeeded after"));
+
+    team_user_works_within_its_team(dir.path(), &auth, &examples);
+
     // The only refusal the server logged is the forgery above: no service lacks a right.
     let server_log = std::fs::read_to_string(data.join("nats.log")).unwrap_or_default();
     let refused: Vec<&str> = server_log

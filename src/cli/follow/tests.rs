@@ -190,12 +190,20 @@ fn finished(outcome: WorkloadOutcome, reason: Option<&str>) -> Observed {
 }
 
 /// `task state detail` (the timestamp aside).
+/// `task state detail`, with the attempt's id (tested on its own) left out of the detail.
 fn brief(line: &Line) -> String {
+    let detail = match &line.task_id {
+        Some(id) => line
+            .detail
+            .strip_prefix(&format!("{id}: "))
+            .unwrap_or(&line.detail),
+        None => &line.detail,
+    };
     format!(
         "{} {} {}",
         line.task.as_deref().unwrap_or("*"),
         line.state,
-        line.detail
+        detail
     )
     .trim_end()
     .to_owned()
@@ -448,11 +456,13 @@ fn lines_and_the_summary_render_for_a_ci_log() {
     let mut lines = p.observe(1_000_250, ready("prep", 1));
     lines.extend(p.observe(1_012_345, granted("prep", 1, &[])));
     let rendered: Vec<String> = lines.iter().map(|l| l.render(p.width())).collect();
+    // The ready line names the attempt's id, the one `allot explain` and the journal use.
+    let prep1 = id("prep", 1);
     assert_eq!(
         rendered,
         [
-            "[+    0.250] prep        ready        no GPU; pool default",
-            "[+   12.345] prep        granted      n1 (no GPU)",
+            format!("[+    0.250] prep        ready        {prep1}: no GPU; pool default"),
+            "[+   12.345] prep        granted      n1 (no GPU)".to_owned(),
         ]
     );
     p.observe(1_013_000, failed("prep", 1));
@@ -466,16 +476,124 @@ fn lines_and_the_summary_render_for_a_ci_log() {
             Some("task prep failed after 2 attempts: exit status 1"),
         ),
     );
+    // The summary names the latest attempt's id; a task never run has none.
+    let prep2 = id("prep", 2).to_string();
+    let w = prep2.len();
     assert_eq!(
         p.summary().render(),
-        "workload flaky-00000000aa failed after 20.000s: task prep failed after 2 attempts: exit status 1\n\
-         \x20 TASK   STATE      ATTEMPTS DETAIL\n\
-         \x20 prep   failed     2/2      exit status 1\n\
-         \x20 train  not run    0/1      its dependencies never succeeded\n"
+        format!(
+            "workload flaky-00000000aa failed after 20.000s: task prep failed after 2 attempts: exit status 1\n\
+             \x20 TASK   {:<w$}  STATE      ATTEMPTS DETAIL\n\
+             \x20 prep   {prep2}  failed     2/2      exit status 1\n\
+             \x20 train  {:<w$}  not run    0/1      its dependencies never succeeded\n",
+            "ID", "-"
+        )
     );
     let json = serde_json::to_value(&lines[1]).unwrap();
     assert_eq!(
         json,
-        serde_json::json!({"t_ms": 12345, "task": "prep", "attempt": 1, "state": "granted", "detail": "n1 (no GPU)"})
+        serde_json::json!({"t_ms": 12345, "task": "prep", "attempt": 1, "task_id": prep1.to_string(), "state": "granted", "detail": "n1 (no GPU)"})
     );
+}
+
+/// The planner's answer about [`SPEC`]'s workload, `secs` after its submission, with `prep` and
+/// `train` as given: (state, attempt, node).
+fn answer(
+    secs: i64,
+    workload: WorkloadState,
+    prep: (&str, u32, Option<&str>),
+    train: (&str, u32, Option<&str>),
+) -> WorkloadDetail {
+    use allot_events::query::planner::{GpuShare, TaskCounts, TaskNode, WorkloadSummary};
+    let submitted = chrono::DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+    let task =
+        |name: &str, (state, attempt, node): (&str, u32, Option<&str>), gpus: u32| TaskDetail {
+            name: name.into(),
+            state: state.into(),
+            attempt,
+            max_attempts: if name == "prep" { 2 } else { 1 },
+            nodes: node
+                .map(|n| TaskNode {
+                    node: n.into(),
+                    gpus: (0..gpus)
+                        .map(|index| GpuShare { index, milli: 1000 })
+                        .collect(),
+                })
+                .into_iter()
+                .collect(),
+            started_at: node.map(|_| submitted),
+            ended_at: None,
+            reason: (state == "failed").then(|| "exit status 1".to_owned()),
+        };
+    WorkloadDetail {
+        at: submitted + chrono::Duration::seconds(secs),
+        workload: WorkloadSummary {
+            id: ID.into(),
+            team: "vision".into(),
+            submitter: "ci".into(),
+            run_id: None,
+            submitted_at: Some(submitted),
+            state: workload,
+            reason: (workload == WorkloadState::Failed).then(|| "task prep failed".to_owned()),
+            tasks: TaskCounts::default(),
+        },
+        tasks: vec![task("prep", prep, 0), task("train", train, 2)],
+    }
+}
+
+#[test]
+fn a_team_user_follows_each_tasks_state_as_the_planners_answers_show_it() {
+    let checked = allot_workload::check(SPEC, allot_workload::Format::Yaml, Default::default())
+        .expect("a valid spec");
+    let mut polled = Polled::new(ID, &checked.workload);
+    let brief = |lines: Vec<Line>| lines.iter().map(brief).collect::<Vec<_>>();
+    let running = WorkloadState::Running;
+    let waiting = ("waiting", 1, None);
+    // Nothing to say while it waits for the allocator's first answer.
+    assert!(brief(polled.observe(&answer(0, running, waiting, waiting))).is_empty());
+    let first = answer(1, running, ("running", 1, Some("n1")), waiting);
+    assert_eq!(
+        brief(polled.observe(&first)),
+        ["prep running on n1 (no GPU)"]
+    );
+    // The same answer again says nothing new.
+    assert!(polled.observe(&first).is_empty());
+    let retry = answer(2, running, ("ready", 2, None), waiting);
+    let lines = polled.observe(&retry);
+    assert_eq!(lines[0].task_id, Some(id("prep", 2).to_string()));
+    assert_eq!(brief(lines), ["prep retried attempt 2 of 2"]);
+    let failed = answer(3, WorkloadState::Failed, ("failed", 2, Some("n1")), waiting);
+    assert_eq!(
+        brief(polled.observe(&failed)),
+        ["prep failed exit status 1", "* failed task prep failed"]
+    );
+    let summary = Polled::summary(&failed);
+    assert_eq!(summary.ending, Ending::Failed);
+    assert_eq!(summary.elapsed_ms, 3_000);
+    let rows: Vec<String> = summary
+        .tasks
+        .iter()
+        .map(|t| {
+            format!(
+                "{}:{}:{}/{}:{}",
+                t.name, t.state, t.attempts, t.max_attempts, t.detail
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            "prep:failed:2/2:exit status 1",
+            "train:not run:0/1:its dependencies never succeeded"
+        ]
+    );
+    // A grant on two GPUs is told as the event log tells it.
+    let train = answer(
+        4,
+        running,
+        ("succeeded", 1, Some("n1")),
+        ("running", 1, Some("n2")),
+    );
+    assert!(brief(polled.observe(&train)).contains(&"train running on n2 GPUs 0,1".to_owned()),);
+    assert_eq!(Polled::summary(&train).ending, Ending::TimedOut);
 }
