@@ -33,6 +33,7 @@ pub mod follow;
 pub mod local;
 pub mod nats_config;
 pub mod plots;
+pub mod predict;
 pub mod replay;
 pub mod run;
 pub mod settings;
@@ -80,6 +81,9 @@ pub enum Command {
     Costs(costs::CostsArgs),
     /// Replay a GPU-cluster trace through the scheduling core under several policies.
     Sim(sim::SimArgs),
+    /// The run-time predictor offline: `allot predict eval` scores it on a trace.
+    #[command(subcommand)]
+    Predict(predict::PredictCommand),
     /// Rebuild the allocator's state from its journal and recompute every decision.
     Replay(replay::ReplayArgs),
     /// Print a task's decision history, with reasons, from the journal.
@@ -110,7 +114,7 @@ impl Command {
     fn runs_until_stopped(&self) -> bool {
         matches!(
             self,
-            Self::Up(_) | Self::Run(_) | Self::Sim(_) | Self::Bench(_)
+            Self::Up(_) | Self::Run(_) | Self::Sim(_) | Self::Bench(_) | Self::Predict(_)
         )
     }
 }
@@ -171,6 +175,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Audit(cmd) => audit::audit(cmd, &env).await,
         Command::Bench(cmd) => bench::bench(cmd, &env).await,
         Command::Sim(args) => sim::sim(args),
+        Command::Predict(cmd) => predict::predict(cmd),
         Command::Replay(args) => replay::replay(args, &env).await,
         Command::Explain(args) => replay::explain(args, &env).await,
         Command::NatsConfig(args) => nats_config::nats_config(args).await,

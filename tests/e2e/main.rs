@@ -7,6 +7,7 @@ mod costs;
 mod gpu_check;
 mod inventory_crash;
 mod pipelines;
+mod predict;
 mod quickstart;
 mod quotas;
 mod readme;

@@ -1,0 +1,197 @@
+//! What the model sees of a task at submission: recency statistics of its keys, the burst it
+//! arrived in, what it asked for and the calendar. Durations enter as natural logs.
+
+use crate::Millis;
+use crate::predictor::Basis;
+use crate::recency::{BURST_GAP_MS, Job, Key, Recency, Recent, quantile_of};
+
+/// The estimate before anything has finished: one hour.
+pub(crate) const DEFAULT_MS: f64 = 3_600_000.0;
+/// Runs shorter than this are the fast-failure mode of the duration distribution.
+const SHORT_MS: f64 = 60_000.0;
+/// Submissions looked at for the censored (Kaplan–Meier) median.
+const KM_WINDOW: usize = 40;
+
+/// The names of [`Features::values`], in order (for reports and feature importances).
+pub const FEATURE_NAMES: [&str; 17] = [
+    "ln_base",
+    "team_gpus_last3",
+    "team_gpus_last5_by_submission",
+    "team_gpus_km_median",
+    "team_gpus_p10",
+    "team_gpus_p90",
+    "team_gpus_short_share",
+    "ln_gap_s",
+    "ln_burst",
+    "ln_running",
+    "burst_finished_median",
+    "ln_burst_finished",
+    "log2_gpus",
+    "team_last10",
+    "declared",
+    "has_declared",
+    "identity_last5",
+];
+
+/// A task's features at submission.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Features {
+    /// The model's inputs, named by [`FEATURE_NAMES`].
+    pub values: [f64; FEATURE_NAMES.len()],
+    /// The recency estimate the model corrects, ms.
+    pub base_ms: f64,
+    /// Where that estimate came from.
+    pub basis: Basis,
+}
+
+impl Features {
+    /// `job`'s features at `now_ms`, from what `recency` holds (call before recording the
+    /// job's own submission).
+    pub fn of(job: &Job, recency: &Recency, now_ms: Millis) -> Features {
+        let empty = Recent::default();
+        let get = |key: Key| recency.get(&key).unwrap_or(&empty);
+        let identity = job.identity.clone().map(|i| get(Key::Identity(i)));
+        let team_gpus = get(Key::TeamGpus(job.team.clone(), job.gpus));
+        let team = get(Key::Team(job.team.clone()));
+        let global = get(Key::Global);
+
+        let (base_ms, basis) = identity
+            .and_then(|r| r.median(5, 2))
+            .map(|m| (m, Basis::Identity))
+            .or_else(|| team_gpus.median(10, 1).map(|m| (m, Basis::TeamGpus)))
+            .or_else(|| job.declared_ms.map(|d| (d as f64, Basis::Declared)))
+            .or_else(|| team.median(10, 1).map(|m| (m, Basis::Team)))
+            .or_else(|| global.median(100, 1).map(|m| (m, Basis::Global)))
+            .unwrap_or((DEFAULT_MS, Basis::Default));
+        let base_ms = base_ms.max(1.0);
+        let ln_base = base_ms.ln();
+        // Other statistics relative to the base: the model corrects the base, and ratios are
+        // far more alike from one month to the next than the durations themselves.
+        let rel = |v: Option<f64>| v.map_or(0.0, |v| v.max(1.0).ln() - ln_base);
+
+        let by_submission: Vec<f64> = team_gpus
+            .submissions
+            .iter()
+            .rev()
+            .filter_map(|s| s.duration_ms)
+            .take(5)
+            .map(|d| d as f64)
+            .collect();
+        let last10: Vec<f64> = team_gpus
+            .finished
+            .iter()
+            .rev()
+            .take(10)
+            .map(|&d| d as f64)
+            .collect();
+        let short_share = if last10.is_empty() {
+            0.0
+        } else {
+            last10.iter().filter(|&&d| d < SHORT_MS).count() as f64 / last10.len() as f64
+        };
+
+        // The burst: the chain of submissions of the key, each within BURST_GAP_MS of the next.
+        let mut burst = Vec::new();
+        let mut after = now_ms;
+        for s in team_gpus.submissions.iter().rev() {
+            if after.saturating_sub(s.submit_ms) >= BURST_GAP_MS {
+                break;
+            }
+            burst.push(*s);
+            after = s.submit_ms;
+        }
+        let mut burst_finished: Vec<f64> = burst
+            .iter()
+            .filter_map(|s| s.duration_ms)
+            .map(|d| d as f64)
+            .collect();
+        let burst_median =
+            (!burst_finished.is_empty()).then(|| quantile_of(&mut burst_finished, 0.5));
+        let gap_s = team_gpus
+            .submissions
+            .back()
+            .map_or(1e7, |s| now_ms.saturating_sub(s.submit_ms) as f64 / 1000.0);
+        let running = team_gpus
+            .submissions
+            .iter()
+            .filter(|s| s.duration_ms.is_none())
+            .count();
+
+        let gpus = f64::from(job.gpus.max(1)) * f64::from(job.gpu_milli.clamp(1, 1000)) / 1000.0;
+
+        let values = [
+            ln_base,
+            rel(team_gpus.median(3, 1)),
+            rel((!by_submission.is_empty()).then(|| {
+                let mut v = by_submission.clone();
+                quantile_of(&mut v, 0.5)
+            })),
+            rel(km_median(team_gpus, now_ms, base_ms)),
+            rel(team_gpus.quantile(10, 1, 0.1)),
+            rel(team_gpus.quantile(10, 1, 0.9)),
+            short_share,
+            (1.0 + gap_s).ln(),
+            (1.0 + burst.len() as f64).ln(),
+            (1.0 + running as f64).ln(),
+            rel(burst_median),
+            (1.0 + burst_finished.len() as f64).ln(),
+            gpus.log2(),
+            rel(team.median(10, 1)),
+            rel(job.declared_ms.map(|d| d as f64)),
+            f64::from(u8::from(job.declared_ms.is_some())),
+            rel(identity.and_then(|r| r.median(5, 1))),
+        ];
+        Features {
+            values,
+            base_ms,
+            basis,
+        }
+    }
+}
+
+/// The Kaplan–Meier median run time of the key's last submissions at `now`: finished ones are
+/// events, those still running are censored at the time they have run so far. When more than
+/// half are still running, the median is beyond every event: the median time they have run so
+/// far, or `base` if that is larger, stands in.
+fn km_median(recent: &Recent, now: Millis, base: f64) -> Option<f64> {
+    let mut obs: Vec<(f64, bool)> = recent
+        .submissions
+        .iter()
+        .rev()
+        .take(KM_WINDOW)
+        .map(|s| match s.duration_ms {
+            Some(d) => (d as f64, true),
+            None => (now.saturating_sub(s.submit_ms).max(1) as f64, false),
+        })
+        .collect();
+    if obs.is_empty() {
+        return None;
+    }
+    obs.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.cmp(&a.1)));
+    let n = obs.len();
+    let mut survival = 1.0;
+    let mut i = 0;
+    while i < n {
+        let t = obs[i].0;
+        let at_risk = (n - i) as f64;
+        let mut events = 0.0;
+        while i < n && obs[i].0 == t {
+            if obs[i].1 {
+                events += 1.0;
+            }
+            i += 1;
+        }
+        if events > 0.0 {
+            survival *= 1.0 - events / at_risk;
+            if survival <= 0.5 {
+                return Some(t);
+            }
+        }
+    }
+    let mut censored: Vec<f64> = obs.iter().filter(|o| !o.1).map(|o| o.0).collect();
+    Some(if censored.is_empty() {
+        base
+    } else {
+        quantile_of(&mut censored, 0.5).max(base)
+    })
+}

@@ -1,0 +1,162 @@
+use crate::eval::{self, EvalJob};
+use crate::{Basis, Features, Job, Predictor, Recency, TrainParams};
+
+fn job(team: &str, gpus: u32, submit_ms: u64) -> Job {
+    Job {
+        team: team.into(),
+        identity: None,
+        gpus,
+        gpu_milli: 1000,
+        submit_ms,
+        declared_ms: None,
+    }
+}
+
+const HOUR: u64 = 3_600_000;
+
+#[test]
+fn a_cold_start_falls_back_declared_then_team_then_global_and_says_which() {
+    let mut p = Predictor::new(TrainParams::default());
+    let first = p.submitted(1, &job("vision", 2, 0));
+    assert_eq!((first.basis, first.point_ms), (Basis::Default, HOUR));
+    assert_eq!(first.model_version, None);
+    let declared = Job {
+        declared_ms: Some(20 * 60_000),
+        ..job("vision", 2, 0)
+    };
+    let p_declared = p.predict(&declared);
+    assert_eq!(
+        (p_declared.basis, p_declared.point_ms),
+        (Basis::Declared, 1_200_000)
+    );
+    assert!(p_declared.p10_ms < p_declared.point_ms && p_declared.point_ms < p_declared.p90_ms);
+
+    p.finished(1, &job("vision", 2, 0), 30 * 60_000);
+    // Its own team and size finished once: that, even over a declared estimate.
+    assert_eq!(p.predict(&declared).basis, Basis::TeamGpus);
+    assert_eq!(p.predict(&declared).point_ms, 1_800_000);
+    // Another size of the team: the declared estimate first, then the team's runs.
+    let other_size = job("vision", 8, 0);
+    assert_eq!(
+        p.predict(&Job {
+            declared_ms: Some(60_000),
+            ..other_size.clone()
+        })
+        .basis,
+        Basis::Declared
+    );
+    assert_eq!(p.predict(&other_size).basis, Basis::Team);
+    // Another team: everyone's.
+    assert_eq!(p.predict(&job("nlp", 1, 0)).basis, Basis::Global);
+    assert_eq!(p.predict(&job("nlp", 1, 0)).point_ms, 1_800_000);
+
+    // The same task, run twice: its own runs.
+    let same = |i| Job {
+        identity: Some("train-eval/train-0".into()),
+        ..job("vision", 2, i)
+    };
+    for i in 2..4 {
+        p.submitted(i, &same(i));
+        p.finished(i, &same(i), 5 * 60_000);
+    }
+    let own = p.predict(&same(9));
+    assert_eq!((own.basis, own.point_ms), (Basis::Identity, 300_000));
+    assert_eq!(own.model_version, None, "nothing trained yet");
+}
+
+/// Bursts of four submissions a minute apart, each burst's jobs running the same 5–50 s, a
+/// burst every hour: from the second job of a burst on, its finished siblings say exactly how
+/// long it will run, and nothing else does.
+fn bursts(n_bursts: u64) -> Vec<EvalJob> {
+    let mut jobs = Vec::new();
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    for b in 0..n_bursts {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let duration = 5_000 + seed % 45_000;
+        for k in 0..4 {
+            jobs.push(EvalJob {
+                job: job("vision", 1, b * HOUR + k * 60_000),
+                duration_ms: duration,
+            });
+        }
+    }
+    jobs
+}
+
+#[test]
+fn it_learns_to_trust_a_bursts_finished_siblings_where_they_say_how_long_it_runs() {
+    let jobs = bursts(1_000);
+    let report = eval::evaluate(&jobs, 600 * HOUR, TrainParams::default());
+    let allot = &report.predictors[eval::ALLOT];
+    let last10 = &report.predictors[eval::TEAM_GPUS_LAST10];
+    assert_eq!(report.test_jobs, 1_600);
+    // Three jobs in four are predicted exactly; the first of each burst cannot be.
+    assert!(allot.mdale < 1e-6, "{allot:?}");
+    assert!(allot.within_2x >= 0.75, "{allot:?}");
+    assert!(last10.mdale > 0.2, "the baseline cannot know: {last10:?}");
+    // The interval is calibrated: about 80% of runs fall inside it.
+    let coverage = allot.coverage_p10_p90.unwrap();
+    assert!((0.7..=0.95).contains(&coverage), "{coverage}");
+
+    // What it trusts, asked directly.
+    let mut p = Predictor::new(TrainParams::default());
+    for (i, j) in jobs.iter().enumerate().take(2_000) {
+        p.submitted(i as u64, &j.job);
+        p.finished(i as u64, &j.job, j.duration_ms);
+    }
+    assert_eq!(p.retrain(), Some(1));
+    let mut recency = Recency::default();
+    for (i, j) in jobs.iter().enumerate().take(2_001) {
+        recency.submitted(i as u64, &j.job);
+        recency.finished(i as u64, &j.job, j.duration_ms);
+    }
+    // The second of its burst: one sibling finished, the key's last runs are mostly the
+    // previous burst's.
+    let second = &jobs[2_001];
+    let features = Features::of(&second.job, &recency, second.job.submit_ms);
+    let model = p.model().unwrap();
+    assert_eq!(model.trusts(&features), "its burst's finished runs");
+    assert_eq!(
+        model.predict(&features).0.round() as u64,
+        second.duration_ms
+    );
+}
+
+#[test]
+fn the_same_history_trains_the_same_model() {
+    let jobs = bursts(200);
+    let train = || {
+        let mut p = Predictor::new(TrainParams::default());
+        for (i, j) in jobs.iter().enumerate() {
+            p.submitted(i as u64, &j.job);
+            p.finished(i as u64, &j.job, j.duration_ms);
+        }
+        assert!(p.retrain_due());
+        p.retrain();
+        assert!(!p.retrain_due(), "nothing new since");
+        p.model().cloned().unwrap()
+    };
+    assert_eq!(train(), train());
+}
+
+#[test]
+fn runs_still_going_count_as_censored_so_a_sweep_of_long_runs_is_not_called_short() {
+    let mut recency = Recency::default();
+    // Ten submissions an hour ago: three failed within a minute, seven are still running.
+    for i in 0..10 {
+        recency.submitted(i, &job("nlp", 4, 0));
+    }
+    for i in 0..3 {
+        recency.finished(i, &job("nlp", 4, 0), 40_000);
+    }
+    let f = Features::of(&job("nlp", 4, HOUR), &recency, HOUR);
+    let base = f.base_ms;
+    assert_eq!(base, 40_000.0, "the last finished say 40 s");
+    let km = (f.base_ms.ln() + f.values[3]).exp();
+    assert!(
+        km >= 0.99 * HOUR as f64,
+        "the censored median knows better: {km}"
+    );
+}
