@@ -35,7 +35,7 @@ fn trained(n: u64) -> (Predictor, Job) {
 
 fn bench(c: &mut Criterion) {
     let (predictor, next) = trained(20_000);
-    c.bench_function("predict one task (features + forest)", |b| {
+    c.bench_function("predict one task (features + model)", |b| {
         b.iter(|| black_box(predictor.predict(black_box(&next))))
     });
     let mut group = c.benchmark_group("train");
