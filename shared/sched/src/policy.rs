@@ -124,6 +124,12 @@ pub trait Policy: Send + std::fmt::Debug {
     fn needs_estimates(&self) -> bool {
         false
     }
+    /// Whether the policy is meant to run with the run-time predictor's predictions in
+    /// [`TaskSpec::predicted_duration`] (the simulator then makes them, as the predictor
+    /// service does live); baselines keep their own estimators.
+    fn uses_predictor(&self) -> bool {
+        false
+    }
     /// Whether the policy reads true durations (allowed for oracle baselines only).
     fn uses_oracle(&self) -> bool {
         false

@@ -164,6 +164,18 @@ pub struct Observer<'a> {
 /// Receives every input applied, its decisions, and the error if it was rejected.
 pub type JournalSink<'a> = &'a mut dyn FnMut(&Input, &[Decision], Option<&ApplyError>);
 
+/// What the predictor knows of `job` submitted at `now` (traces name no task identity).
+fn predictor_job(job: &crate::trace::TraceJob, now: Millis) -> allot_predict::Job {
+    allot_predict::Job {
+        team: job.team.clone(),
+        identity: None,
+        gpus: job.gpus,
+        gpu_milli: job.gpu_milli,
+        submit_ms: now,
+        declared_ms: None,
+    }
+}
+
 /// Applies `input`, appending its decisions to `out`, and hands it to the observer's journal.
 fn step(
     scheduler: &mut Scheduler,
@@ -291,6 +303,11 @@ fn simulate(
     let name = policy.name().to_owned();
     let parameters = policy.parameters();
     let oracle = policy.uses_oracle();
+    // The run-time predictor, offline: each submission's prediction becomes the task's
+    // `predicted_duration` (as TaskPredicted sets it live), learned only from runs that
+    // finished before it, and relearned as the trace advances.
+    let mut predictor = (policy.uses_predictor() && !oracle)
+        .then(|| allot_predict::Predictor::new(allot_predict::TrainParams::default()));
     let mut scheduler = Scheduler::new(policy);
     for node in nodes {
         step(
@@ -443,6 +460,12 @@ fn simulate(
             if let Some(run) = runs.remove(&task) {
                 let index = by_task[&task];
                 let job = &jobs[index];
+                if let Some(p) = &mut predictor {
+                    p.finished(task, &predictor_job(job, submitted_at[index]), job.duration);
+                    if p.retrain_due() {
+                        p.retrain();
+                    }
+                }
                 let (start, milli) = run.started.unwrap_or((now, 0));
                 outcomes[index] = Some(JobOutcome {
                     id: job.id,
@@ -507,6 +530,13 @@ fn simulate(
                 });
             }
             submitted_at[i] = now;
+            if let Some(p) = &mut predictor {
+                let prediction = p.submitted(spec.id.0, &predictor_job(job, now));
+                // A prediction that rests on nothing learned is no prediction: the scheduler then
+                // treats the task as unknown (it preempts for no unlearned estimate).
+                spec.predicted_duration = (prediction.basis != allot_predict::Basis::Default)
+                    .then_some(prediction.point_ms);
+            }
             step(
                 &mut scheduler,
                 Input::TaskSubmitted {

@@ -81,6 +81,21 @@ fn journal_of(scenario: &Scenario, policy: &str) -> (Vec<Entry>, u64) {
 fn assert_journal_sound(scenario: &Scenario, policy: &str) -> u64 {
     let (entries, preemptions) = journal_of(scenario, policy);
     let name = &scenario.name;
+    // The allot policy runs on the predictor's predictions, carried in the journalled
+    // submissions: the replay below re-decides from them and never runs a model.
+    let predicted = entries
+        .iter()
+        .filter(|e| {
+            matches!(&e.input, allot_sched::Input::TaskSubmitted { task, .. }
+                if task.predicted_duration.is_some())
+        })
+        .count();
+    let uses_predictor = policy::by_name(policy).is_some_and(|p| p.uses_predictor());
+    assert_eq!(
+        predicted > 0,
+        uses_predictor,
+        "{name}/{policy}: {predicted} submissions carry a prediction"
+    );
     if let Err(violation) = invariants::check(&entries) {
         panic!("{name}/{policy}: the simulator's journal breaks an invariant: {violation}");
     }

@@ -90,6 +90,9 @@ impl Policy for Allot {
     fn name(&self) -> &'static str {
         "allot"
     }
+    fn uses_predictor(&self) -> bool {
+        true
+    }
     fn key(&self, task: PendingView<'_>, _now: Time) -> QueueKey {
         let weight = 1 + u64::from(task.spec.dag.dependents);
         let weighted = Self::remaining(&task) / weight;
