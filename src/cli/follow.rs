@@ -881,7 +881,7 @@ fn elapsed_ms(detail: &WorkloadDetail) -> i64 {
         .map_or(0, |s| (until - s).num_milliseconds())
 }
 
-/// `n1 GPUs 0,1`, `n1 (no GPU)`, `n1 GPUs 0,1 + n2 GPUs 0,1`, as the grant lines say it.
+/// Where a task's run was granted, as the grant lines say it (`n1 GPUs 0,1, n2 GPUs 0,1`).
 fn where_ran(t: &TaskDetail) -> String {
     if t.nodes.is_empty() {
         return "no node yet".into();
@@ -889,25 +889,11 @@ fn where_ran(t: &TaskDetail) -> String {
     t.nodes
         .iter()
         .map(|n| {
-            if n.gpus.is_empty() {
-                return format!("{} (no GPU)", n.node);
-            }
-            let gpus: Vec<String> = n
-                .gpus
-                .iter()
-                .map(|g| {
-                    if g.milli >= allot_sched::model::WHOLE_GPU_MILLI {
-                        g.index.to_string()
-                    } else {
-                        format!("{} ({}m)", g.index, g.milli)
-                    }
-                })
-                .collect();
-            let noun = if gpus.len() == 1 { "GPU" } else { "GPUs" };
-            format!("{} {noun} {}", n.node, gpus.join(","))
+            let gpus: Vec<(u32, u32)> = n.gpus.iter().map(|g| (g.index, g.milli)).collect();
+            node_gpus(&n.node, &gpus)
         })
         .collect::<Vec<_>>()
-        .join(" + ")
+        .join(", ")
 }
 
 /// The task an executor's or the planner's event names.
@@ -940,22 +926,28 @@ fn nodes(grant: &Dispatch) -> String {
     grant
         .nodes
         .iter()
-        .map(|n| {
-            if let Some(mig) = &n.mig {
-                return format!("{} MIG {mig}", n.node);
-            }
-            match n.gpus.as_slice() {
-                [] => format!("{} (no GPU)", n.node),
-                [(gpu, milli)] if *milli < 1000 => format!("{} GPU {gpu} ({milli}m)", n.node),
-                gpus => {
-                    let list: Vec<String> = gpus.iter().map(|(g, _)| g.to_string()).collect();
-                    let noun = if gpus.len() == 1 { "GPU" } else { "GPUs" };
-                    format!("{} {noun} {}", n.node, list.join(","))
-                }
-            }
+        .map(|n| match &n.mig {
+            Some(mig) => format!("{} MIG {mig}", n.node),
+            None => node_gpus(&n.node, &n.gpus),
         })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// One node's share of a grant: `n1 GPUs 0,1` / `n1 GPU 0 (250m)` / `n1 (no GPU)`, from its
+/// (GPU index, milli-GPU) pairs.
+fn node_gpus(node: &str, gpus: &[(u32, u32)]) -> String {
+    match gpus {
+        [] => format!("{node} (no GPU)"),
+        [(gpu, milli)] if *milli < allot_sched::model::WHOLE_GPU_MILLI => {
+            format!("{node} GPU {gpu} ({milli}m)")
+        }
+        gpus => {
+            let list: Vec<String> = gpus.iter().map(|(g, _)| g.to_string()).collect();
+            let noun = if gpus.len() == 1 { "GPU" } else { "GPUs" };
+            format!("{node} {noun} {}", list.join(","))
+        }
+    }
 }
 
 /// `2 GPUs` / `250m of a GPU` / `MIG 1g.10gb` / `no GPU`.

@@ -30,7 +30,6 @@ use allot_events::{TaskEvent, subject};
 use allot_events::query::planner as contract;
 
 use super::follow::{Ending, Line, Observed, Polled, Progress, Summary};
-use super::workloads::Asker;
 
 /// How `--follow` prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -203,7 +202,11 @@ const POLL_EVERY: Duration = Duration::from_secs(1);
 /// planner about the workload every [`POLL_EVERY`] (on the team's own query subject) and
 /// prints what changed, until it has ended or the timeout runs out. See
 /// [`Polled`](super::follow::Polled) for what this cannot see.
-pub(super) async fn poll(asker: &Asker, team: &str, w: Watch) -> anyhow::Result<Summary> {
+pub(super) async fn poll(
+    client: &async_nats::Client,
+    team: &str,
+    w: Watch,
+) -> anyhow::Result<Summary> {
     let subject = contract::workload_subject(Some(team));
     let query = contract::WorkloadQuery {
         id: w.workload_id.clone(),
@@ -214,10 +217,7 @@ pub(super) async fn poll(asker: &Asker, team: &str, w: Watch) -> anyhow::Result<
     let mut hinted = false;
     let mut last = None;
     loop {
-        match asker
-            .ask::<contract::WorkloadDetail>(&subject, &query)
-            .await?
-        {
+        match super::workloads::ask::<contract::WorkloadDetail>(client, &subject, &query).await? {
             Ok(detail) => {
                 if w.follow {
                     for line in polled.observe(&detail) {

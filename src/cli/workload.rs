@@ -267,12 +267,7 @@ pub async fn submit(args: SubmitArgs, env: Lookup<'_>) -> anyhow::Result<ExitCod
                      stream): each task's state as it changes, asked every second"
                 );
             }
-            let asker = super::workloads::Asker {
-                client: client.clone(),
-                team: Some(team.clone()),
-                origin: connection.origin.clone(),
-            };
-            watch::poll(&asker, &team, watched).await?
+            watch::poll(&client, &team, watched).await?
         }
         None => watch::watch(&client, watched).await?,
     };

@@ -112,13 +112,47 @@ fn since(text: &str) -> Result<DateTime<Utc>, String> {
         })
 }
 
+/// Connects to ask about `team`'s workloads (`what`, for messages): the connection and the team
+/// to ask as (`--team`, else a team user's own), or the exit code of a refusal — a team's user
+/// naming another team, which the server would leave unanswered, as if the planner were down.
+async fn connect(
+    nats: Option<&str>,
+    data_dir: Option<&str>,
+    team: Option<&str>,
+    what: &str,
+    env: Lookup<'_>,
+) -> anyhow::Result<Result<(async_nats::Client, Option<String>), ExitCode>> {
+    let connection = local::connect_client(
+        "allot-workloads",
+        nats,
+        data_dir,
+        env,
+        "nothing was looked up",
+    )
+    .await?;
+    if let Some(why) = team.and_then(|t| connection.refuses_team(t, what)) {
+        eprintln!("allot: {why}");
+        return Ok(Err(ExitCode::from(2)));
+    }
+    let scope = team.map(str::to_owned).or(connection.team);
+    Ok(Ok((connection.client, scope)))
+}
+
 /// Lists workloads.
 pub async fn workloads(args: WorkloadsArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
-    let asker = Asker::connect(args.nats.as_deref(), args.data_dir.as_deref(), env).await?;
-    if let Some(refused) = asker.refuses_team(args.team.as_deref()) {
-        return Ok(refused);
-    }
-    let scope = args.team.clone().or_else(|| asker.team.clone());
+    let what = "the listing";
+    let (client, scope) = match connect(
+        args.nats.as_deref(),
+        args.data_dir.as_deref(),
+        args.team.as_deref(),
+        what,
+        env,
+    )
+    .await?
+    {
+        Ok(connected) => connected,
+        Err(refused) => return Ok(refused),
+    };
     let query = WorkloadsQuery {
         team: args.team.clone(),
         state: args.state,
@@ -126,9 +160,12 @@ pub async fn workloads(args: WorkloadsArgs, env: Lookup<'_>) -> anyhow::Result<E
         limit: args.limit,
         cursor: args.cursor.clone(),
     };
-    let list: WorkloadList = match asker
-        .ask(&contract::workloads_subject(scope.as_deref()), &query)
-        .await?
+    let list: WorkloadList = match ask(
+        &client,
+        &contract::workloads_subject(scope.as_deref()),
+        &query,
+    )
+    .await?
     {
         Ok(list) => list,
         Err(refused) => bail!("the planner refused the listing: {refused}"),
@@ -151,17 +188,28 @@ pub async fn workloads(args: WorkloadsArgs, env: Lookup<'_>) -> anyhow::Result<E
 
 /// Shows one workload.
 pub async fn workload(args: WorkloadArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
-    let asker = Asker::connect(args.nats.as_deref(), args.data_dir.as_deref(), env).await?;
-    if let Some(refused) = asker.refuses_team(args.team.as_deref()) {
-        return Ok(refused);
-    }
-    let scope = args.team.clone().or_else(|| asker.team.clone());
+    let what = format!("showing {}", args.id);
+    let (client, scope) = match connect(
+        args.nats.as_deref(),
+        args.data_dir.as_deref(),
+        args.team.as_deref(),
+        &what,
+        env,
+    )
+    .await?
+    {
+        Ok(connected) => connected,
+        Err(refused) => return Ok(refused),
+    };
     let query = WorkloadQuery {
         id: args.id.clone(),
     };
-    let detail: WorkloadDetail = match asker
-        .ask(&contract::workload_subject(scope.as_deref()), &query)
-        .await?
+    let detail: WorkloadDetail = match ask(
+        &client,
+        &contract::workload_subject(scope.as_deref()),
+        &query,
+    )
+    .await?
     {
         Ok(detail) => detail,
         Err(Refused { code, .. }) if code == contract::NOT_FOUND => {
@@ -197,95 +245,49 @@ impl std::fmt::Display for Refused {
     }
 }
 
-/// A connection to the instance, and the team its user belongs to, if a team's.
-pub(super) struct Asker {
-    pub(super) client: async_nats::Client,
-    pub(super) team: Option<String>,
-    /// Where the URL came from (for messages).
-    pub(super) origin: String,
-}
-
-impl Asker {
-    async fn connect(
-        nats: Option<&str>,
-        data_dir: Option<&str>,
-        env: Lookup<'_>,
-    ) -> anyhow::Result<Self> {
-        let connection = local::connect_client(
-            "allot-workloads",
-            nats,
-            data_dir,
-            env,
-            "nothing was looked up",
-        )
-        .await?;
-        Ok(Self {
-            client: connection.client,
-            team: connection.team,
-            origin: connection.origin,
-        })
-    }
-
-    /// Refuses (exit 2) a team's user asking about another team: the server would let the
-    /// question go unanswered, which reads as a planner that is down.
-    fn refuses_team(&self, team: Option<&str>) -> Option<ExitCode> {
-        let (Some(mine), Some(team)) = (&self.team, team) else {
-            return None;
-        };
-        (mine != team).then(|| {
-            eprintln!(
-                "allot: --team {team}: you are logged in as team-{mine} (from {}), which may see \
-                 team {mine}'s workloads only",
-                self.origin
-            );
-            ExitCode::from(2)
-        })
-    }
-
-    /// Asks `subject`: the answer, or the planner's refusal; an error when nobody answers.
-    pub(super) async fn ask<T: DeserializeOwned>(
-        &self,
-        subject: &str,
-        query: &impl Serialize,
-    ) -> anyhow::Result<Result<T, Refused>> {
-        let body = serde_json::to_vec(query).expect("a query serializes");
-        let reply = tokio::time::timeout(
-            Duration::from_secs(5),
-            self.client.request(subject.to_owned(), body.into()),
-        )
-        .await
-        .with_context(|| {
-            format!(
-                "the planner did not answer on {subject} within 5 s; is it running (`allot up`), \
+/// Asks the planner on `subject`: the answer, or its refusal; an error when nobody answers.
+pub(super) async fn ask<T: DeserializeOwned>(
+    client: &async_nats::Client,
+    subject: &str,
+    query: &impl Serialize,
+) -> anyhow::Result<Result<T, Refused>> {
+    let body = serde_json::to_vec(query).expect("a query serializes");
+    let reply = tokio::time::timeout(
+        Duration::from_secs(5),
+        client.request(subject.to_owned(), body.into()),
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "the planner did not answer on {subject} within 5 s; is it running (`allot up`), \
                  and may this user ask there (a team's user asks about its own team only)?"
-            )
-        })?;
-        let reply = match reply {
-            Ok(reply) => reply,
-            Err(e) if e.kind() == async_nats::RequestErrorKind::NoResponders => {
-                bail!(
-                    "the planner is not answering (no responders on {subject}); is it running? \
+        )
+    })?;
+    let reply = match reply {
+        Ok(reply) => reply,
+        Err(e) if e.kind() == async_nats::RequestErrorKind::NoResponders => {
+            bail!(
+                "the planner is not answering (no responders on {subject}); is it running? \
                      (`allot up` runs it)"
-                )
-            }
-            Err(e) => return Err(e).context(format!("asking the planner on {subject}")),
-        };
-        if let Some(headers) = &reply.headers
-            && let Some(error) = headers.get("Nats-Service-Error")
-        {
-            let code = headers
-                .get("Nats-Service-Error-Code")
-                .and_then(|c| c.as_str().parse().ok())
-                .unwrap_or(500);
-            return Ok(Err(Refused {
-                code,
-                message: error.to_string(),
-            }));
+            )
         }
-        serde_json::from_slice(&reply.payload)
-            .map(Ok)
-            .context("decoding the planner's answer")
+        Err(e) => return Err(e).context(format!("asking the planner on {subject}")),
+    };
+    if let Some(headers) = &reply.headers
+        && let Some(error) = headers.get("Nats-Service-Error")
+    {
+        let code = headers
+            .get("Nats-Service-Error-Code")
+            .and_then(|c| c.as_str().parse().ok())
+            .unwrap_or(500);
+        return Ok(Err(Refused {
+            code,
+            message: error.to_string(),
+        }));
     }
+    serde_json::from_slice(&reply.payload)
+        .map(Ok)
+        .context("decoding the planner's answer")
 }
 
 /// The listing as a table.

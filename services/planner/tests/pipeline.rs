@@ -3,24 +3,25 @@
 //! stage by stage, failures are retried and then fail the workload, an abort releases GPUs,
 //! and a submission seen twice is planned once.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer::DeliverPolicy};
 use futures::StreamExt;
 
 use allot_allocator::journal;
-use allot_bus::{Publisher, catalog, ensure_streams};
 use allot_events::task::{TaskCompleted, TaskFailed};
 use allot_events::workload::{Workload, WorkloadAborted, WorkloadOutcome};
-use allot_events::{AllocEvent, AnyEvent, NodeEvent, TaskEvent, WorkloadEvent, decode};
+use allot_events::{AllocEvent, AnyEvent, TaskEvent, WorkloadEvent, decode};
 use allot_planner::plan::task_id;
 use allot_sched::journal::Entry;
 use allot_sched::{Decision, Input, LeaseId, TaskId};
-use allot_testkit::{NatsServer, node};
+use allot_testkit::NatsServer;
 use allot_workload::{Context, Format};
 
-const POOL: &str = "default";
+use common::{POOL, Stack};
 
 /// CPU preprocessing → a gang of two 2-GPU trainers → a 1-GPU evaluation.
 const PIPELINE: &str = r#"
@@ -84,83 +85,24 @@ fn workload(text: &str) -> Workload {
 /// A running cluster: nats-server, one 4-GPU node in the pool, the allocator and the planner.
 struct Harness {
     _server: NatsServer,
-    _data: tempfile::TempDir,
-    rt: tokio::runtime::Runtime,
-    js: jetstream::Context,
-    publisher: Publisher,
-    db: std::path::PathBuf,
+    stack: Stack,
 }
 
 impl Harness {
     fn start() -> Harness {
         let server = NatsServer::start();
         let url = server.url();
-        let data = tempfile::tempdir().unwrap();
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let (js, publisher) = rt.block_on(async {
-            let client = async_nats::connect(&url).await.unwrap();
-            let js = jetstream::new(client.clone());
-            ensure_streams(&js, &catalog(1)).await.unwrap();
-            let publisher = Publisher::new(client, "/test");
-            let n1 = node("n1").gpus(4).pool(POOL).registered();
-            publisher.publish(NodeEvent::Registered(n1)).await.unwrap();
-            (js, publisher)
-        });
-        let allocator = allot_allocator::Config {
-            policy: "fifo".into(),
-            instance: "a".into(),
-            lease_ttl: Duration::from_secs(2),
-            pass_interval: Duration::from_millis(200),
-            ..allot_allocator::Config::new(&url, POOL)
-        };
-        rt.spawn(async move {
-            allot_allocator::run(allocator, std::future::pending())
-                .await
-                .unwrap();
-        });
         // Capacity is checked as soon as a node has registered: this cluster is formed.
-        let planner = allot_planner::Config {
-            capacity_settle: Duration::ZERO,
-            ..allot_planner::Config::new(&url, data.path())
-        };
-        let db = planner.db_path();
-        rt.spawn(async move {
-            allot_planner::run(planner, std::future::pending())
-                .await
-                .unwrap();
-        });
+        let stack = Stack::start(|_| url.clone(), Duration::ZERO);
         Harness {
             _server: server,
-            _data: data,
-            rt,
-            js,
-            publisher,
-            db,
+            stack,
         }
     }
 
     /// Submits `workload` as `allot submit` would; returns its id.
     fn submit(&self, workload: Workload) -> String {
-        let key = allot_workload::submit::idempotency_key(&workload, None);
-        let submission = allot_workload::submit::submission(
-            workload,
-            key,
-            None,
-            "ci@test".into(),
-            "/test",
-            chrono::Utc::now(),
-        );
-        self.rt.block_on(async {
-            self.publisher
-                .publish_envelope(&submission.envelope)
-                .await
-                .unwrap()
-        });
-        submission.workload_id
+        self.stack.submit(workload, None)
     }
 
     /// Runs a fake executor: every new grant of the workload's tasks is handled by `run`
@@ -175,8 +117,8 @@ impl Harness {
             .iter()
             .flat_map(|n| (1..=5).map(move |a| (task_id(workload, n, a), ((*n).to_owned(), a))))
             .collect();
-        let (js, publisher) = (self.js.clone(), self.publisher.clone());
-        self.rt.spawn(async move {
+        let (js, publisher) = (self.stack.js.clone(), self.stack.publisher.clone());
+        self.stack.rt.spawn(async move {
             let mut seen = BTreeSet::new();
             loop {
                 let journal = entries(&js).await;
@@ -213,7 +155,9 @@ impl Harness {
 
     /// Every event on `filter` in the WORKLOADS stream.
     fn workload_stream(&self, filter: &str) -> Vec<AnyEvent> {
-        self.rt.block_on(read(&self.js, "WORKLOADS", filter))
+        self.stack
+            .rt
+            .block_on(read(&self.stack.js, "WORKLOADS", filter))
     }
 
     /// Waits (up to 30 s) for the workload's `WorkloadFinished` and returns its outcome.
@@ -232,12 +176,12 @@ impl Harness {
 
     /// The journal's entries.
     fn journal(&self) -> Vec<Entry> {
-        self.rt.block_on(entries(&self.js))
+        self.stack.rt.block_on(entries(&self.stack.js))
     }
 
     /// The planner's view of a workload's tasks: `name:status#attempt`.
     fn tasks(&self, workload: &str) -> String {
-        let conn = allot_store::rusqlite::Connection::open(&self.db).unwrap();
+        let conn = allot_store::rusqlite::Connection::open(&self.stack.db).unwrap();
         allot_planner::store::task_statuses(&conn, workload)
             .unwrap()
             .into_iter()
@@ -248,16 +192,7 @@ impl Harness {
 
     /// Polls `check` until it gives something, for up to 30 s.
     fn until<T>(&self, check: impl Fn(&Harness) -> Option<T>) -> Option<T> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(t) = check(self) {
-                return Some(t);
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        common::until(|| check(self))
     }
 }
 
@@ -413,7 +348,7 @@ fn a_pipeline_runs_stage_by_stage_and_holds_no_gpu_while_only_its_cpu_stage_runs
     assert_eq!((gang.name, gang.size), (format!("{id}/train"), 2));
     // Preprocessing was expected to take 10 minutes, so the trainers' preloads were queued
     // for 9 minutes after its grant; it ended at once, so they were withdrawn, never sent.
-    let conn = allot_store::rusqlite::Connection::open(&h.db).unwrap();
+    let conn = allot_store::rusqlite::Connection::open(&h.stack.db).unwrap();
     let queued: i64 = conn
         .query_row("SELECT count(*) FROM outbox", [], |r| r.get(0))
         .unwrap();
@@ -460,8 +395,9 @@ fn an_abort_during_training_releases_the_gpus_and_cancels_evaluation() {
     // The planner must have read the grants too before the abort means "running": wait for it.
     h.until(|h| h.tasks(&id).contains("train-1:running").then_some(()));
 
-    h.rt.block_on(async {
-        h.publisher
+    h.stack.rt.block_on(async {
+        h.stack
+            .publisher
             .publish(WorkloadAborted {
                 workload_id: id.clone(),
                 team: "vision".into(),
@@ -548,8 +484,9 @@ fn an_aborted_workload_waiting_in_the_queue_leaves_it_and_is_never_granted() {
         (submitted.contains(&queued) && submitted.contains(&after)).then_some(())
     });
     assert!(both_queued.is_some(), "both wait in the allocator's queue");
-    h.rt.block_on(async {
-        h.publisher
+    h.stack.rt.block_on(async {
+        h.stack
+            .publisher
             .publish(WorkloadAborted {
                 workload_id: aborted.clone(),
                 team: "vision".into(),
@@ -573,8 +510,9 @@ fn an_aborted_workload_waiting_in_the_queue_leaves_it_and_is_never_granted() {
 
     // The node frees: the next in line gets it; the aborted task never holds a GPU.
     let lease = lease_of(&h.journal(), hog);
-    h.rt.block_on(async {
-        h.publisher
+    h.stack.rt.block_on(async {
+        h.stack
+            .publisher
             .publish(TaskEvent::Completed(TaskCompleted {
                 pool: POOL.into(),
                 task: hog,
@@ -614,7 +552,7 @@ fn a_submission_seen_twice_is_planned_once_and_an_invalid_one_is_dead_lettered()
     cyclic.metadata.name = "cyclic".into();
     cyclic.spec.tasks[0].after = vec!["train".into()];
     let bad = h.submit(cyclic);
-    let letter = h.until(|h| h.rt.block_on(dead_letter_reason(&h.js)));
+    let letter = h.until(|h| h.stack.rt.block_on(dead_letter_reason(&h.stack.js)));
     let letter = letter.expect("a dead letter");
     assert!(
         letter.contains("cycle") && letter.contains(&bad),
@@ -635,8 +573,9 @@ impl Harness {
             chrono::Utc::now(),
         );
         submission.envelope.id = uuid::Uuid::now_v7();
-        self.rt.block_on(async {
+        self.stack.rt.block_on(async {
             let published = self
+                .stack
                 .publisher
                 .publish_envelope(&submission.envelope)
                 .await
@@ -683,7 +622,7 @@ fn raw_submissions_get_the_checks_allot_submit_makes() {
     let h = Harness::start();
     // The planner has seen the pool's 4-GPU node.
     h.until(|h| {
-        let conn = allot_store::rusqlite::Connection::open(&h.db).ok()?;
+        let conn = allot_store::rusqlite::Connection::open(&h.stack.db).ok()?;
         allot_planner::store::cluster(&conn, u64::MAX, 0).ok()?
     })
     .expect("the node registered with the planner");
@@ -711,7 +650,9 @@ fn raw_submissions_get_the_checks_allot_submit_makes() {
         unreachable!("a submission");
     };
     s.workload_id = victims_id.clone();
-    h.rt.block_on(h.publisher.publish_envelope(&squat.envelope))
+    h.stack
+        .rt
+        .block_on(h.stack.publisher.publish_envelope(&squat.envelope))
         .unwrap();
 
     // The victim's key reused for other content (by a teammate: the server lets only the team
@@ -725,11 +666,13 @@ fn raw_submissions_get_the_checks_allot_submit_makes() {
         chrono::Utc::now(),
     );
     assert_eq!(reused.workload_id, victims_id);
-    h.rt.block_on(h.publisher.publish_envelope(&reused.envelope))
+    h.stack
+        .rt
+        .block_on(h.stack.publisher.publish_envelope(&reused.envelope))
         .unwrap();
     let letters = h
         .until(|h| {
-            let all = h.rt.block_on(dead_letter_reasons(&h.js));
+            let all = h.stack.rt.block_on(dead_letter_reasons(&h.stack.js));
             (all.len() >= 2).then_some(all)
         })
         .expect("dead letters");
@@ -750,11 +693,13 @@ fn raw_submissions_get_the_checks_allot_submit_makes() {
         "/test",
         chrono::Utc::now(),
     );
-    h.rt.block_on(h.publisher.publish_envelope(&victims.envelope))
+    h.stack
+        .rt
+        .block_on(h.stack.publisher.publish_envelope(&victims.envelope))
         .unwrap();
     let letters = h
         .until(|h| {
-            let all = h.rt.block_on(dead_letter_reasons(&h.js));
+            let all = h.stack.rt.block_on(dead_letter_reasons(&h.stack.js));
             (all.len() >= 3).then_some(all)
         })
         .expect("a third dead letter");

@@ -2,24 +2,26 @@
 //! `allot workloads` and `allot workload ID` are answered — filters, newest first, a cursor,
 //! where each task ran — and that a team's user sees its own team's workloads only.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_nats::jetstream;
 use serde::de::DeserializeOwned;
 
 use allot_allocator::journal;
+use allot_bus::Publisher;
 use allot_bus::users::{Role, Users};
-use allot_bus::{Publisher, catalog, ensure_streams};
 use allot_events::query::planner::{
     self as contract, WorkloadDetail, WorkloadList, WorkloadQuery, WorkloadState, WorkloadsQuery,
 };
 use allot_events::task::{TaskCompleted, TaskFailed};
-use allot_events::{AllocEvent, NodeEvent, TaskEvent};
-use allot_testkit::{NatsServer, node};
+use allot_events::{AllocEvent, TaskEvent};
+use allot_testkit::NatsServer;
 use allot_workload::{Context, Format};
 
-const POOL: &str = "default";
+use common::{POOL, Stack};
 
 /// Two stages: CPU preparation, then one GPU.
 const VISION_PIPELINE: &str = r#"
@@ -73,9 +75,7 @@ fn outcome(name: &str) -> Option<bool> {
 struct Cluster {
     server: NatsServer,
     users: Users,
-    _data: tempfile::TempDir,
-    rt: tokio::runtime::Runtime,
-    publisher: Publisher,
+    stack: Stack,
 }
 
 impl Cluster {
@@ -86,54 +86,17 @@ impl Cluster {
             Users::generate_random::<&str, _>(&[], &["vision", "nlp"], &BTreeMap::new()).unwrap();
         let server = NatsServer::start_with_config(&users.render());
         let url = server.url();
-        let data = tempfile::tempdir().unwrap();
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let admin_url = users.url_for(&Role::Admin, &url).unwrap();
-        let (js, publisher) = rt.block_on(async {
-            let client = allot_bus::connect::with_url_credentials(
-                async_nats::ConnectOptions::new(),
-                &admin_url,
-            )
-            .connect(url.as_str())
-            .await
-            .unwrap();
-            let js = jetstream::new(client.clone());
-            ensure_streams(&js, &catalog(1)).await.unwrap();
-            let publisher = Publisher::new(client, "/test");
-            let n1 = node("n1").gpus(4).pool(POOL).registered();
-            publisher.publish(NodeEvent::Registered(n1)).await.unwrap();
-            (js, publisher)
-        });
-        let allocator = allot_allocator::Config {
-            policy: "fifo".into(),
-            instance: "a".into(),
-            lease_ttl: Duration::from_secs(2),
-            pass_interval: Duration::from_millis(200),
-            ..allot_allocator::Config::new(users.url_for(&Role::Allocator, &url).unwrap(), POOL)
-        };
-        rt.spawn(async move {
-            allot_allocator::run(allocator, std::future::pending())
-                .await
-                .unwrap();
-        });
-        let planner =
-            allot_planner::Config::new(users.url_for(&Role::Planner, &url).unwrap(), data.path());
-        rt.spawn(async move {
-            allot_planner::run(planner, std::future::pending())
-                .await
-                .unwrap();
-        });
-        rt.spawn(executor(js, publisher.clone()));
+        let stack = Stack::start(
+            |role| users.url_for(role, &url).unwrap(),
+            allot_planner::Config::new(&url, ".").capacity_settle,
+        );
+        stack
+            .rt
+            .spawn(executor(stack.js.clone(), stack.publisher.clone()));
         Cluster {
             server,
             users,
-            _data: data,
-            rt,
-            publisher,
+            stack,
         }
     }
 
@@ -142,28 +105,13 @@ impl Cluster {
         let workload = allot_workload::check(spec, Format::Yaml, Context::default())
             .expect("a valid spec")
             .workload;
-        let key = allot_workload::submit::idempotency_key(&workload, Some(run));
-        let submission = allot_workload::submit::submission(
-            workload,
-            key,
-            Some(run.into()),
-            "ci@test".into(),
-            "/test",
-            chrono::Utc::now(),
-        );
-        self.rt.block_on(async {
-            self.publisher
-                .publish_envelope(&submission.envelope)
-                .await
-                .unwrap()
-        });
-        submission.workload_id
+        self.stack.submit(workload, Some(run))
     }
 
     /// A client logged in as `role`.
     fn login(&self, role: &Role) -> async_nats::Client {
         let url = self.users.url_for(role, &self.server.url()).unwrap();
-        self.rt.block_on(async {
+        self.stack.rt.block_on(async {
             allot_bus::connect::with_url_credentials(async_nats::ConnectOptions::new(), &url)
                 .connect(self.server.url())
                 .await
@@ -179,7 +127,7 @@ impl Cluster {
         body: &impl serde::Serialize,
     ) -> Result<T, (usize, String)> {
         let body = serde_json::to_vec(body).unwrap();
-        let reply = self.rt.block_on(async {
+        let reply = self.stack.rt.block_on(async {
             tokio::time::timeout(
                 Duration::from_secs(2),
                 client.request(subject.to_owned(), body.into()),
@@ -205,14 +153,7 @@ impl Cluster {
 
     /// Polls `check` for up to 30 s.
     fn until<T>(&self, what: &str, check: impl Fn() -> Option<T>) -> T {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(t) = check() {
-                return t;
-            }
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        common::until(check).unwrap_or_else(|| panic!("timed out waiting for {what}"))
     }
 }
 

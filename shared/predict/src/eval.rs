@@ -9,7 +9,7 @@ use std::time::Instant;
 use rustc_hash::FxHashMap as HashMap;
 use serde::Serialize;
 
-use crate::recency::{Job, Key, Recency, quantile_of};
+use crate::recency::{Job, Key, quantile_of};
 use crate::{Millis, Predictor, TrainParams};
 
 /// One job of the history: what was known at submission, and how long it really ran.
@@ -80,7 +80,6 @@ pub fn evaluate(jobs: &[EvalJob], split_ms: Millis, params: TrainParams) -> Repo
     let mut finishes: BinaryHeap<Reverse<(Millis, usize)>> = BinaryHeap::new();
 
     let mut predictor = Predictor::new(params);
-    let mut recency = Recency::default();
     let mut global = RunningMedian::default();
     let mut by_team_gpus: HashMap<(String, u32), RunningMedian> = HashMap::default();
     let mut by_team: HashMap<String, RunningMedian> = HashMap::default();
@@ -102,7 +101,6 @@ pub fn evaluate(jobs: &[EvalJob], split_ms: Millis, params: TrainParams) -> Repo
             finishes.pop();
             let done = &jobs[j];
             predictor.finished(j as u64, &done.job, done.duration_ms);
-            recency.finished(j as u64, &done.job, done.duration_ms);
             let d = done.duration_ms.max(1) as f64;
             global.push(d);
             by_team_gpus
@@ -126,9 +124,9 @@ pub fn evaluate(jobs: &[EvalJob], split_ms: Millis, params: TrainParams) -> Repo
                 predictor.retrain();
                 retrains += 1;
             }
-            let started = Instant::now();
-            let p = predictor.submitted(i as u64, job);
-            predict_time += started.elapsed().as_secs_f64();
+            // The last-ten baselines read the history the predictor holds, before this job's
+            // own submission is recorded in it (a submission moves no finished statistic).
+            let recency = predictor.recency();
             let fallback = global.median().unwrap_or(3_600_000.0);
             let team = by_team.get(&job.team).and_then(RunningMedian::median);
             let team_last10 = recency
@@ -137,6 +135,9 @@ pub fn evaluate(jobs: &[EvalJob], split_ms: Millis, params: TrainParams) -> Repo
             let tg = recency
                 .get(&Key::TeamGpus(job.team.clone(), job.gpus))
                 .and_then(|r| r.median(10, 1));
+            let started = Instant::now();
+            let p = predictor.submitted(i as u64, job);
+            predict_time += started.elapsed().as_secs_f64();
             let tg_all = by_team_gpus
                 .get(&(job.team.clone(), job.gpus))
                 .and_then(RunningMedian::median);
@@ -157,7 +158,6 @@ pub fn evaluate(jobs: &[EvalJob], split_ms: Millis, params: TrainParams) -> Repo
                 scored.entry(name).or_default().push(prediction);
             }
             truth.push((*duration_ms).max(1) as f64);
-            recency.submitted(i as u64, job);
         }
         finishes.push(Reverse((now + duration_ms, i)));
     }

@@ -69,7 +69,7 @@ impl Features {
         // far more alike from one month to the next than the durations themselves.
         let rel = |v: Option<f64>| v.map_or(0.0, |v| v.max(1.0).ln() - ln_base);
 
-        let by_submission: Vec<f64> = team_gpus
+        let mut by_submission: Vec<f64> = team_gpus
             .submissions
             .iter()
             .rev()
@@ -122,10 +122,7 @@ impl Features {
         let values = [
             ln_base,
             rel(team_gpus.median(3, 1)),
-            rel((!by_submission.is_empty()).then(|| {
-                let mut v = by_submission.clone();
-                quantile_of(&mut v, 0.5)
-            })),
+            rel((!by_submission.is_empty()).then(|| quantile_of(&mut by_submission, 0.5))),
             rel(km_median(team_gpus, now_ms, base_ms)),
             rel(team_gpus.quantile(10, 1, 0.1)),
             rel(team_gpus.quantile(10, 1, 0.9)),

@@ -125,12 +125,17 @@ impl Predictor {
     /// Trains a new model on the history so far; returns its version (`None`: too little).
     pub fn retrain(&mut self) -> Option<u64> {
         let skip = self.samples.len().saturating_sub(self.params.window);
-        let samples: Vec<(Features, f64)> = self.samples.iter().skip(skip).cloned().collect();
-        let model = Model::train(&samples, self.params, self.versions + 1)?;
+        let samples = &self.samples.make_contiguous()[skip..];
+        let model = Model::train(samples, self.params, self.versions + 1)?;
         self.versions += 1;
         self.fresh = 0;
         self.model = Some(model);
         Some(self.versions)
+    }
+
+    /// The recent history it predicts from.
+    pub fn recency(&self) -> &Recency {
+        &self.recency
     }
 
     /// The current model, if one was trained.

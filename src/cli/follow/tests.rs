@@ -209,6 +209,18 @@ fn brief(line: &Line) -> String {
     .to_owned()
 }
 
+/// The summary's rows as `name:state:attempts/max:detail`.
+fn rows(summary: &Summary) -> Vec<String> {
+    summary
+        .tasks
+        .iter()
+        .map(|t| {
+            let (name, state, detail) = (&t.name, t.state, &t.detail);
+            format!("{name}:{state}:{}/{}:{detail}", t.attempts, t.max_attempts)
+        })
+        .collect()
+}
+
 struct Case {
     name: &'static str,
     events: Vec<Observed>,
@@ -436,16 +448,7 @@ fn events_become_ci_log_lines_in_causal_order_and_a_summary() {
         assert_eq!(got, case.want_lines, "{}: lines", case.name);
         let summary = p.summary();
         assert_eq!(summary.ending, case.want_ending, "{}: ending", case.name);
-        let tasks: Vec<String> = summary
-            .tasks
-            .iter()
-            .map(|t| {
-                format!(
-                    "{}:{}:{}/{}:{}",
-                    t.name, t.state, t.attempts, t.max_attempts, t.detail
-                )
-            })
-            .collect();
+        let tasks = rows(&summary);
         assert_eq!(tasks, case.want_tasks, "{}: tasks", case.name);
     }
 }
@@ -570,18 +573,8 @@ fn a_team_user_follows_each_tasks_state_as_the_planners_answers_show_it() {
     let summary = Polled::summary(&failed);
     assert_eq!(summary.ending, Ending::Failed);
     assert_eq!(summary.elapsed_ms, 3_000);
-    let rows: Vec<String> = summary
-        .tasks
-        .iter()
-        .map(|t| {
-            format!(
-                "{}:{}:{}/{}:{}",
-                t.name, t.state, t.attempts, t.max_attempts, t.detail
-            )
-        })
-        .collect();
     assert_eq!(
-        rows,
+        rows(&summary),
         [
             "prep:failed:2/2:exit status 1",
             "train:not run:0/1:its dependencies never succeeded"
