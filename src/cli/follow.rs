@@ -583,6 +583,7 @@ impl Progress {
                         }
                         ("stopped", detail)
                     }
+                    TaskEvent::Predicted(p) => ("predicted", prediction(&p)),
                     TaskEvent::Ready(_) | TaskEvent::Preload(_) => return,
                 };
                 line(Some(t), attempt, state, detail);
@@ -907,7 +908,27 @@ fn task_of(event: &TaskEvent) -> Option<TaskId> {
         TaskEvent::Failed(e) => Some(e.task),
         TaskEvent::Cancelled(e) => Some(e.task),
         TaskEvent::Stopped(e) => Some(e.task),
+        TaskEvent::Predicted(e) => Some(e.task),
     }
+}
+
+/// `runs about 12m 30s (10-90%: 4m-40m; from team_gpus, model 3)`.
+fn prediction(p: &allot_events::task::TaskPredicted) -> String {
+    let rough = |ms: u64| {
+        let d = std::time::Duration::from_secs(ms.div_ceil(1000));
+        humantime::format_duration(d).to_string()
+    };
+    let model = match p.model_version {
+        Some(v) => format!("model {v}"),
+        None => "no model yet".to_owned(),
+    };
+    format!(
+        "runs about {} (10-90%: {}-{}; from {}, {model})",
+        rough(p.duration_ms),
+        rough(p.p10_ms),
+        rough(p.p90_ms),
+        p.basis.as_str()
+    )
 }
 
 fn decision_task(d: &Decision) -> TaskId {

@@ -459,7 +459,8 @@ fn mentions(input: &Input, task: TaskId) -> bool {
         Input::TaskFinished { task: t, .. }
         | Input::TaskCheckpointed { task: t, .. }
         | Input::TaskRequeued { task: t, .. }
-        | Input::TaskWithdrawn { task: t, .. } => *t == task,
+        | Input::TaskWithdrawn { task: t, .. }
+        | Input::TaskPredicted { task: t, .. } => *t == task,
         _ => false,
     }
 }

@@ -43,6 +43,21 @@ pub enum Service {
     Planner(PlannerArgs),
     /// Billing: prices every lease in the allocators' journals and publishes cost events.
     Billing(BillingArgs),
+    /// The predictor: learns run times from finished tasks and publishes a prediction for
+    /// every task that becomes ready.
+    Predictor(PredictorArgs),
+}
+
+/// Flags of `allot run predictor`.
+#[derive(Debug, Args)]
+pub struct PredictorArgs {
+    /// Folder for predictor.db (ALLOT_DATA_DIR; default: .allot/predictor).
+    #[arg(long)]
+    pub data_dir: Option<String>,
+    /// Retrain at least this often while runs keep finishing (ALLOT_RETRAIN_EVERY; default
+    /// 10m).
+    #[arg(long)]
+    pub retrain_every: Option<String>,
 }
 
 /// Flags of `allot run billing`.
@@ -197,6 +212,16 @@ pub async fn run(args: RunArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
         )),
         Service::Planner(a) => Configured::Planner(planner_config(a, &url, &mut s)),
         Service::Billing(a) => Configured::Billing(Box::new(billing_config(a, &url, &mut s))),
+        Service::Predictor(a) => {
+            let data_dir = s.string(a.data_dir.as_deref(), "ALLOT_DATA_DIR", ".allot/predictor");
+            let mut config = allot_predictor::Config::new(url.clone(), data_dir);
+            config.retrain_every = s.duration(
+                a.retrain_every.as_deref(),
+                "ALLOT_RETRAIN_EVERY",
+                config.retrain_every,
+            );
+            Configured::Predictor(config)
+        }
     };
     s.finish()?;
     tracing::info!(nats = %allot_bus::users::without_credentials(&url), from = %origin, "using NATS");
@@ -221,6 +246,7 @@ pub async fn run(args: RunArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
         Configured::Archiver(config) => allot_archiver::run(config, shutdown).await?,
         Configured::Planner(config) => allot_planner::run(config, shutdown).await?,
         Configured::Billing(config) => allot_billing::run(*config, shutdown).await?,
+        Configured::Predictor(config) => allot_predictor::run(config, shutdown).await?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -233,6 +259,7 @@ enum Configured {
     Archiver(allot_archiver::Config),
     Planner(allot_planner::Config),
     Billing(Box<allot_billing::Config>),
+    Predictor(allot_predictor::Config),
 }
 
 fn billing_config(a: &BillingArgs, url: &str, s: &mut Settings<'_>) -> allot_billing::Config {

@@ -438,6 +438,13 @@ async fn run_services(
     services.spawn("planner", async move {
         Ok(allot_planner::run(planner, stop).await?)
     });
+    // The predictor: a run-time prediction for every task, learned from those that finished.
+    let predictor =
+        allot_predictor::Config::new(urls.of(Role::Predictor), config.data_dir.join("predictor"));
+    let stop = shutdown.clone();
+    services.spawn("predictor", async move {
+        Ok(allot_predictor::run(predictor, stop).await?)
+    });
     // Billing: every lease in the journal priced, cost events per team and workload.
     let mut billing = allot_billing::Config::new(
         urls.of(Role::Billing),

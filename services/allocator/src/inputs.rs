@@ -7,6 +7,7 @@
 //! | task ready (its pool) | task submitted |
 //! | task preload (its pool) | task preloaded: room is held for it until it is ready |
 //! | task checkpointed | task checkpointed |
+//! | task predicted (a task the scheduler holds) | task predicted: its estimate from now on |
 //! | task completed / failed | task finished |
 //! | task cancelled (a task the scheduler holds, or parked) | task withdrawn: queued, it leaves the queue; running, its lease is released |
 //! | budget exceeded / within again (billing, any pool) | team budget: its new work below the floor waits, or is flagged |
@@ -84,6 +85,16 @@ pub fn input(
         }
         AnyEvent::Task(TaskEvent::Failed(t)) if t.pool == pool => {
             Some(ended(scheduler, t.task, t.lease, &t.node, "failed", at))
+        }
+        // The predictor publishes only after it read the task's announcement in the same
+        // stream, so the scheduler holds the task unless it has already ended: then the
+        // prediction changes nothing and is not journalled.
+        AnyEvent::Task(TaskEvent::Predicted(p)) if p.pool == pool && scheduler.holds(p.task) => {
+            Some(Input::TaskPredicted {
+                task: p.task,
+                duration: p.duration_ms,
+                at,
+            })
         }
         AnyEvent::Task(TaskEvent::Cancelled(t))
             if t.pool == pool && (scheduler.holds(t.task) || parked.contains_key(&t.task)) =>

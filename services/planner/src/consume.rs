@@ -156,6 +156,11 @@ fn step(
                 w.failed(name, attempt, &t.reason, at)
             })
         }
+        AnyEvent::Task(TaskEvent::Predicted(p)) => {
+            on_attempt(c, p.task, None, |w, name, attempt| {
+                w.predicted(name, attempt, p.duration_ms, window)
+            })
+        }
         AnyEvent::Alloc(AllocEvent::Applied(applied)) => {
             let mut queued = false;
             for decision in &applied.entry.decisions {
@@ -417,6 +422,9 @@ fn emit(c: &Connection, w: &Workload, effects: Vec<Effect>) -> Result<(), StoreE
                 not_before,
             } => {
                 info!(workload.id = %w.id, task = %task, task.id = %spec.id, expected_at, "task preloaded");
+                // Timed again (its predecessor's prediction came): the new time replaces one
+                // still queued.
+                store::withdraw(c, &event_id(&format!("preload/{}", spec.id.0)).to_string())?;
                 (
                     format!("preload/{}", spec.id.0),
                     not_before,

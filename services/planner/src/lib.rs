@@ -35,6 +35,7 @@
 //! | WORKLOADS `allot.workload.submitted.>` | new workloads (a known id is a no-op) |
 //! | WORKLOADS `allot.workload.aborted.>` | aborts of a workload, or of one task and what follows it |
 //! | WORKLOADS `allot.task.completed.*.*`, `allot.task.failed.*.*` (`<pool>.<node>`) | runs that ended |
+//! | WORKLOADS `allot.task.predicted.*` | the predictor's run-time estimates, which time running tasks' successors' preloads |
 //! | DECISIONS `allot.alloc.*.journal` | grants (ready → running) and preemptions (running → ready) |
 //! | FLEET `allot.node.registered.>` | the nodes of its pool, to check what a submission asks against them |
 //!
@@ -206,6 +207,8 @@ pub async fn run(
             // `allot.task.<event>.<pool>.<node>`: runs end on a node, whose collector reports them.
             "allot.task.completed.*.*",
             "allot.task.failed.*.*",
+            // `allot.task.predicted.<pool>`: the predictor's estimates time the look-ahead.
+            "allot.task.predicted.*",
         ],
     )?;
     let decisions = consumer(names::DECISIONS, "decisions", &["allot.alloc.*.journal"])?;

@@ -108,6 +108,9 @@ pub struct Task {
     pub run: RunSpec,
     /// When its current run was granted (ms since the epoch), while it runs.
     pub started: Option<Time>,
+    /// The predictor's estimate of the current attempt's run time, ms, once it has one; the
+    /// look-ahead prefers it to the declared estimate.
+    pub predicted: Option<Time>,
     /// Why it failed or was cancelled.
     pub reason: Option<String>,
 }
@@ -319,7 +322,7 @@ impl Workload {
                     TaskStatus::Succeeded => Some(0),
                     TaskStatus::Running => p
                         .started
-                        .zip(p.template.predicted_duration)
+                        .zip(p.predicted.or(p.template.predicted_duration))
                         .map(|(s, e)| s + e),
                     _ => None,
                 });
@@ -335,6 +338,30 @@ impl Workload {
             }
         }
         out
+    }
+
+    /// Attempt `attempt` of `task` is predicted to run `ms` in all. While it runs, its
+    /// waiting dependents' preloads are timed again by the prediction (a preload not yet
+    /// published is replaced; one already published stands).
+    pub fn predicted(
+        &mut self,
+        task: &str,
+        attempt: u32,
+        ms: Time,
+        window: Option<Time>,
+    ) -> Vec<Effect> {
+        let Some(i) = self.index(task) else {
+            return Vec::new();
+        };
+        let t = &mut self.tasks[i];
+        if t.attempt != attempt || t.predicted == Some(ms) {
+            return Vec::new();
+        }
+        t.predicted = Some(ms);
+        match (t.status, window) {
+            (TaskStatus::Running, Some(window)) => self.preloads(task, window),
+            _ => Vec::new(),
+        }
     }
 
     /// Attempt `attempt` of `task` was preempted: it is queued again.
@@ -414,6 +441,8 @@ impl Workload {
                 let m = &mut self.tasks[j];
                 m.template.gang.clone_from(&gang);
                 m.attempt = next;
+                // The new attempt gets a prediction of its own.
+                m.predicted = None;
                 if m.status.is_active() {
                     m.status = TaskStatus::Ready;
                     out.push(Effect::Ready {

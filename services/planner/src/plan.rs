@@ -103,6 +103,7 @@ pub fn plan(
                 template,
                 run,
                 started: None,
+                predicted: None,
                 reason: None,
             }
         })

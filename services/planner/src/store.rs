@@ -97,6 +97,11 @@ ALTER TABLE attempts ADD COLUMN granted_ms INTEGER;
 ALTER TABLE attempts ADD COLUMN ended_ms INTEGER;    -- completed, failed, preempted or released
 CREATE INDEX attempts_of_task ON attempts (workload, name, attempt);
 ",
+    "
+-- The predictor's estimate of the current attempt's run time, ms (TaskPredicted): what the
+-- look-ahead times a running task's successors by.
+ALTER TABLE tasks ADD COLUMN predicted_ms INTEGER;
+",
 ];
 
 /// Records node `r` (its latest registration replaces an earlier one).
@@ -203,12 +208,12 @@ pub fn save(conn: &Connection, workload: &Workload) -> Result<(), StoreError> {
     )?;
     let mut task = conn.prepare_cached(
         "INSERT INTO tasks (workload, name, position, after, gang, status, attempt, max_attempts,
-                            backoff_ms, template, run, reason, started_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
+                            backoff_ms, template, run, reason, started_ms, predicted_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
          ON CONFLICT (workload, name) DO UPDATE SET
             status = excluded.status, attempt = excluded.attempt,
             template = excluded.template, reason = excluded.reason,
-            started_ms = excluded.started_ms",
+            started_ms = excluded.started_ms, predicted_ms = excluded.predicted_ms",
     )?;
     let mut attempt = conn.prepare_cached(
         "INSERT INTO attempts (task_id, workload, name, attempt) VALUES (?1, ?2, ?3, ?4)
@@ -229,6 +234,7 @@ pub fn save(conn: &Connection, workload: &Workload) -> Result<(), StoreError> {
             json(&t.run),
             t.reason,
             t.started.map(|s| s as i64),
+            t.predicted.map(|p| p as i64),
         ])?;
         let id = crate::plan::task_id(&workload.id, &t.name, t.attempt);
         attempt.execute(params![id.0 as i64, workload.id, t.name, t.attempt])?;
@@ -265,7 +271,7 @@ pub fn load(conn: &Connection, id: &str) -> Result<Option<Workload>, StoreError>
         WorkloadStatus::parse(&status).ok_or_else(|| corrupt(format!("status {status:?}")))?;
     let mut stmt = conn.prepare_cached(
         "SELECT name, after, gang, status, attempt, max_attempts, backoff_ms, template, run,
-                reason, started_ms
+                reason, started_ms, predicted_ms
          FROM tasks WHERE workload = ?1 ORDER BY position",
     )?;
     let rows = stmt.query_map([id], |r| {
@@ -281,6 +287,7 @@ pub fn load(conn: &Connection, id: &str) -> Result<Option<Workload>, StoreError>
             r.get::<_, String>(8)?,
             r.get::<_, Option<String>>(9)?,
             r.get::<_, Option<i64>>(10)?,
+            r.get::<_, Option<i64>>(11)?,
         ))
     })?;
     let mut tasks = Vec::new();
@@ -297,6 +304,7 @@ pub fn load(conn: &Connection, id: &str) -> Result<Option<Workload>, StoreError>
             run,
             reason,
             started,
+            predicted,
         ) = row?;
         let after: Vec<String> =
             serde_json::from_str(&after).map_err(|e| corrupt(format!("{name}.after: {e}")))?;
@@ -318,6 +326,7 @@ pub fn load(conn: &Connection, id: &str) -> Result<Option<Workload>, StoreError>
             run,
             reason,
             started: started.map(|s| s as Time),
+            predicted: predicted.map(|p| p as Time),
         });
     }
     Ok(Some(Workload {

@@ -15,6 +15,7 @@
 //! | `allocator` | `allot.alloc.*.journal`, its lease bucket (`$KV.allot-leases.>`, creating `KV_allot-leases`) |
 //! | `planner` | `allot.task.{ready,preload,cancelled}.*`, `allot.workload.{finished,abort_answered}.*`, replies to the workload queries it receives |
 //! | `inventory` | `allot.inventory.>`, replies to the status queries it receives |
+//! | `predictor` | `allot.task.predicted.*` |
 //! | `billing` | `allot.cost.>` |
 //! | `archiver` | nothing of its own |
 //! | `team-<team>` | `allot.workload.{submitted,aborted}.<team>`, inventory status queries, the planner's queries about its own team (`allot.query.planner.*.<team>`) |
@@ -99,6 +100,8 @@ pub enum Role {
     Allocator,
     /// The planner.
     Planner,
+    /// The run-time predictor.
+    Predictor,
     /// Billing.
     Billing,
     /// The audit archiver.
@@ -117,6 +120,7 @@ impl Role {
             Self::Inventory => "inventory".to_owned(),
             Self::Allocator => "allocator".to_owned(),
             Self::Planner => "planner".to_owned(),
+            Self::Predictor => "predictor".to_owned(),
             Self::Billing => "billing".to_owned(),
             Self::Archiver => "archiver".to_owned(),
             Self::Collector(node) => format!("collector-{node}"),
@@ -168,6 +172,7 @@ impl Role {
                         .collect(),
                 )
             },
+            Self::Predictor => service(vec![subject::task("predicted", "*")]),
             Self::Billing => service(vec![subject::COST_ALL.to_owned()]),
             Self::Archiver => service(Vec::new()),
             Self::Collector(node) => service(
@@ -263,6 +268,7 @@ impl Users {
             Role::Inventory,
             Role::Allocator,
             Role::Planner,
+            Role::Predictor,
             Role::Billing,
             Role::Archiver,
         ];

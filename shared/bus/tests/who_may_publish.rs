@@ -22,7 +22,7 @@ use allot_bus::streams::names;
 use allot_bus::users::{Role, Users};
 use allot_bus::{catalog, ensure_streams};
 use allot_events::alloc::LeaderElected;
-use allot_events::task::TaskCompleted;
+use allot_events::task::{TaskCompleted, TaskPredicted};
 use allot_events::workload::{WorkloadAborted, WorkloadFinished};
 use allot_events::{AllocEvent, AnyEvent, Envelope, NodeEvent, TaskEvent, WorkloadEvent, subject};
 use allot_testkit::{NatsServer, node};
@@ -187,6 +187,16 @@ fn finished(team: &str) -> WorkloadEvent {
     )
 }
 
+fn predicted() -> TaskEvent {
+    TaskEvent::Predicted(
+        serde_json::from_value::<TaskPredicted>(json!({
+            "pool": "default", "task": 7, "workload": "train-0123456789", "name": "train",
+            "duration_ms": 60_000, "p10_ms": 30_000, "p90_ms": 120_000, "basis": "global"
+        }))
+        .expect("a valid TaskPredicted"),
+    )
+}
+
 fn journal_entry() -> AllocEvent {
     AllocEvent::LeaderElected(LeaderElected {
         pool: "default".into(),
@@ -283,6 +293,27 @@ async fn a_workload_is_finished_only_by_the_planner() -> anyhow::Result<()> {
 }
 
 #[tokio::test]
+async fn a_prediction_comes_only_from_the_predictor() -> anyhow::Result<()> {
+    let bus = Bus::start().await?;
+    for role in [
+        collector("node-1"),
+        team("A"),
+        Role::Planner,
+        Role::Allocator,
+        Role::Billing,
+    ] {
+        bus.login(&role).await?.refused(predicted()).await?;
+    }
+    let before = bus.held(names::WORKLOADS).await?;
+    bus.login(&Role::Predictor)
+        .await?
+        .publish(predicted())
+        .await?;
+    ensure!(bus.held(names::WORKLOADS).await? == before + 1);
+    Ok(())
+}
+
+#[tokio::test]
 async fn the_journal_is_written_only_by_the_allocator() -> anyhow::Result<()> {
     let bus = Bus::start().await?;
     for role in [
@@ -375,6 +406,7 @@ async fn no_service_can_delete_purge_or_rewrite_a_stream() -> anyhow::Result<()>
         Role::Allocator,
         Role::Inventory,
         Role::Billing,
+        Role::Predictor,
         Role::Archiver,
         collector("node-1"),
     ] {

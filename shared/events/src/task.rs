@@ -37,6 +37,8 @@ domain_events! {
         Cancelled(TaskCancelled) = "cancelled",
         /// An executor stopped a run because it was preempted or cancelled.
         Stopped(TaskStopped) = "stopped",
+        /// The predictor estimated how long it will run.
+        Predicted(TaskPredicted) = "predicted",
     }
 }
 
@@ -47,7 +49,7 @@ impl EventKind for TaskEvent {
     /// A run's events name its node too, so each collector may publish only its own.
     fn nats_subject(&self) -> String {
         let node = match self {
-            Self::Ready(_) | Self::Preload(_) | Self::Cancelled(_) => None,
+            Self::Ready(_) | Self::Preload(_) | Self::Cancelled(_) | Self::Predicted(_) => None,
             Self::Started(e) => Some(&e.node),
             Self::Stopped(e) => Some(&e.node),
             Self::Checkpointed(e) => Some(&e.node),
@@ -70,6 +72,7 @@ impl EventKind for TaskEvent {
             Self::Completed(e) => e.pool.clone(),
             Self::Failed(e) => e.pool.clone(),
             Self::Cancelled(e) => e.pool.clone(),
+            Self::Predicted(e) => e.pool.clone(),
         }
     }
     fn team(&self) -> Option<&str> {
@@ -259,6 +262,34 @@ pub struct TaskCancelled {
     pub name: String,
     /// Why (`aborted by alice: wrong learning rate`, `task prep failed`).
     pub reason: String,
+}
+
+/// How long a task is predicted to run, from the predictor: an input to the allocator (which
+/// journals it before its scheduler weighs the task by it) and to the planner (which times its
+/// look-ahead by it). Not the truth: a run may take any time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaskPredicted {
+    /// Its pool.
+    pub pool: String,
+    /// The task (one attempt).
+    pub task: TaskId,
+    /// The workload it belongs to.
+    pub workload: String,
+    /// Its name in the workload.
+    pub name: String,
+    /// The point estimate of its run time in all, ms.
+    pub duration_ms: u64,
+    /// The 10% quantile, ms: nine runs in ten should take longer.
+    pub p10_ms: u64,
+    /// The 90% quantile, ms: nine runs in ten should be done by then.
+    pub p90_ms: u64,
+    /// The model that made it; absent on a cold start (a fallback alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_version: Option<u64>,
+    /// What the estimate rests on: the task's own runs, its team's runs of this size, or on a
+    /// cold start the declared estimate, the team's, everyone's, or nothing (`default`).
+    pub basis: allot_predict::Basis,
 }
 
 /// The id of attempt `attempt` (from 1) of task `task` of workload `workload`: the first 53

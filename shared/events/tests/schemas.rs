@@ -9,8 +9,8 @@ use allot_events::cost::{BudgetCrossed, BudgetLevel, CostAccrued, CostLine, Idle
 use allot_events::inventory::{GpuHealth, GpuHealthChanged, NodeRecovered, NodeUnreachable};
 use allot_events::node::{GpuInfo, GpuSourceKind, HeartbeatSent, NodeRegistered};
 use allot_events::task::{
-    RunSpec, StopCause, TaskCancelled, TaskCheckpointed, TaskCompleted, TaskFailed, TaskPreload,
-    TaskReady, TaskStarted, TaskStopped,
+    RunSpec, StopCause, TaskCancelled, TaskCheckpointed, TaskCompleted, TaskFailed, TaskPredicted,
+    TaskPreload, TaskReady, TaskStarted, TaskStopped,
 };
 use allot_events::telemetry::{GpuHeld, GpuSample, GpusSampled};
 use allot_events::workload::{
@@ -260,6 +260,18 @@ fn samples() -> Vec<AnyEvent> {
             workload: "train-eval-3f9a2c71d0".into(),
             name: "eval".into(),
             reason: "aborted by alice: wrong learning rate".into(),
+        }
+        .into(),
+        TaskPredicted {
+            pool: "default".into(),
+            task: TaskId(7),
+            workload: "train-eval-3f9a2c71d0".into(),
+            name: "train".into(),
+            duration_ms: 1_800_000,
+            p10_ms: 900_000,
+            p90_ms: 5_400_000,
+            model_version: Some(3),
+            basis: allot_predict::Basis::TeamGpus,
         }
         .into(),
         CostAccrued {

@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap as HashMap;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::Millis;
@@ -12,7 +13,7 @@ use crate::model::{Model, TrainParams};
 use crate::recency::{Job, Recency};
 
 /// Where a prediction's estimate comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Basis {
     /// The same task's last runs (corrected by the model when there is one).
@@ -131,6 +132,22 @@ impl Predictor {
         self.fresh = 0;
         self.model = Some(model);
         Some(self.versions)
+    }
+
+    /// Task `id` will not finish (it was cancelled): it is no training sample.
+    pub fn withdrawn(&mut self, id: u64) {
+        self.pending.remove(&id);
+    }
+
+    /// Finished runs learned since the last training.
+    pub fn fresh(&self) -> usize {
+        self.fresh
+    }
+
+    /// Numbers the next model after `last`: a predictor rebuilt from stored history after a
+    /// restart goes on with its versions instead of reusing them.
+    pub fn continue_versions(&mut self, last: u64) {
+        self.versions = self.versions.max(last);
     }
 
     /// The recent history it predicts from.

@@ -67,6 +67,7 @@ impl Input {
             | Self::TaskRequeued { at, .. }
             | Self::TaskPreloaded { at, .. }
             | Self::TaskWithdrawn { at, .. }
+            | Self::TaskPredicted { at, .. }
             | Self::Schedule { at } => Some(*at),
             Self::NodeAdded(_)
             | Self::NodeSchedulable { .. }
@@ -172,6 +173,9 @@ pub fn describe(input: &Input) -> String {
         Input::TaskCheckpointed { task, at } => format!("{task} checkpointed at {at}"),
         Input::TaskRequeued { task, at, .. } => format!("{task} requeued at {at}"),
         Input::TaskWithdrawn { task, at, .. } => format!("{task} withdrawn at {at}"),
+        Input::TaskPredicted { task, duration, at } => {
+            format!("{task} predicted to run {duration} ms, at {at}")
+        }
         Input::TaskPreloaded {
             task,
             expected_at,

@@ -130,6 +130,19 @@ pub enum Input {
         /// When.
         at: Time,
     },
+    /// The predictor's estimate of how long a task it holds (preloaded, queued or running)
+    /// runs in all. It replaces any estimate the task was submitted with — a queued task takes
+    /// its new place in line, a running one is weighed by it as a preemption victim — and is
+    /// journalled like every input, so a replay reads the prediction instead of running a
+    /// model.
+    TaskPredicted {
+        /// The task.
+        task: TaskId,
+        /// Its predicted run time in all, ms.
+        duration: Time,
+        /// When.
+        at: Time,
+    },
     /// Run a scheduling pass.
     Schedule {
         /// When.
@@ -488,6 +501,7 @@ impl Scheduler {
             },
             Input::TaskRequeued { task, reason, at } => self.requeue(task, &reason, at, out)?,
             Input::TaskWithdrawn { task, reason, at } => self.withdraw(task, reason, at, out)?,
+            Input::TaskPredicted { task, duration, at } => self.predicted(task, duration, at)?,
             Input::TeamBudget {
                 team,
                 exceeded,
@@ -714,6 +728,34 @@ impl Scheduler {
                 .or_insert_with(|| (0, task.spec.clone()))
                 .0 += 1;
         }
+    }
+
+    /// Task `id` is predicted to run `duration` in all: a preloaded task will be submitted
+    /// with it; a queued unit is keyed again (its leader's key decides its place); a running
+    /// task keeps running, weighed by the new estimate from now on.
+    fn predicted(&mut self, id: TaskId, duration: Time, at: Time) -> Result<(), ApplyError> {
+        if let Some(preload) = self.preloads.get_mut(&id) {
+            preload.spec.predicted_duration = Some(duration);
+            return Ok(());
+        }
+        let task = self.tasks.get_mut(&id).ok_or(ApplyError::UnknownTask(id))?;
+        task.spec.predicted_duration = Some(duration);
+        let State::Pending { key: old, .. } = task.state else {
+            return Ok(());
+        };
+        if self.queue.get(&old) == Some(&id) {
+            let new = self.key_of(&self.tasks[&id], at);
+            self.queue.remove(&old);
+            self.queue.insert(new, id);
+            if let Some(Task {
+                state: State::Pending { key, .. },
+                ..
+            }) = self.tasks.get_mut(&id)
+            {
+                *key = new;
+            }
+        }
+        Ok(())
     }
 
     fn forget_shape(&mut self, shape: &Shape) {

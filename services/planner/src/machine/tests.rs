@@ -18,6 +18,7 @@ fn task(name: &str) -> Fixture {
         template: TaskSpec::new(0, "vision", 1),
         run: RunSpec::default(),
         started: None,
+        predicted: None,
         reason: None,
     })
 }
@@ -426,6 +427,30 @@ fn the_look_ahead_preloads_a_task_a_window_before_its_last_predecessor_should_en
         }
         assert_eq!(effects, case.want, "{}", case.name);
     }
+}
+
+#[test]
+fn the_predictors_estimate_times_the_look_ahead_in_place_of_the_declared_one() {
+    let window = Some(3_000);
+    // Granted with no estimate: nothing to expect, until the prediction comes.
+    let mut w = workload(vec![task("a"), task("c").after("a")]);
+    w.start();
+    assert!(w.granted("a", 1, LeaseId(9), 1_000, window).is_empty());
+    let out = w.predicted("a", 1, 20_000, window);
+    let got: Vec<String> = out.iter().map(|e| brief(&w, e)).collect();
+    assert_eq!(got, ["preload c @18000 expected 21000"]);
+    // The same prediction again changes nothing; one for another attempt is not this run's.
+    assert!(w.predicted("a", 1, 20_000, window).is_empty());
+    assert!(w.predicted("a", 2, 5_000, window).is_empty());
+
+    // Predicted before its grant: the grant's look-ahead uses the prediction, not the
+    // declared estimate.
+    let mut w = workload(vec![task("a").estimate(60_000), task("c").after("a")]);
+    w.start();
+    assert!(w.predicted("a", 1, 10_000, window).is_empty());
+    let out = w.granted("a", 1, LeaseId(9), 1_000, window);
+    let got: Vec<String> = out.iter().map(|e| brief(&w, e)).collect();
+    assert_eq!(got, ["preload c @8000 expected 11000"]);
 }
 
 #[test]

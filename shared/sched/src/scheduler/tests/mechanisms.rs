@@ -598,3 +598,40 @@ fn a_task_that_accepts_several_models_goes_to_the_cheapest_that_fits() {
         },
     ]);
 }
+
+fn predict(id: u64, duration: u64, at: u64) -> Input {
+    Input::TaskPredicted {
+        task: TaskId(id),
+        duration,
+        at,
+    }
+}
+
+#[test]
+fn a_prediction_that_arrives_later_moves_a_queued_task() {
+    let queued = |inputs: Vec<Input>| {
+        let mut all = vec![
+            submit(task(1).gpus(8).predicted(HOUR), 0),
+            pass(0),
+            submit(task(2).gpus(8).predicted(10 * HOUR), 1),
+            submit(task(3).gpus(8).predicted(5 * HOUR), 2),
+            pass(2),
+        ];
+        all.extend(inputs);
+        all.extend([finish(1, 3 * MIN), pass(3 * MIN)]);
+        script("allot", vec![node("n1")], all)
+    };
+    // Shortest predicted first: 3 before 2.
+    assert_eq!(queued(vec![]), ["grant 1@n1", "release 1", "grant 3@n1"]);
+    // Task 2 is predicted again, shorter: it takes its new place in line.
+    assert_eq!(
+        queued(vec![predict(2, 10 * MIN, 2 * MIN)]),
+        ["grant 1@n1", "release 1", "grant 2@n1"]
+    );
+    // A prediction for a task the scheduler does not hold is refused, named.
+    let mut s = scheduler(crate::policy::by_name("allot").unwrap(), vec![node("n1")]);
+    assert_eq!(
+        s.apply(predict(7, MIN, 0)).unwrap_err(),
+        ApplyError::UnknownTask(TaskId(7))
+    );
+}
