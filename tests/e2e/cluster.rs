@@ -1,6 +1,6 @@
 //! A cluster of `allot run` processes against a real nats-server, for end-to-end tests of
-//! pipelines: the planner, allocator(s), and one collector per simulated node whose executor
-//! runs each task's command as a real process.
+//! pipelines: the planner, the predictor, allocator(s), and one collector per simulated node
+//! whose executor runs each task's command as a real process.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -102,6 +102,7 @@ impl Cluster {
             policy,
         };
         cluster.planner();
+        cluster.predictor();
         cluster.allocator("a1");
         for (node, gpus) in nodes {
             let data = cluster.path(node);
@@ -147,6 +148,14 @@ impl Cluster {
         self.spawn(
             "planner",
             &["planner", "--data-dir", data.to_str().unwrap()],
+        );
+    }
+
+    pub fn predictor(&mut self) {
+        let data = self.path("predictor");
+        self.spawn(
+            "predictor",
+            &["predictor", "--data-dir", data.to_str().unwrap()],
         );
     }
 
