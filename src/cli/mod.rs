@@ -34,6 +34,7 @@ pub mod local;
 pub mod nats_config;
 pub mod plots;
 pub mod predict;
+pub mod queue;
 pub mod replay;
 pub mod run;
 pub mod settings;
@@ -88,6 +89,8 @@ pub enum Command {
     Replay(replay::ReplayArgs),
     /// Print a task's decision history, with reasons, from the journal.
     Explain(replay::ExplainArgs),
+    /// The pool's waiting tasks in order: position, why each waits, when it should start.
+    Queue(queue::QueueArgs),
     /// The hash-chained archive of the decision log: copy it, verify it.
     #[command(subcommand)]
     Audit(audit::AuditCommand),
@@ -178,6 +181,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Predict(cmd) => predict::predict(cmd),
         Command::Replay(args) => replay::replay(args, &env).await,
         Command::Explain(args) => replay::explain(args, &env).await,
+        Command::Queue(args) => queue::queue(args, &env).await,
         Command::NatsConfig(args) => nats_config::nats_config(args).await,
         Command::Schemas { out, spec_out } => {
             allot_events::schema::write_all(&out)?;

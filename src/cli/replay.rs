@@ -76,19 +76,34 @@ impl JournalSource {
         &self,
         env: Lookup<'_>,
     ) -> anyhow::Result<Vec<(Entry, Option<allot_events::alloc::Launch>)>> {
+        Ok(self.open_with_launches(env).await?.1)
+    }
+
+    /// The journal's policy and [`Self::open_named`]'s entries.
+    pub(super) async fn open_with_launches(
+        &self,
+        env: Lookup<'_>,
+    ) -> anyhow::Result<(String, Vec<(Entry, Option<allot_events::alloc::Launch>)>)> {
         if let Some(path) = &self.journal {
-            let (_, entries) = open(path)?;
-            return entries.map(|e| e.map(|e| (e, None))).collect();
+            let (header, entries) = open(path)?;
+            let entries = entries
+                .map(|e| e.map(|e| (e, None)))
+                .collect::<Result<_, _>>()?;
+            return Ok((header.policy, entries));
         }
-        Ok(self
-            .events(env)
-            .await?
-            .into_iter()
-            .filter_map(|event| match event {
-                allot_events::AllocEvent::Applied(a) => Some((a.entry, a.launch)),
-                allot_events::AllocEvent::LeaderElected(_) => None,
-            })
-            .collect())
+        let pool = self.pool.as_deref().unwrap_or(DEFAULT_POOL);
+        let mut policy = None;
+        let mut entries = Vec::new();
+        for event in self.events(env).await? {
+            match event {
+                allot_events::AllocEvent::Applied(a) => entries.push((a.entry, a.launch)),
+                allot_events::AllocEvent::LeaderElected(e) => policy = policy.or(Some(e.policy)),
+            }
+        }
+        let Some(policy) = policy else {
+            bail!("pool {pool} has no journal on this server");
+        };
+        Ok((policy, entries))
     }
 }
 
@@ -335,6 +350,18 @@ fn history(entry: &Entry, task: TaskId, nodes: &[String]) -> Vec<String> {
         }
         Input::TaskFinished { task: t, at } if *t == task => {
             out.push(format!("#{seq} {} finished", when(*at)));
+        }
+        Input::TaskPredicted {
+            task: t,
+            duration,
+            at,
+        } if *t == task => {
+            let d = std::time::Duration::from_secs(duration.div_ceil(1000));
+            out.push(format!(
+                "#{seq} {} predicted to run {} in all (the scheduler's estimate from now on)",
+                when(*at),
+                humantime::format_duration(d)
+            ));
         }
         Input::TaskRequeued {
             task: t,

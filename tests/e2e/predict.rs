@@ -2,7 +2,8 @@
 //! `../shared/traces` is absent): the report names every predictor with every metric, scores
 //! every job after the split, and the shipped predictor's 10–90% interval covers about 80% of
 //! them; and the predictor live: every task predicted once, journalled by the allocator before
-//! use, learned from finished runs across a SIGKILL.
+//! use, learned from finished runs across a SIGKILL; `allot queue` shows a waiting task's place,
+//! reason and ETA.
 
 use std::path::Path;
 
@@ -103,6 +104,28 @@ fn every_task_is_predicted_once_journalled_before_use_and_learned_across_a_predi
             String::from_utf8_lossy(&out.stdout).trim().to_owned()
         })
         .collect();
+    // While one waits for the GPU, `allot queue` shows it: its place, why, and when it
+    // should start (when the running stage's estimate says it ends).
+    let row = crate::support::wait_for(std::time::Duration::from_secs(60), || {
+        let out = allot(cluster.dir.path())
+            .args(["queue", "--output", "json", "--nats"])
+            .arg(cluster.server.url())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let first = text.lines().next()?;
+        Some(serde_json::from_str::<serde_json::Value>(first).unwrap())
+    })
+    .expect("allot queue showed a waiting task");
+    assert_eq!(row["position"], 1, "{row}");
+    assert!(ids.iter().any(|id| row["workload"] == id.as_str()), "{row}");
+    assert!(row["reason"].as_str().unwrap().contains("GPU"), "{row}");
+    assert!(row["eta_ms"].as_u64().is_some(), "an ETA: {row}");
     for id in &ids {
         cluster.finished(id);
     }
