@@ -22,7 +22,8 @@
 //! strictly worse) or by quota (only a team within its nominal quota reclaims, only from teams
 //! that borrow) — so no two tasks can preempt each other in turn.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
@@ -308,6 +309,9 @@ pub struct Scheduler {
     over_budget: BTreeMap<String, Option<i32>>,
 }
 
+/// How many moments (running tasks' ends) an ETA looks through before it gives up.
+const MAX_ETA_STEPS: usize = 10_000;
+
 /// How long past its expected time a preloaded task's hold lasts if it never arrives (its
 /// predecessors ran late, or failed).
 pub const PRELOAD_GRACE: Time = 5 * 60 * 1000;
@@ -408,7 +412,11 @@ impl Scheduler {
     }
 
     /// Why a pending task waits and when it is expected to start; `None` if it is not
-    /// pending.
+    /// pending. The ETA looks further than a pass's `Waiting` decision, whose `eta` is only
+    /// the blocked head's reservation: the units ahead in the queue start first, quotas admit
+    /// as usage falls, and a task that has run past its estimate is still expected to take
+    /// time (see [`Self::expected_start`]) — so it moves as the queue does, and asking again
+    /// is how a user sees it move (decisions are logged only when the reason changes).
     pub fn waiting(&self, task: TaskId, now: Time) -> Option<Waiting> {
         let t = self.tasks.get(&task)?;
         let State::Pending { key, .. } = t.state else {
@@ -445,32 +453,26 @@ impl Scheduler {
                 eta: None,
             });
         }
-        if !self.policy.admits(team, unit.demand, &self.quotas) {
-            let why = self
-                .quotas
-                .refusal(team, unit.demand)
-                .unwrap_or_else(|| format!("{} does not admit it", self.policy.name()));
-            return Some(Waiting {
-                reason: WaitReason::Quota { why },
-                eta: None,
-            });
-        }
         let key = match self.tasks[&leader].state {
             State::Pending { key: k, .. } => k,
             State::Running { .. } => key,
         };
-        if self.policy.when_blocked() == WhenBlocked::Stop
+        let reason = if !self.policy.admits(team, unit.demand, &self.quotas) {
+            let why = self
+                .quotas
+                .refusal(team, unit.demand)
+                .unwrap_or_else(|| format!("{} does not admit it", self.policy.name()));
+            WaitReason::Quota { why }
+        } else if self.policy.when_blocked() == WhenBlocked::Stop
             && let Some((_, head)) = self.queue.range(..key).next()
         {
-            return Some(Waiting {
-                reason: WaitReason::BehindHead { head: *head },
-                eta: None,
-            });
-        }
-        let start = self.reserve(&unit, now).start;
+            WaitReason::BehindHead { head: *head }
+        } else {
+            self.no_capacity(&unit)
+        };
         Some(Waiting {
-            reason: self.no_capacity(&unit),
-            eta: (start != Time::MAX).then_some(start),
+            reason,
+            eta: self.expected_start(&unit, key, now),
         })
     }
 
@@ -1503,6 +1505,110 @@ impl Scheduler {
             start: Time::MAX,
             nodes: BTreeSet::new(),
         }
+    }
+
+    /// When `unit` (queued under `key`) is expected to start, for [`Self::waiting`]: a short
+    /// replay of the future in which nothing new arrives, nothing is preempted and every
+    /// running or started task ends when [`Self::expected_end`] says. At each end the units
+    /// ahead of it in the queue start first, as the policy would start them (strictly in order
+    /// under head-of-line blocking, whatever fits and its quota admits otherwise); `unit`
+    /// starts at the first moment it is admitted and fits on what they leave. `None` when it
+    /// never does, or not within [`MAX_ETA_STEPS`] ends. Informational only: no decision
+    /// depends on it.
+    fn expected_start(&self, unit: &Unit, key: QueueKey, now: Time) -> Option<Time> {
+        let mut cluster = self.cluster.clone();
+        let mut quotas = self.quotas.clone();
+        // What holds resources until it ends: its placement, team and quota demand; and a
+        // min-heap of (end, place in line, index into it) — a total order.
+        let mut held: Vec<(Placement, String, Amounts)> = Vec::new();
+        let mut ends: BinaryHeap<Reverse<(Time, u64, usize)>> = BinaryHeap::new();
+        for t in self.tasks.values() {
+            if let State::Running { placement, .. } = &t.state {
+                ends.push(Reverse((self.expected_end(t, now), t.seq, held.len())));
+                held.push((
+                    placement.clone(),
+                    t.spec.team.clone(),
+                    quota::demand(&t.spec),
+                ));
+            }
+        }
+        // Units ahead, but not those held back by their team's budget: they start no sooner
+        // than the budget changes, and block no one meanwhile.
+        let mut ahead: Vec<(Unit, u64)> = self
+            .queue
+            .range(..key)
+            .map(|(_, leader)| (self.unit(*leader), self.tasks[leader].seq))
+            .filter(|(u, _)| {
+                let spec = &u.specs[0];
+                self.over_budget
+                    .get(&spec.team)
+                    .copied()
+                    .flatten()
+                    .is_none_or(|floor| spec.priority >= floor)
+            })
+            .collect();
+        let in_order = self.policy.when_blocked() == WhenBlocked::Stop;
+        let mut at = now;
+        for _ in 0..MAX_ETA_STEPS {
+            let mut started: Vec<usize> = Vec::new();
+            // Requests refused at this moment are refused again until something ends.
+            let mut refused: HashSet<(&str, Amounts, u32)> = HashSet::default();
+            for (i, (u, seq)) in ahead.iter().enumerate() {
+                let team = u.specs[0].team.as_str();
+                let class = (team, u.demand, u.gpus);
+                let placed =
+                    if refused.contains(&class) || !self.policy.admits(team, u.demand, &quotas) {
+                        None
+                    } else {
+                        self.place_unit_on(&mut cluster, u)
+                    };
+                let Some((placements, _)) = placed else {
+                    if in_order {
+                        break;
+                    }
+                    refused.insert(class);
+                    continue;
+                };
+                for (spec, placement) in u.specs.iter().zip(placements) {
+                    cluster.allocate(&placement);
+                    let demand = quota::demand(spec);
+                    quotas.charge(&spec.team, demand);
+                    let end = at.saturating_add(self.estimator.estimate(spec)).max(at + 1);
+                    ends.push(Reverse((end, *seq, held.len())));
+                    held.push((placement, spec.team.clone(), demand));
+                }
+                started.push(i);
+            }
+            for i in started.into_iter().rev() {
+                ahead.remove(i);
+            }
+            if (!in_order || ahead.is_empty())
+                && self
+                    .policy
+                    .admits(&unit.specs[0].team, unit.demand, &quotas)
+                && self.place_unit_on(&mut cluster, unit).is_some()
+            {
+                return Some(at);
+            }
+            let Reverse((end, _, i)) = ends.pop()?;
+            let (placement, team, demand) = &held[i];
+            cluster.release(placement);
+            quotas.refund(team, *demand);
+            at = end;
+        }
+        None
+    }
+
+    /// When a running task is expected to end, for ETAs: when its estimate says, or — once it
+    /// has run past it — after as long again as it has run so far in all. Run times are
+    /// heavy-tailed: a task that outlived its estimate is likely to run much longer, and under
+    /// a Pareto tail of index 1 the median of what is left equals what has run; expecting it
+    /// to end "now" would promise the next start every pass, and break it every pass.
+    fn expected_end(&self, task: &Task, now: Time) -> Time {
+        let estimate = self.estimator.estimate(&task.spec);
+        let ran = task.attained + task.run_time(now);
+        let left = if ran < estimate { estimate - ran } else { ran };
+        now.saturating_add(left).max(now + 1)
     }
 
     fn rekey(&mut self, now: Time) {

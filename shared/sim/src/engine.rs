@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use allot_sched::{ApplyError, Decision, Input, NodeSpec, Policy, Scheduler, TaskId};
 
-use crate::kpi::{self, Accumulators, JobOutcome, Kpis};
+use crate::kpi::{self, Accumulators, Eta, JobOutcome, Kpis};
 use crate::pipelines::{self, Dag, PipelineKpis, PipelineOutcome};
 use crate::scenario::Scenario;
 use crate::trace::{Millis, Trace};
@@ -31,6 +31,11 @@ pub struct SimConfig {
     pub restart_overhead: Millis,
     /// Record allocation and queue length at most this often, for plots (0: never).
     pub sample_every: Millis,
+    /// Ask the scheduler for each job's ETA right after the pass at its submission
+    /// ([`JobOutcome::eta_at_submit`](crate::kpi::JobOutcome)). Off by default: each answer
+    /// replays the queue ahead of the job, which on long queues costs more than the whole
+    /// simulation otherwise does.
+    pub eta_at_submit: bool,
 }
 
 impl Default for SimConfig {
@@ -39,6 +44,7 @@ impl Default for SimConfig {
             checkpoint_every: 15 * 60 * 1000,
             restart_overhead: 60 * 1000,
             sample_every: 0,
+            eta_at_submit: false,
         }
     }
 }
@@ -388,6 +394,10 @@ fn simulate(
     // (end, run generation, task): a preempted run's end is stale and skipped.
     let mut ends: BinaryHeap<Reverse<(Millis, u32, u64)>> = BinaryHeap::new();
     let mut runs: HashMap<u64, Run> = HashMap::new();
+    // The first ETA each job was given while it waited for its first run.
+    let mut etas: HashMap<u64, Eta> = HashMap::new();
+    // The ETA each job still waiting after its submission's pass was given then.
+    let mut etas_at_submit: HashMap<u64, Eta> = HashMap::new();
     let mut outcomes: Vec<Option<JobOutcome>> = vec![None; jobs.len()];
     let by_task: HashMap<u64, usize> = jobs
         .iter()
@@ -474,6 +484,8 @@ fn simulate(
                     first_start: run.first_start.unwrap_or(start),
                     finish: now,
                     gpu_ms: run.gpu_ms + u128::from(milli) * u128::from(now - start) / 1000,
+                    eta: etas.remove(&task),
+                    eta_at_submit: etas_at_submit.remove(&task),
                 });
                 finished += 1;
                 if let Some(d) = &mut dag_run {
@@ -597,11 +609,40 @@ fn simulate(
                         }
                     }
                 }
+                // Only the first promise counts, and only before the first run: that is the one
+                // a user who just submitted acts on. A task that has run is in `runs`.
+                Decision::Waiting {
+                    task,
+                    eta: Some(start),
+                    at,
+                    ..
+                } if !runs.contains_key(&task.0) => {
+                    etas.entry(task.0).or_insert(Eta {
+                        start: *start,
+                        given_at: *at,
+                    });
+                }
                 // The simulator never withdraws a task.
                 Decision::Waiting { .. }
                 | Decision::Released { .. }
                 | Decision::Reserved { .. }
                 | Decision::Withdrawn { .. } => {}
+            }
+        }
+        // What a user who asks right after submitting is told (a query: it decides nothing).
+        for &i in arriving.iter().filter(|_| config.eta_at_submit) {
+            let task = u64::from(jobs[i].id);
+            if runs.contains_key(&task) {
+                continue;
+            }
+            if let Some(start) = scheduler.waiting(TaskId(task), now).and_then(|w| w.eta) {
+                etas_at_submit.insert(
+                    task,
+                    Eta {
+                        start,
+                        given_at: now,
+                    },
+                );
             }
         }
         let waiting = scheduler.pending() > 0;

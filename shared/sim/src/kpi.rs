@@ -10,6 +10,11 @@
 //!   entitlement is its nominal share (nominal quota / all nominal quotas) of the GPU·s actually
 //!   allocated. Every job of a trace eventually runs, so entitlement is measured against what
 //!   was handed out, not against capacity that nobody asked for.
+//! - ETA accuracy, over jobs that waited more than [`ETA_MIN_WAIT`]: the relative error of the
+//!   first start time the scheduler promised a job while it waited, |ETA − first start| /
+//!   (first start − submit) — its median, and the share within 25%. Jobs that waited that long
+//!   and were never promised a start are counted apart, so a scheduler cannot look accurate by
+//!   staying silent.
 
 use std::collections::BTreeMap;
 
@@ -30,6 +35,40 @@ pub struct JobOutcome {
     pub finish: Millis,
     /// GPU·ms received (milli-GPU × ms / 1000).
     pub gpu_ms: u128,
+    /// The first start it was promised by a `Waiting` decision before its first run (`None`:
+    /// no decision gave it one).
+    pub eta: Option<Eta>,
+    /// The start [`allot_sched::Scheduler::waiting`] promised right after the pass at its
+    /// submission, as `allot` would answer a user who asks then (`None`: it started in that
+    /// pass, or was given no ETA).
+    pub eta_at_submit: Option<Eta>,
+}
+
+/// A start time the scheduler promised a waiting job (a `Waiting` decision's `eta`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Eta {
+    /// When it was expected to start.
+    pub start: Millis,
+    /// When the scheduler said so.
+    pub given_at: Millis,
+}
+
+/// Jobs that waited at most this long are left out of the ETA accuracy: nobody asks when a
+/// job will start that starts within a minute, and dividing by a wait of a few ms would let
+/// them dominate the relative error.
+pub const ETA_MIN_WAIT: Millis = 60_000;
+
+/// How well the ETAs given to waiting jobs matched their actual starts (see the module docs).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EtaAccuracy {
+    /// Jobs that waited more than [`ETA_MIN_WAIT`] and were given an ETA.
+    pub jobs: usize,
+    /// Jobs that waited more than [`ETA_MIN_WAIT`] and were never given one.
+    pub missing: usize,
+    /// Median over `jobs` of |ETA − start| / wait (`None` when `jobs` is 0).
+    pub median_rel_error: Option<f64>,
+    /// Share of `jobs` whose relative error is at most 0.25 (`None` when `jobs` is 0).
+    pub within_25pct: Option<f64>,
 }
 
 /// The KPIs of one simulated run.
@@ -61,6 +100,10 @@ pub struct Kpis {
     pub preemptions: u64,
     /// GPU-hours of work lost to preemptions.
     pub gpu_hours_lost: f64,
+    /// How well the ETAs of `Waiting` decisions held ([`JobOutcome::eta`]).
+    pub eta: EtaAccuracy,
+    /// How well the ETAs given at submission held ([`JobOutcome::eta_at_submit`]).
+    pub eta_at_submit: EtaAccuracy,
 }
 
 /// Time-weighted accumulators the engine feeds between events.
@@ -112,6 +155,36 @@ pub fn compute(
         jain_fairness: jain(outcomes, nominal),
         preemptions: acc.preemptions,
         gpu_hours_lost: acc.lost as f64 / 1000.0 / 3_600_000.0,
+        eta: eta_accuracy(outcomes, |o| o.eta),
+        eta_at_submit: eta_accuracy(outcomes, |o| o.eta_at_submit),
+    }
+}
+
+/// The accuracy of the ETAs `promised` to the jobs that waited more than [`ETA_MIN_WAIT`].
+pub fn eta_accuracy(
+    outcomes: &[JobOutcome],
+    promised: impl Fn(&JobOutcome) -> Option<Eta>,
+) -> EtaAccuracy {
+    let mut errors: Vec<f64> = Vec::new();
+    let mut missing = 0;
+    for o in outcomes {
+        let wait = o.first_start - o.submit;
+        if wait <= ETA_MIN_WAIT {
+            continue;
+        }
+        match promised(o) {
+            Some(eta) => errors.push(eta.start.abs_diff(o.first_start) as f64 / wait as f64),
+            None => missing += 1,
+        }
+    }
+    errors.sort_unstable_by(f64::total_cmp);
+    let within = errors.iter().filter(|e| **e <= 0.25).count();
+    EtaAccuracy {
+        jobs: errors.len(),
+        missing,
+        // Nearest rank, as the JCT percentiles.
+        median_rel_error: (!errors.is_empty()).then(|| errors[errors.len().div_ceil(2) - 1]),
+        within_25pct: (!errors.is_empty()).then(|| within as f64 / errors.len() as f64),
     }
 }
 
@@ -162,6 +235,8 @@ mod tests {
             first_start: start,
             finish,
             gpu_ms: gpus * u128::from(finish - start),
+            eta: None,
+            eta_at_submit: None,
         }
     }
 
@@ -185,5 +260,39 @@ mod tests {
         let starved = [job("a", 0, 0, 1_000, 3)];
         let j = compute(&starved, &Accumulators::default(), &quotas).jain_fairness;
         assert!((j - 0.5).abs() < 1e-9, "{j}");
+    }
+
+    #[test]
+    fn eta_accuracy_counts_long_waits_only_and_the_silent_ones_apart() {
+        let waited = |wait: Millis, eta: Option<Millis>| JobOutcome {
+            eta: eta.map(|start| Eta { start, given_at: 0 }),
+            ..job("a", 0, wait, wait + 1_000, 1)
+        };
+        let outcomes = [
+            // Under a minute: left out however wrong its ETA.
+            waited(30_000, Some(900_000)),
+            waited(60_000, None),
+            // On time; 50 s late on a 200 s wait (0.25, still within); 200 s early on 400 s.
+            waited(100_000, Some(100_000)),
+            waited(200_000, Some(250_000)),
+            waited(400_000, Some(200_000)),
+            // Waited long, promised nothing.
+            waited(120_000, None),
+        ];
+        let eta = compute(&outcomes, &Accumulators::default(), &BTreeMap::new()).eta;
+        assert_eq!(
+            eta,
+            EtaAccuracy {
+                jobs: 3,
+                missing: 1,
+                median_rel_error: Some(0.25),
+                within_25pct: Some(2.0 / 3.0),
+            }
+        );
+        assert_eq!(
+            eta_accuracy(&outcomes[..2], |o| o.eta),
+            EtaAccuracy::default(),
+            "no long wait: nothing to measure, and no median made up"
+        );
     }
 }

@@ -495,6 +495,67 @@ fn a_waiting_task_is_told_why_and_when_it_should_start() {
 }
 
 #[test]
+fn a_waiting_tasks_eta_moves_when_the_queue_ahead_of_it_changes() {
+    // sjf-oracle on one 8-GPU node: estimates are the true durations, and a shorter task
+    // that arrives later goes ahead.
+    let mut s = scheduler(Box::new(SjfOracle), vec![node("n1")]);
+    let waits_for_2 = |d: &[Decision]| {
+        d.iter()
+            .filter_map(|d| match d {
+                Decision::Waiting {
+                    task: TaskId(2),
+                    eta,
+                    ..
+                } => Some(*eta),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    let at = |s: &mut Scheduler, input: Option<Input>, now: u64| {
+        if let Some(input) = input {
+            s.apply(input).unwrap();
+        }
+        s.apply(Input::Schedule { at: now }).unwrap()
+    };
+    at(&mut s, Some(submit(task(1).gpus(8).lasts(HOUR), 0)), 0);
+    let d = at(
+        &mut s,
+        Some(submit(task(2).gpus(8).lasts(2 * HOUR), 10 * MIN)),
+        10 * MIN,
+    );
+    assert_eq!(
+        waits_for_2(&d),
+        [Some(HOUR)],
+        "behind task 1, due to end at 60 min"
+    );
+    assert_eq!(s.waiting(TaskId(2), 10 * MIN).unwrap().eta, Some(HOUR));
+
+    // A 30 min task arrives and goes ahead: task 2 now starts after it, at 90 min. The
+    // decision log says nothing new about task 2; asking does.
+    let d = at(
+        &mut s,
+        Some(submit(task(3).gpus(8).lasts(30 * MIN), 20 * MIN)),
+        20 * MIN,
+    );
+    assert!(waits_for_2(&d).is_empty(), "{d:?}");
+    let w = s.waiting(TaskId(2), 20 * MIN).unwrap();
+    assert_eq!(w.reason, WaitReason::BehindHead { head: TaskId(3) });
+    assert_eq!(w.eta, Some(90 * MIN));
+
+    // Task 1 ends 20 min early and task 3 starts: task 2 moves up to 70 min.
+    let d = at(&mut s, Some(finish(1, 40 * MIN)), 40 * MIN);
+    assert!(
+        waits_for_2(&d).is_empty(),
+        "still no capacity: no new decision"
+    );
+    assert_eq!(s.waiting(TaskId(2), 40 * MIN).unwrap().eta, Some(70 * MIN));
+
+    // Task 3 outlives its 30 min: at 80 min it has run 40, and is expected to take as long
+    // again — not to end at once, which would promise task 2 the next millisecond.
+    assert_eq!(s.waiting(TaskId(2), 80 * MIN).unwrap().eta, Some(120 * MIN));
+}
+
+#[test]
 fn among_equals_allot_starts_the_task_that_unblocks_most() {
     check(vec![
         Case {
