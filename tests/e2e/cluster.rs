@@ -1,6 +1,6 @@
 //! A cluster of `allot run` processes against a real nats-server, for end-to-end tests of
-//! pipelines: the planner, the predictor, allocator(s), and one collector per simulated node
-//! whose executor runs each task's command as a real process.
+//! pipelines: the planner, allocator(s), and one collector per simulated node whose executor
+//! runs each task's command as a real process; the predictor where a test starts it.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -102,7 +102,6 @@ impl Cluster {
             policy,
         };
         cluster.planner();
-        cluster.predictor();
         cluster.allocator("a1");
         for (node, gpus) in nodes {
             let data = cluster.path(node);

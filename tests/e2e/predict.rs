@@ -88,6 +88,7 @@ fn every_task_is_predicted_once_journalled_before_use_and_learned_across_a_predi
     use crate::cluster::Cluster;
 
     let mut cluster = Cluster::start_simulated(&[("n1", 1)], 10);
+    cluster.predictor();
     // Two runs at once on one GPU: tasks wait, so predictions reach them while queued.
     let first = [
         cluster.submit_with(STAGES, "run-1", &[]),
