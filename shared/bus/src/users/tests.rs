@@ -34,6 +34,7 @@ fn one_user_per_role_with_a_distinct_password_each() {
             "inventory",
             "allocator",
             "planner",
+            "predictor",
             "billing",
             "archiver",
             "collector-node-1",
