@@ -912,12 +912,9 @@ fn task_of(event: &TaskEvent) -> Option<TaskId> {
     }
 }
 
-/// `runs about 12m 30s (10-90%: 4m-40m; from team_gpus, model 3)`.
+/// `runs about 12m30s (10-90%: 4m00s-40m00s; from team_gpus, model 3)`.
 fn prediction(p: &allot_events::task::TaskPredicted) -> String {
-    let rough = |ms: u64| {
-        let d = std::time::Duration::from_secs(ms.div_ceil(1000));
-        humantime::format_duration(d).to_string()
-    };
+    let rough = super::workloads::span_ms;
     let model = match p.model_version {
         Some(v) => format!("model {v}"),
         None => "no model yet".to_owned(),

@@ -12,12 +12,14 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
+use comfy_table::{Table, presets::NOTHING};
 use serde::Serialize;
 
 use allot_sched::{Input, Scheduler, TaskId, Time};
 
 use super::replay::JournalSource;
 use super::settings::Lookup;
+use super::workloads::span_ms;
 
 /// Flags of `allot queue`.
 #[derive(Debug, Args)]
@@ -155,19 +157,10 @@ pub fn table(rows: &[Waiting], now: Time) -> String {
     if rows.is_empty() {
         return "no task is waiting\n".to_owned();
     }
-    let rough = |ms: u64| {
-        humantime::format_duration(std::time::Duration::from_secs(ms.div_ceil(1000))).to_string()
-    };
-    let mut lines = vec![[
-        "POS".to_owned(),
-        "TASK".to_owned(),
-        "TEAM".to_owned(),
-        "PRIO".to_owned(),
-        "GPUS".to_owned(),
-        "WAITING".to_owned(),
-        "ETA".to_owned(),
-        "REASON".to_owned(),
-    ]];
+    let mut table = Table::new();
+    table.load_preset(NOTHING).set_header([
+        "POS", "TASK", "TEAM", "PRIO", "GPUS", "WAITING", "ETA", "REASON",
+    ]);
     for r in rows {
         let task = match (&r.workload, &r.name) {
             (Some(w), Some(n)) => format!("{w}/{n}"),
@@ -178,51 +171,24 @@ pub fn table(rows: &[Waiting], now: Time) -> String {
         } else {
             r.gpus.to_string()
         };
-        let waiting = r
-            .submitted_ms
-            .map_or_else(|| "-".to_owned(), |s| rough(now.saturating_sub(s)));
         let eta = match r.eta_ms {
             Some(eta) if eta <= now => "now".to_owned(),
-            Some(eta) => format!("in {}", rough(eta - now)),
+            Some(eta) => format!("in {}", span_ms(eta - now)),
             None => "unknown".to_owned(),
         };
-        lines.push([
+        table.add_row([
             r.position.to_string(),
             task,
             r.team.clone(),
             r.priority.to_string(),
             gpus,
-            waiting,
+            r.submitted_ms
+                .map_or_else(|| "-".to_owned(), |s| span_ms(now.saturating_sub(s))),
             eta,
             r.reason.clone(),
         ]);
     }
-    let widths: Vec<usize> = (0..8)
-        .map(|c| {
-            lines
-                .iter()
-                .map(|l| l[c].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    for l in &lines {
-        let cells: Vec<String> = l
-            .iter()
-            .enumerate()
-            .map(|(c, v)| {
-                if c == 7 {
-                    v.clone()
-                } else {
-                    format!("{v:<width$}", width = widths[c])
-                }
-            })
-            .collect();
-        out.push_str(cells.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
+    format!("{table}\n")
 }
 
 #[cfg(test)]
@@ -278,7 +244,7 @@ mod tests {
         assert_eq!(vision.len(), 1);
         assert_eq!(vision[0].position, 2);
         let text = table(&rows2, 60_000);
-        assert!(text.starts_with("POS"), "{text}");
+        assert!(text.trim_start().starts_with("POS"), "{text}");
         assert!(text.contains("in 29m"), "{text}");
     }
 }

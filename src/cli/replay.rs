@@ -356,11 +356,10 @@ fn history(entry: &Entry, task: TaskId, nodes: &[String]) -> Vec<String> {
             duration,
             at,
         } if *t == task => {
-            let d = std::time::Duration::from_secs(duration.div_ceil(1000));
             out.push(format!(
                 "#{seq} {} predicted to run {} in all (the scheduler's estimate from now on)",
                 when(*at),
-                humantime::format_duration(d)
+                super::workloads::span_ms(*duration)
             ));
         }
         Input::TaskRequeued {

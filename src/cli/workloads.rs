@@ -425,9 +425,13 @@ fn ago(now: DateTime<Utc>, t: DateTime<Utc>) -> String {
     format!("{} ago", span(now - t))
 }
 
-/// `850ms`, `12s`, `3m05s`, `2h10m`, `4d3h`.
-fn span(d: chrono::TimeDelta) -> String {
-    let ms = d.num_milliseconds().max(0);
+/// `850ms`, `12s`, `3m05s`, `2h10m`, `4d3h`: how every client command shows a span of time.
+pub(super) fn span(d: chrono::TimeDelta) -> String {
+    span_ms(d.num_milliseconds().max(0) as u64)
+}
+
+/// [`span`] of `ms` milliseconds.
+pub(super) fn span_ms(ms: u64) -> String {
     let s = ms / 1000;
     match s {
         0 => format!("{ms}ms"),

@@ -170,26 +170,18 @@ async fn bill(url: &str, dir: &std::path::Path, client: &async_nats::Client, tea
         let _ = stopped.await;
     }));
     // Done when it has applied the whole journal (its recorded position is the stream's end).
-    let mut decisions = async_nats::jetstream::new(client.clone())
-        .get_stream("DECISIONS")
-        .await
-        .unwrap();
-    let end = decisions.info().await.unwrap().state.last_sequence;
     let db = dir.join("billing.db");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let applied = allot_store::rusqlite::Connection::open(&db)
-            .ok()
-            .and_then(|c| allot_store::position(&c, "billing").ok().flatten());
-        if applied == Some(end) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "billing did not finish: at {applied:?} of {end}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    allot_testkit::streams::wait_until_applied(
+        client,
+        "DECISIONS",
+        Duration::from_secs(30),
+        || {
+            allot_store::rusqlite::Connection::open(&db)
+                .ok()
+                .and_then(|c| allot_store::position(&c, "billing").ok().flatten())
+        },
+    )
+    .await;
     let _ = stop.send(());
     billing.await.unwrap().unwrap();
 }

@@ -282,14 +282,14 @@ fn aborted(c: &Connection, a: &WorkloadAborted, d: &Delivery) -> Result<Step, St
             }
         ));
     }
-    let before: Vec<TaskStatus> = w.tasks.iter().map(|t| t.status).collect();
+    let loaded = w.clone();
     match w.abort(a.task.as_deref(), &a.by, &a.reason) {
         Ok(effects) => {
             let cancelled: Vec<&str> = w
                 .tasks
                 .iter()
-                .zip(&before)
-                .filter(|(t, was)| t.status == TaskStatus::Cancelled && **was != t.status)
+                .zip(&loaded.tasks)
+                .filter(|(t, was)| t.status == TaskStatus::Cancelled && was.status != t.status)
                 .map(|(t, _)| t.name.as_str())
                 .collect();
             let detail = if cancelled.is_empty() {
@@ -298,7 +298,7 @@ fn aborted(c: &Connection, a: &WorkloadAborted, d: &Delivery) -> Result<Step, St
                 format!("cancelled {}", cancelled.join(", "))
             };
             info!(workload.id = %w.id, task = ?a.task, by = %a.by, %detail, "workload aborted");
-            commit(c, &w, effects)?;
+            commit(c, &loaded, &w, effects)?;
             answer(c, a, d, AbortOutcome::Accepted, &detail)?;
             Ok(Step::handled(true))
         }
@@ -377,13 +377,19 @@ fn on_attempt(
             attempt.workload
         )));
     };
+    let before = w.clone();
     let effects = transition(&mut w, &attempt.name, attempt.attempt);
-    commit(c, &w, effects)
+    commit(c, &before, &w, effects)
 }
 
-/// Saves `w` and queues its effects.
-fn commit(c: &Connection, w: &Workload, effects: Vec<Effect>) -> Result<Step, StoreError> {
-    store::save(c, w)?;
+/// Saves what changed of `w` since it was loaded as `before`, and queues its effects.
+fn commit(
+    c: &Connection,
+    before: &Workload,
+    w: &Workload,
+    effects: Vec<Effect>,
+) -> Result<Step, StoreError> {
+    store::save_changes(c, before, w)?;
     let queued = !effects.is_empty();
     emit(c, w, effects)?;
     Ok(Step::handled(queued))

@@ -202,10 +202,30 @@ pub fn insert(
 
 /// Writes `workload`'s state over what is stored, and records the ids of its current attempts.
 pub fn save(conn: &Connection, workload: &Workload) -> Result<(), StoreError> {
-    conn.execute(
-        "UPDATE workloads SET status = ?2, reason = ?3 WHERE id = ?1",
-        params![workload.id, workload.status.as_str(), workload.reason],
-    )?;
+    write(conn, workload, None)
+}
+
+/// [`save`] of what changed since `workload` was loaded as `before`: a transition touches a
+/// task or two, and a workload may have thousands.
+pub fn save_changes(
+    conn: &Connection,
+    before: &Workload,
+    workload: &Workload,
+) -> Result<(), StoreError> {
+    write(conn, workload, Some(before))
+}
+
+fn write(
+    conn: &Connection,
+    workload: &Workload,
+    before: Option<&Workload>,
+) -> Result<(), StoreError> {
+    if before.is_none_or(|b| b.status != workload.status || b.reason != workload.reason) {
+        conn.execute(
+            "UPDATE workloads SET status = ?2, reason = ?3 WHERE id = ?1",
+            params![workload.id, workload.status.as_str(), workload.reason],
+        )?;
+    }
     let mut task = conn.prepare_cached(
         "INSERT INTO tasks (workload, name, position, after, gang, status, attempt, max_attempts,
                             backoff_ms, template, run, reason, started_ms, predicted_ms)
@@ -220,6 +240,9 @@ pub fn save(conn: &Connection, workload: &Workload) -> Result<(), StoreError> {
          ON CONFLICT (task_id) DO NOTHING",
     )?;
     for (position, t) in workload.tasks.iter().enumerate() {
+        if before.is_some_and(|b| b.tasks.get(position) == Some(t)) {
+            continue;
+        }
         task.execute(params![
             workload.id,
             t.name,

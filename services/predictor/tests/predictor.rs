@@ -4,7 +4,7 @@
 //! announcement delivered twice is predicted once.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use allot_bus::{Publisher, catalog, ensure_streams};
 use allot_events::task::{
@@ -86,27 +86,19 @@ async fn predict(url: &str, dir: &std::path::Path, client: &async_nats::Client) 
     let predictor = tokio::spawn(allot_predictor::run(config, async {
         let _ = stopped.await;
     }));
-    let mut workloads = async_nats::jetstream::new(client.clone())
-        .get_stream("WORKLOADS")
-        .await
-        .unwrap();
+    // Its own predictions land in the stream too; they are applied (as nothing) as well.
     let db = dir.join("predictor.db");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        // Its own predictions land in the stream too; they are applied (as nothing) as well.
-        let end = workloads.info().await.unwrap().state.last_sequence;
-        let applied = allot_store::rusqlite::Connection::open(&db)
-            .ok()
-            .and_then(|c| allot_store::position(&c, "predictor").ok().flatten());
-        if applied == Some(end) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the predictor did not finish: at {applied:?} of {end}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    allot_testkit::streams::wait_until_applied(
+        client,
+        "WORKLOADS",
+        Duration::from_secs(30),
+        || {
+            allot_store::rusqlite::Connection::open(&db)
+                .ok()
+                .and_then(|c| allot_store::position(&c, "predictor").ok().flatten())
+        },
+    )
+    .await;
     let _ = stop.send(());
     predictor.await.unwrap().unwrap();
 }
