@@ -35,6 +35,12 @@ pub struct PendingView<'a> {
     /// Whether `estimate` was learned (a prediction, or finished tasks) rather than the
     /// estimator's default ([`crate::estimate::DurationEstimator::learned`]).
     pub estimate_learned: bool,
+    /// Since when it has waited in the queue this time (its submission, or the end of its
+    /// last run); `None` while it runs.
+    pub pending_since: Option<Time>,
+    /// While it runs: how long it waited in the queue before this run started; `None` while
+    /// it waits.
+    pub waited_before_run: Option<Time>,
 }
 
 /// A task in a preemption decision: its spec and its key at this instant.
@@ -46,6 +52,9 @@ pub struct Contender<'a> {
     pub key: QueueKey,
     /// What it holds or asks of its team's quota (a gang: all its members).
     pub demand: Amounts,
+    /// Run time, ms, that preempting it now would lose: everything since its last checkpoint
+    /// (0 for the preemptor, which does not run).
+    pub lost: Time,
 }
 
 /// The order in which the victims a policy allows are preempted until there is room.
@@ -110,6 +119,12 @@ pub trait Policy: Send + std::fmt::Debug {
             self.name(),
             preemptor.spec.id
         )
+    }
+    /// What restarting a task costs beyond its lost work, ms, if the policy moves smaller
+    /// running tasks to make room for a task blocked by fragmentation alone (they restart at
+    /// once elsewhere; see `Scheduler::relocate_for`); `None`: it never does.
+    fn relocation_cost(&self) -> Option<Time> {
+        None
     }
     /// In which order allowed victims are taken.
     fn victim_order(&self) -> VictimOrder {
@@ -191,8 +206,10 @@ impl Policy for SjfOracle {
 
 /// The policies known by name.
 pub fn by_name(name: &str) -> Option<Box<dyn Policy>> {
-    if name == "allot" {
-        return Some(Box::new(allot::Allot::default()));
+    match name {
+        "allot" => return Some(Box::new(allot::Allot::default())),
+        "allot-oracle" => return Some(Box::new(allot::Allot::oracle())),
+        _ => {}
     }
     if let Some(policy) = queueing::by_name(name) {
         return Some(policy);
@@ -215,6 +232,7 @@ pub const NAMES: &[&str] = &[
     "tiresias",
     "kueue",
     "allot",
+    "allot-oracle",
     "bestfit",
     "fgd",
 ];

@@ -210,6 +210,10 @@ struct Task {
     seq: u64,
     /// Run time of earlier runs (before preemptions), ms.
     attained: Time,
+    /// When it last joined the queue: its submission, or the end of its last run.
+    pending_since: Time,
+    /// How long it waited in the queue before its current (or last) run started, ms.
+    waited: Time,
     /// The lease and nodes of its last run, once one was stopped (preempted or requeued).
     last_run: Option<(LeaseId, Vec<NodeIdx>)>,
     state: State,
@@ -226,6 +230,14 @@ impl Task {
             attained_gpu: attained.saturating_mul(u64::from(self.spec.gpus.max(1))),
             estimate,
             estimate_learned: false,
+            pending_since: match self.state {
+                State::Pending { .. } => Some(self.pending_since),
+                State::Running { .. } => None,
+            },
+            waited_before_run: match self.state {
+                State::Pending { .. } => None,
+                State::Running { .. } => Some(self.waited),
+            },
         }
     }
 
@@ -331,6 +343,9 @@ struct Preload {
 
 /// A unit's placements, one per member, and for a gang the topology level they fit within.
 type Placed = (Vec<Placement>, Option<Level>);
+
+/// How many nodes [`Scheduler::relocate_for`] tries, cheapest move first, before giving up.
+const RELOCATION_TRIES: usize = 4;
 
 /// The resources of a unit, in placement order, and what it asks of the quota.
 struct Unit {
@@ -627,6 +642,8 @@ impl Scheduler {
                 submitted: at,
                 seq,
                 attained: 0,
+                pending_since: at,
+                waited: 0,
                 last_run: None,
                 state: State::Pending {
                     key: QueueKey(0, 0, 0),
@@ -1057,6 +1074,7 @@ impl Scheduler {
             self.no_room.clear();
         }
         task.attained += now.saturating_sub(since);
+        task.pending_since = now;
         task.last_run = Some((lease, placement.shares.iter().map(|s| s.node).collect()));
         out.push(Decision::Preempted {
             task: id,
@@ -1131,6 +1149,7 @@ impl Scheduler {
         let mut blocked: Option<(TaskId, WaitReason)> = None;
         let mut reservation: Option<Reservation> = None;
         let mut hopeless_gpus = u32::MAX;
+        let mut unmovable_gpus = u32::MAX;
         let mut running: Option<Vec<(QueueKey, TaskId)>> = None;
         for (key, leader) in &queue {
             let unit = self.unit(*leader);
@@ -1161,8 +1180,23 @@ impl Scheduler {
             {
                 placed = None;
             }
-            // 3. preempt
+            // 3. preempt: move smaller tasks if fragmentation alone blocks it, else preempt
             let mut victims = 0;
+            if placed.is_none()
+                && admitted
+                && floor.is_none()
+                && may_preempt
+                && reservation.is_none()
+                && unit.gpus < unmovable_gpus
+            {
+                match self.relocate_for(&unit, now, out, &mut requeued, &mut running) {
+                    Some((p, n)) => {
+                        placed = Some(p);
+                        victims = n;
+                    }
+                    None => unmovable_gpus = unit.gpus,
+                }
+            }
             if placed.is_none()
                 && floor.is_none()
                 && may_preempt
@@ -1229,6 +1263,7 @@ impl Scheduler {
                     reason: why.clone(),
                 });
                 if let Some(task) = self.tasks.get_mut(member) {
+                    task.waited = now.saturating_sub(task.pending_since);
                     task.state = State::Running {
                         lease,
                         placement,
@@ -1313,6 +1348,7 @@ impl Scheduler {
             spec: &unit.specs[0],
             key,
             demand: unit.demand,
+            lost: 0,
         };
         // (over its limit, work lost, victim), in the order they would be taken.
         let mut victims: Vec<(bool, u64, TaskId)> = Vec::new();
@@ -1324,6 +1360,7 @@ impl Scheduler {
                     spec: &task.spec,
                     key: *k,
                     demand: quota::demand(&task.spec),
+                    lost: task.lost_work(now),
                 };
                 if !self.policy.may_preempt(preemptor, victim, &self.quotas) {
                     continue;
@@ -1373,6 +1410,7 @@ impl Scheduler {
                         spec: &task.spec,
                         key: k,
                         demand: quota::demand(&task.spec),
+                        lost: task.lost_work(now),
                     };
                     self.policy
                         .preemption_reason(preemptor, victim, &self.quotas)
@@ -1450,6 +1488,152 @@ impl Scheduler {
         Some((found, preempted))
     }
 
+    /// Makes room for `unit`, blocked by fragmentation alone, by moving smaller running tasks
+    /// of no higher priority off one node onto capacity that stays free (Gandiva's
+    /// defragmenting migration, done as preempt-and-restart). Only when the policy relocates
+    /// ([`Policy::relocation_cost`]), the unit is one task whose demand the free GPUs already
+    /// cover, every victim can start again at once elsewhere, and the move costs less than it
+    /// saves: Σ victims' GPUs × (restart + work since their checkpoint) below the unit's GPUs ×
+    /// the time until it would fit without the move (heavy-tailed expectations). Victims are
+    /// stopped and requeued (the pass's second sweep starts them again); returns the unit's
+    /// placement and how many tasks moved, or leaves everything as it was.
+    fn relocate_for(
+        &mut self,
+        unit: &Unit,
+        now: Time,
+        out: &mut Vec<Decision>,
+        requeued: &mut Vec<TaskId>,
+        running: &mut Option<Vec<(QueueKey, TaskId)>>,
+    ) -> Option<(Placed, usize)> {
+        let restart = self.policy.relocation_cost()?;
+        let spec = &unit.specs[0];
+        let free_gpus = self.cluster.free_milli() / u64::from(WHOLE_GPU_MILLI);
+        let need = unit.demand[quota::GPU];
+        if !unit.single || spec.mig_profile.is_some() || self.cluster.free_milli() < need {
+            return None;
+        }
+        // Movable tasks per node: (cost in milli-GPU·ms, arrival, id), cheapest first.
+        let mut by_node: BTreeMap<NodeIdx, Vec<(u128, u64, TaskId)>> = BTreeMap::new();
+        for t in self.tasks.values() {
+            let State::Running { placement, .. } = &t.state else {
+                continue;
+            };
+            let milli = quota::demand(&t.spec)[quota::GPU];
+            if placement.shares.len() != 1
+                || t.spec.gang.is_some()
+                || t.spec.mig_profile.is_some()
+                || milli == 0
+                || milli >= need
+                || t.spec.priority > spec.priority
+            {
+                continue;
+            }
+            let cost = u128::from(milli) * u128::from(restart + t.lost_work(now));
+            by_node
+                .entry(placement.shares[0].node)
+                .or_default()
+                .push((cost, t.seq, t.spec.id));
+        }
+        // Per node, the cheapest victims whose GPUs with the node's free ones cover the need.
+        let mut candidates: Vec<(u128, NodeIdx, Vec<TaskId>)> = Vec::new();
+        for (node, mut movable) in by_node {
+            let state = self.cluster.node(node);
+            if !state.schedulable {
+                continue;
+            }
+            let mut free: u64 = state.gpu_free.iter().map(|f| u64::from(*f)).sum();
+            movable.sort_unstable();
+            let mut cost = 0;
+            let mut victims = Vec::new();
+            for (c, _, id) in movable {
+                if free >= need {
+                    break;
+                }
+                free += quota::demand(&self.tasks[&id].spec)[quota::GPU];
+                cost += c;
+                victims.push(id);
+            }
+            if free >= need && !victims.is_empty() {
+                candidates.push((cost, node, victims));
+            }
+        }
+        if candidates.is_empty() {
+            return None;
+        }
+        candidates.sort_unstable();
+        let fits_at = self.earliest_fit(unit, now, true).start;
+        let saved = u128::from(need) * u128::from(fits_at.saturating_sub(now));
+        for (cost, _, victims) in candidates.into_iter().take(RELOCATION_TRIES) {
+            if cost >= saved {
+                break;
+            }
+            let originals: Vec<Placement> = victims
+                .iter()
+                .filter_map(|id| match &self.tasks[id].state {
+                    State::Running { placement, .. } => Some(placement.clone()),
+                    State::Pending { .. } => None,
+                })
+                .collect();
+            for p in &originals {
+                self.cluster.release(p);
+            }
+            // The unit first, then every victim on what is left.
+            let mut trial: Vec<Placement> = Vec::new();
+            let mut ok = false;
+            if let Some(p) = self.place_on(&self.cluster, spec) {
+                self.cluster.allocate(&p);
+                trial.push(p);
+                ok = true;
+                for id in &victims {
+                    match self.place_on(&self.cluster, &self.tasks[id].spec) {
+                        Some(p) => {
+                            self.cluster.allocate(&p);
+                            trial.push(p);
+                        }
+                        None => {
+                            ok = false;
+                            break;
+                        }
+                    }
+                }
+            }
+            for p in &trial {
+                self.cluster.release(p);
+            }
+            if !ok {
+                for p in &originals {
+                    self.cluster.allocate(p);
+                }
+                continue;
+            }
+            let placement = trial.swap_remove(0);
+            let waited = fits_at.saturating_sub(now) / 1000;
+            for id in &victims {
+                let task = &self.tasks[id];
+                self.quotas
+                    .refund(&task.spec.team, quota::demand(&task.spec));
+                let lost = task.lost_work(now) / 1000;
+                let reason = format!(
+                    "{}: moved to make room for {} ({} GPUs), which fits on none of the {} free \
+                     GPUs and would otherwise wait about {waited} s; restarts at once on free \
+                     capacity, losing {lost} s of work since its last checkpoint",
+                    self.policy.name(),
+                    spec.id,
+                    unit.gpus,
+                    free_gpus,
+                );
+                self.stop(*id, now, Some(spec.id), reason, out);
+                if let Some(cache) = running.as_mut() {
+                    cache.retain(|(_, t)| t != id);
+                }
+                requeued.push(*id);
+            }
+            self.no_room.clear();
+            return Some(((vec![placement], None), victims.len()));
+        }
+        None
+    }
+
     /// Takes (`true`) or gives back (`false`) the resources and quota of running tasks.
     fn hold(&mut self, group: &[(TaskId, String)], take: bool) {
         for (member, _) in group {
@@ -1471,6 +1655,13 @@ impl Scheduler {
     /// The earliest start of `unit` if running tasks end when their estimates say, and the
     /// nodes it would use then.
     fn reserve(&self, unit: &Unit, now: Time) -> Reservation {
+        self.earliest_fit(unit, now, false)
+    }
+
+    /// The earliest moment `unit` fits if running tasks end, in order, when their estimates
+    /// say (`heavy_tailed`: as [`Self::expected_end`] expects, a task past its estimate
+    /// running as long again), and the nodes it would use then.
+    fn earliest_fit(&self, unit: &Unit, now: Time, heavy_tailed: bool) -> Reservation {
         // (expected end, arrival order): a total order, so the reservation never depends on
         // how the task table happens to iterate.
         let mut ends: Vec<(Time, u64, &Placement)> = self
@@ -1480,8 +1671,12 @@ impl Scheduler {
                 State::Running {
                     placement, since, ..
                 } => {
-                    let total = self.estimator.estimate(&t.spec);
-                    let end = (since + total.saturating_sub(t.attained)).max(now + 1);
+                    let end = if heavy_tailed {
+                        self.expected_end(t, now)
+                    } else {
+                        let total = self.estimator.estimate(&t.spec);
+                        (since + total.saturating_sub(t.attained)).max(now + 1)
+                    };
                     Some((end, t.seq, placement))
                 }
                 State::Pending { .. } => None,

@@ -466,13 +466,17 @@ fn allot_preempts_only_when_the_gain_is_worth_the_lost_work() {
         inputs.push(finish(90 + i, (i + 1) * hour));
     }
     let t = 3 * hour;
-    // Task 1 has run 50 min of an expected hour (10 min left): a newcomer expecting an hour
-    // must not preempt it. Past its estimate (2 h run), it counts as long and is preempted.
+    // Task 1 has run 65 min of an expected hour: as long again is expected of it, under twice
+    // a newcomer's hour, so the newcomer must not preempt it. At 2 h 1 min it counts as long
+    // and is preempted: it checkpoints every 10 min, so that costs a restart and a minute of
+    // work (and the newcomer has waited 56 min, short of the starvation guard's hour).
+    let mut one = task(1).gpus(8);
+    one.0.checkpoint_every = Some(10 * 60_000);
     inputs.extend([
-        submit(task(1).gpus(8), t),
+        submit(one, t),
         pass(t),
-        submit(task(2).gpus(8), t + 50 * 60_000),
-        pass(t + 50 * 60_000),
+        submit(task(2).gpus(8), t + 65 * 60_000),
+        pass(t + 65 * 60_000),
         pass(t + 2 * hour + 60_000),
     ]);
     let got = script("allot", vec![node("n1")], inputs);
@@ -481,6 +485,167 @@ fn allot_preempts_only_when_the_gain_is_worth_the_lost_work() {
         tail,
         ["grant 1@n1", "preempt 1 for 2", "grant 2@n1"],
         "{got:?}"
+    );
+}
+
+#[test]
+fn allot_does_not_trade_short_tasks_for_a_gain_smaller_than_a_restart() {
+    // Team-a's 8-GPU tasks have lasted 1 s. Task 1 has run 3 s, past its estimate, so it
+    // counts as long (3 s more); task 2 is expected to take 1 s. Three times shorter, but
+    // swapping them would save 2 s at the price of a restart: task 1 keeps running.
+    let second = 1_000;
+    let mut inputs = Vec::new();
+    for i in 0..3 {
+        inputs.push(submit(task(90 + i).gpus(8), i * second));
+        inputs.push(pass(i * second));
+        inputs.push(finish(90 + i, (i + 1) * second));
+    }
+    let t = 3 * second;
+    inputs.extend([
+        submit(task(1).gpus(8), t),
+        pass(t),
+        submit(task(2).gpus(8), t + 3 * second),
+        pass(t + 3 * second),
+        pass(t + 4 * second),
+    ]);
+    let got = script("allot", vec![node("n1")], inputs);
+    let tail: Vec<&str> = got.iter().map(String::as_str).skip(6).collect();
+    assert_eq!(tail, ["grant 1@n1"], "{got:?}");
+}
+
+#[test]
+fn allot_moves_small_tasks_to_start_one_that_fragmentation_alone_blocks() {
+    // Two nodes of 4 GPUs; 1-GPU tasks have lasted 10 h. Eight of them fill the cluster; two
+    // finish on each node a minute later: 4 GPUs are free, 2 on each node, and a 4-GPU task
+    // would wait about 10 h. Moving the two left on one node (a minute of work each, plus a
+    // restart) lets it start now, and they restart at once on the other node.
+    let hour = 3_600_000;
+    let minute = 60_000;
+    let mut inputs = vec![submit(task(90).gpus(1), 0), pass(0), finish(90, 10 * hour)];
+    let t = 10 * hour;
+    for id in 1..=8 {
+        inputs.push(submit(task(id).gpus(1), t));
+    }
+    inputs.push(pass(t));
+    let got = script(
+        "allot",
+        vec![node("n1").gpus(4), node("n2").gpus(4)],
+        inputs.clone(),
+    );
+    let on = |n: &str| -> Vec<u64> {
+        got.iter()
+            .filter_map(|g| g.strip_prefix("grant ")?.strip_suffix(&format!("@{n}")))
+            .filter_map(|id| id.parse().ok())
+            .filter(|id| *id != 90)
+            .collect()
+    };
+    let (n1, n2) = (on("n1"), on("n2"));
+    assert_eq!((n1.len(), n2.len()), (4, 4), "{got:?}");
+    for id in [n1[0], n1[1], n2[0], n2[1]] {
+        inputs.push(finish(id, t + minute));
+    }
+    inputs.extend([submit(task(9).gpus(4), t + minute), pass(t + minute)]);
+    let got = script(
+        "allot",
+        vec![node("n1").gpus(4), node("n2").gpus(4)],
+        inputs,
+    );
+    // The last five decisions: two preempted, the 4-GPU task granted where they were, and
+    // both granted again on the other node, in whatever order the pass took them.
+    let mut moved: Vec<String> = got.iter().skip(got.len() - 5).cloned().collect();
+    let (from, to, left) = if moved.contains(&"grant 9@n1".to_string()) {
+        ("n1", "n2", &n1)
+    } else {
+        ("n2", "n1", &n2)
+    };
+    moved.sort();
+    let mut want = vec![
+        format!("preempt {} for 9", left[2]),
+        format!("preempt {} for 9", left[3]),
+        format!("grant 9@{from}"),
+        format!("grant {}@{to}", left[2]),
+        format!("grant {}@{to}", left[3]),
+    ];
+    want.sort();
+    assert_eq!(moved, want, "{got:?}");
+}
+
+/// When task 1 — a job predicted (rightly) to last 10 hours — first starts on a one-node
+/// cluster where a 30-minute job arrives every 20 minutes for 8 hours, under `policy`; and
+/// whether it was preempted after that.
+fn long_task_among_short_ones(policy: crate::policy::allot::Allot) -> (Option<u64>, bool) {
+    // (Without preemption in between, a 10-hour run started within the 8 hours ends.)
+    let minute = 60_000;
+    let hour = 60 * minute;
+    let mut s = scheduler(Box::new(policy), vec![node("n1")]);
+    // The predictor's word, for each task as it is submitted.
+    let predicted = |id: u64, lasts: u64| {
+        let mut t = task(id).gpus(8);
+        t.0.predicted_duration = Some(lasts);
+        t
+    };
+    let t0 = hour;
+    let mut ends: Vec<(u64, u64)> = Vec::new();
+    let (mut started, mut preempted) = (None, false);
+    let mut next = 100;
+    for step in 0..=(8 * 60 / 10) {
+        let now = t0 + step * 10 * minute;
+        let mut inputs = Vec::new();
+        ends.retain(|(id, end)| {
+            let due = *end <= now;
+            if due {
+                inputs.push(finish(*id, *end));
+            }
+            !due
+        });
+        if step % 2 == 0 {
+            inputs.push(submit(predicted(next, 30 * minute), now));
+            next += 1;
+        }
+        if step == 0 {
+            inputs.push(submit(predicted(1, 10 * hour), now));
+        }
+        inputs.push(pass(now));
+        for input in inputs {
+            for d in s.apply(input).unwrap() {
+                match d {
+                    Decision::Granted { task, at, .. } => {
+                        let lasts = if task.0 == 1 { 10 * hour } else { 30 * minute };
+                        ends.push((task.0, at + lasts));
+                        if task.0 == 1 {
+                            started.get_or_insert(at);
+                        }
+                    }
+                    Decision::Preempted { task, .. } => {
+                        preempted |= task.0 == 1;
+                        ends.retain(|(id, _)| *id != task.0);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    (started.map(|at| at - t0), preempted)
+}
+
+#[test]
+fn allot_starts_a_long_task_within_the_starvation_bound_and_lets_that_run_finish() {
+    let hour = 3_600_000;
+    // Without the guard, shorter work passes the long task for as long as it keeps coming.
+    let mut unguarded = crate::policy::allot::Allot::default();
+    unguarded.starve_after = u64::MAX;
+    assert_eq!(long_task_among_short_ones(unguarded).0, None);
+    // With it, the long task goes first after an hour and starts when the running short task
+    // ends (within 30 minutes more); the run it starts is not preempted for shorter work.
+    let (started, preempted) = long_task_among_short_ones(Default::default());
+    let started = started.expect("the long task started");
+    assert!(
+        (hour..=hour + hour / 2).contains(&started),
+        "started after {started} ms"
+    );
+    assert!(
+        !preempted,
+        "the run the guard started was preempted for shorter work"
     );
 }
 
