@@ -217,16 +217,10 @@ pub fn event_id(task: TaskId) -> Uuid {
     )
 }
 
-/// The task's identity across runs: the same task of the same workload (a workload id is its
-/// name and a hash suffix, `train-3f9a2c71d0`) submitted again by the same team.
+/// The task's identity across runs ([`allot_events::task::task_key`]): the same task of the
+/// same workload submitted again by the same team.
 pub fn identity(team: &str, workload: &str, name: &str) -> String {
-    let base = match workload.rsplit_once('-') {
-        Some((base, hash)) if hash.len() == 10 && hash.bytes().all(|b| b.is_ascii_hexdigit()) => {
-            base
-        }
-        _ => workload,
-    };
-    format!("{team}/{base}/{name}")
+    allot_events::task::task_key(team, workload, name)
 }
 
 /// Runs the predictor until `shutdown`.

@@ -299,6 +299,23 @@ pub struct TaskPredicted {
     pub right_size: Option<allot_predict::rightsize::Recommendation>,
 }
 
+/// The predictor's right-sizing advice, as [`TaskPredicted::right_size`] carries it.
+pub use allot_predict::rightsize::Recommendation;
+
+/// A task's key across submissions, `<team>/<workload name>/<task name>`: the same task of
+/// the same workload (a workload id is its name and a hash suffix, `train-3f9a2c71d0`)
+/// submitted again by the same team. The predictor learns per key; the planner applies its
+/// right-sizing advice per key.
+pub fn task_key(team: &str, workload: &str, name: &str) -> String {
+    let base = match workload.rsplit_once('-') {
+        Some((base, hash)) if hash.len() == 10 && hash.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            base
+        }
+        _ => workload,
+    };
+    format!("{team}/{base}/{name}")
+}
+
 /// The id of attempt `attempt` (from 1) of task `task` of workload `workload`: the first 53
 /// bits of SHA-256(`<workload>/<task>/<attempt>`).
 ///
