@@ -190,7 +190,7 @@ fn a_share_is_never_more_than_a_whole_gpu_and_always_a_multiple_of_an_eighth() {
     for milli in 1..=1000 {
         let r = round_up(milli);
         assert!(
-            r >= milli && r <= 1000 && r % FRACTION_STEP_MILLI == 0,
+            r >= milli && r <= 1000 && r.is_multiple_of(FRACTION_STEP_MILLI),
             "{milli} → {r}"
         );
         assert!(r - milli < FRACTION_STEP_MILLI, "{milli} → {r}");
