@@ -3,7 +3,8 @@
 //! every job after the split, and the shipped predictor's 10–90% interval covers about 80% of
 //! them; and the predictor live: every task predicted once, journalled by the allocator before
 //! use, learned from finished runs across a SIGKILL; `allot queue` shows a waiting task's place,
-//! reason and ETA.
+//! reason and ETA; and right-sizing: telemetry of a task's runs turns into advice in its next
+//! prediction, `allot predict report` and `allot explain`, applied to a submission that opts in.
 
 use std::path::Path;
 
@@ -228,7 +229,7 @@ spec:
 "#;
 
 #[test]
-fn measured_runs_right_size_the_next_submission_in_its_prediction_the_report_and_explain() {
+fn measured_runs_right_size_later_submissions_that_opt_in_and_show_in_the_report_and_explain() {
     use allot_events::{AnyEvent, TaskEvent};
 
     use crate::cluster::Cluster;
@@ -338,6 +339,31 @@ fn measured_runs_right_size_the_next_submission_in_its_prediction_the_report_and
         stderr.contains("bad-prices.yaml") && stderr.contains("currency"),
         "{stderr}"
     );
+
+    // A submission that opts in runs as advised: on the L4, with 7/8 of it.
+    let sized = QUARTER.replace("gpuModels: [H100]}", "gpuModels: [H100], rightSize: true}");
+    let out = cluster.submit_with(&sized, "run-5", &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let fifth = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    cluster.finished(&fifth);
+    let ready = cluster
+        .workloads()
+        .into_iter()
+        .find_map(|e| match e {
+            AnyEvent::Task(TaskEvent::Ready(r)) if r.workload == fifth => Some(r.task),
+            _ => None,
+        })
+        .expect("the fifth run was made ready");
+    assert_eq!(
+        (ready.gpu_models.as_slice(), ready.gpu_milli),
+        (["L4".to_owned()].as_slice(), 875)
+    );
+    let started = cluster.started(&fifth, "infer", 1);
+    assert_eq!(started[0].node, "l1", "{started:?}");
 
     // `allot explain` shows the advice for the attempt it came with.
     let out = allot(cluster.dir.path())
