@@ -119,6 +119,8 @@ CREATE TABLE models (
 -- What each attempt asked for beyond GPUs (right-sizing compares against it).
 ALTER TABLE tasks ADD COLUMN gpu_models TEXT NOT NULL DEFAULT '[]';  -- JSON array
 ALTER TABLE tasks ADD COLUMN mig_profile TEXT;
+-- Right-sizing and the report read a task key's attempts.
+CREATE INDEX tasks_identity ON tasks (identity, finished_ms);
 
 -- Each run of an attempt (TaskStarted): the lease and node its telemetry names.
 CREATE TABLE runs (
