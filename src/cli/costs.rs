@@ -91,7 +91,7 @@ fn instant(flag: &str, text: &str) -> anyhow::Result<u64> {
 }
 
 /// Every message on `filter` in `stream`, as stored.
-async fn read(
+pub(super) async fn read(
     js: &jetstream::Context,
     stream: &str,
     filter: &str,

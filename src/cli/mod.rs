@@ -82,7 +82,8 @@ pub enum Command {
     Costs(costs::CostsArgs),
     /// Replay a GPU-cluster trace through the scheduling core under several policies.
     Sim(sim::SimArgs),
-    /// The run-time predictor offline: `allot predict eval` scores it on a trace.
+    /// The run-time predictor: `allot predict eval` scores it on a trace; `allot predict
+    /// report` shows what it learned per task and its right-sizing advice.
     #[command(subcommand)]
     Predict(predict::PredictCommand),
     /// Rebuild the allocator's state from its journal and recompute every decision.
@@ -117,7 +118,11 @@ impl Command {
     fn runs_until_stopped(&self) -> bool {
         matches!(
             self,
-            Self::Up(_) | Self::Run(_) | Self::Sim(_) | Self::Bench(_) | Self::Predict(_)
+            Self::Up(_)
+                | Self::Run(_)
+                | Self::Sim(_)
+                | Self::Bench(_)
+                | Self::Predict(predict::PredictCommand::Eval(_))
         )
     }
 }
@@ -178,7 +183,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Audit(cmd) => audit::audit(cmd, &env).await,
         Command::Bench(cmd) => bench::bench(cmd, &env).await,
         Command::Sim(args) => sim::sim(args),
-        Command::Predict(cmd) => predict::predict(cmd),
+        Command::Predict(cmd) => predict::predict(cmd, &env),
         Command::Replay(args) => replay::replay(args, &env).await,
         Command::Explain(args) => replay::explain(args, &env).await,
         Command::Queue(args) => queue::queue(args, &env).await,

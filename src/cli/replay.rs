@@ -11,6 +11,7 @@
 //! or from a file (`--journal PATH`: what `allot sim --journal` writes, one JSON line per
 //! entry after a header line).
 
+use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -70,6 +71,34 @@ impl JournalSource {
 }
 
 impl JournalSource {
+    /// The predictor's right-sizing advice for the pool's tasks, by attempt, from their
+    /// `TaskPredicted` events in WORKLOADS; none for a journal file.
+    async fn right_sizing(
+        &self,
+        env: Lookup<'_>,
+    ) -> anyhow::Result<BTreeMap<TaskId, allot_predict::rightsize::Recommendation>> {
+        if self.journal.is_some() {
+            return Ok(BTreeMap::new());
+        }
+        let pool = self.pool.as_deref().unwrap_or(DEFAULT_POOL);
+        let (url, origin) =
+            local::instance_url(self.nats.as_deref(), self.data_dir.as_deref(), env)?;
+        let client = local::connect_url("allot-explain", &url, &origin).await?;
+        let js = async_nats::jetstream::new(client);
+        let filter = allot_events::subject::task("predicted", pool);
+        let mut out = BTreeMap::new();
+        for m in super::costs::read(&js, allot_bus::streams::names::WORKLOADS, &filter).await? {
+            if let Ok(envelope) = allot_events::decode(&m.payload)
+                && let allot_events::AnyEvent::Task(allot_events::TaskEvent::Predicted(p)) =
+                    envelope.data
+                && let Some(r) = p.right_size
+            {
+                out.insert(p.task, r);
+            }
+        }
+        Ok(out)
+    }
+
     /// The entries with, for a journal read from the stream, the launch each submission was
     /// journalled with (its workload and task name); a file has no launches.
     async fn open_named(
@@ -276,8 +305,12 @@ pub async fn explain(args: ExplainArgs, env: Lookup<'_>) -> anyhow::Result<ExitC
         }
         return Ok(ExitCode::FAILURE);
     }
+    let advice = args.source.right_sizing(env).await?;
     for (task, label) in &tasks {
         println!("{label}:");
+        if let Some(r) = advice.get(task) {
+            println!("  {}", right_sizing(r));
+        }
         // Node indices as the journal numbers them: in the order the nodes were added.
         let mut nodes: Vec<String> = Vec::new();
         for (entry, _) in &journal {
@@ -290,6 +323,29 @@ pub async fn explain(args: ExplainArgs, env: Lookup<'_>) -> anyhow::Result<ExitC
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The predictor's right-sizing advice, in one line.
+fn right_sizing(r: &allot_predict::rightsize::Recommendation) -> String {
+    use allot_prices::format_money;
+    let share = if r.gpu_milli >= 1000 {
+        format!("{} whole {}", r.gpus, r.model)
+    } else {
+        format!("{} of one {}", r.gpu_milli as f64 / 1000.0, r.model)
+    };
+    let saving = match r.saving_micros_per_hour() {
+        Some(s) => format!(
+            ", {}/h against {}/h as requested",
+            format_money(r.micros_per_hour),
+            format_money(r.micros_per_hour + s)
+        ),
+        None => format!(", {}/h", format_money(r.micros_per_hour)),
+    };
+    format!(
+        "right-sizing: {share} with {} MiB of GPU memory held its last {} runs{saving} \
+         (applied only when the spec sets resources.rightSize: true)",
+        r.gpu_memory_mib, r.runs
+    )
 }
 
 /// A journal time: a wall-clock instant (ms since the epoch, the allocator's clock) as UTC,

@@ -58,6 +58,10 @@ pub struct PredictorArgs {
     /// 10m).
     #[arg(long)]
     pub retrain_every: Option<String>,
+    /// The price table right-sizing compares GPU models by (ALLOT_PRICES; default: none, and
+    /// predictions carry no right-sizing advice; see examples/prices.yaml).
+    #[arg(long)]
+    pub prices: Option<String>,
 }
 
 /// Flags of `allot run billing`.
@@ -220,6 +224,9 @@ pub async fn run(args: RunArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
                 "ALLOT_RETRAIN_EVERY",
                 config.retrain_every,
             );
+            config.prices = s
+                .optional(a.prices.as_deref(), "ALLOT_PRICES")
+                .and_then(|path| read_prices(&path, &mut s));
             Configured::Predictor(config)
         }
     };
@@ -265,16 +272,7 @@ enum Configured {
 fn billing_config(a: &BillingArgs, url: &str, s: &mut Settings<'_>) -> allot_billing::Config {
     let data_dir = s.string(a.data_dir.as_deref(), "ALLOT_DATA_DIR", ".allot/billing");
     let prices = match s.optional(a.prices.as_deref(), "ALLOT_PRICES") {
-        Some(path) => match std::fs::read_to_string(&path) {
-            Ok(text) => allot_billing::PriceTable::parse(&text).unwrap_or_else(|e| {
-                s.problem(format!("--prices / ALLOT_PRICES: {path}: {e}"));
-                default_prices()
-            }),
-            Err(e) => {
-                s.problem(format!("--prices / ALLOT_PRICES: reading {path}: {e}"));
-                default_prices()
-            }
-        },
+        Some(path) => read_prices(&path, s).unwrap_or_else(default_prices),
         None => {
             s.problem("--prices / ALLOT_PRICES: name the price table (see examples/prices.yaml)");
             default_prices()
@@ -311,6 +309,19 @@ pub(super) fn teams_file(
         },
         Err(e) => {
             s.problem(format!("--teams / ALLOT_TEAMS_FILE: reading {path}: {e}"));
+            None
+        }
+    }
+}
+
+/// The price table in `path`; `None` with the problem recorded when it cannot be read.
+fn read_prices(path: &str, s: &mut Settings<'_>) -> Option<allot_billing::PriceTable> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => allot_billing::PriceTable::parse(&text)
+            .map_err(|e| s.problem(format!("--prices / ALLOT_PRICES: {path}: {e}")))
+            .ok(),
+        Err(e) => {
+            s.problem(format!("--prices / ALLOT_PRICES: reading {path}: {e}"));
             None
         }
     }

@@ -439,8 +439,10 @@ async fn run_services(
         Ok(allot_planner::run(planner, stop).await?)
     });
     // The predictor: a run-time prediction for every task, learned from those that finished.
-    let predictor =
+    // It right-sizes with the prices billing charges.
+    let mut predictor =
         allot_predictor::Config::new(urls.of(Role::Predictor), config.data_dir.join("predictor"));
+    predictor.prices = Some(config.prices.clone());
     let stop = shutdown.clone();
     services.spawn("predictor", async move {
         Ok(allot_predictor::run(predictor, stop).await?)

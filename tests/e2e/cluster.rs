@@ -75,6 +75,19 @@ impl Cluster {
         )
     }
 
+    /// Simulated runs as [`Self::start_simulated`], on collectors given `collector` flags as
+    /// well (`--sim-model L4`, `--telemetry-interval 250ms`), per node.
+    pub fn start_simulated_with(nodes: &[(&str, u32, &[&str])], speedup: u32) -> Cluster {
+        let speedup = speedup.to_string();
+        let executor = ["--executor", "sim", "--sim-speedup", speedup.as_str()];
+        let mut cluster = Self::start_full(&[], &executor, "allot");
+        for (node, gpus, extra) in nodes {
+            let args: Vec<&str> = executor.iter().chain(extra.iter()).copied().collect();
+            cluster.collector(node, *gpus, &args);
+        }
+        cluster
+    }
+
     fn start_with(nodes: &[(&str, u32)], executor: &[&str]) -> Cluster {
         Self::start_full(nodes, executor, "allot")
     }
@@ -104,28 +117,33 @@ impl Cluster {
         cluster.planner();
         cluster.allocator("a1");
         for (node, gpus) in nodes {
-            let data = cluster.path(node);
-            cluster.spawn(
-                &format!("collector-{node}"),
-                &[
-                    "collector",
-                    "--node",
-                    node,
-                    "--gpu-source",
-                    "sim",
-                    "--sim-gpus",
-                    &gpus.to_string(),
-                    "--heartbeat-interval",
-                    "1s",
-                    "--data-dir",
-                    data.to_str().unwrap(),
-                ]
-                .into_iter()
-                .chain(executor.iter().copied())
-                .collect::<Vec<_>>(),
-            );
+            cluster.collector(node, *gpus, executor);
         }
         cluster
+    }
+
+    /// A collector for `node` with `gpus` simulated GPUs and `extra` flags.
+    fn collector(&mut self, node: &str, gpus: u32, extra: &[&str]) {
+        let data = self.path(node);
+        self.spawn(
+            &format!("collector-{node}"),
+            &[
+                "collector",
+                "--node",
+                node,
+                "--gpu-source",
+                "sim",
+                "--sim-gpus",
+                &gpus.to_string(),
+                "--heartbeat-interval",
+                "1s",
+                "--data-dir",
+                data.to_str().unwrap(),
+            ]
+            .into_iter()
+            .chain(extra.iter().copied())
+            .collect::<Vec<_>>(),
+        );
     }
 
     pub fn path(&self, name: &str) -> PathBuf {
@@ -151,11 +169,15 @@ impl Cluster {
     }
 
     pub fn predictor(&mut self) {
+        self.predictor_with(&[]);
+    }
+
+    /// The predictor with more flags (`--prices FILE` …).
+    pub fn predictor_with(&mut self, extra: &[&str]) {
         let data = self.path("predictor");
-        self.spawn(
-            "predictor",
-            &["predictor", "--data-dir", data.to_str().unwrap()],
-        );
+        let mut args = vec!["predictor", "--data-dir", data.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        self.spawn("predictor", &args);
     }
 
     pub fn allocator(&mut self, instance: &str) {

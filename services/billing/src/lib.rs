@@ -3,9 +3,9 @@
 //!
 //! # Layout
 //!
-//! - [`prices`]: the price table (per GPU model, MIG profile, CPU core and GiB of memory, per
-//!   hour; effective dates; one currency), read exactly into micro-units, every problem of a
-//!   file reported at once.
+//! - [`prices`] (the crate `allot-prices`, shared with the predictor): the price table (per GPU
+//!   model, MIG profile, CPU core and GiB of memory, per hour; effective dates; one currency),
+//!   read exactly into micro-units, every problem of a file reported at once.
 //! - [`ledger`]: the pure rules — leases open at grants and close at releases and
 //!   preemptions, periods aligned to the interval and split at price changes, amounts rounded
 //!   down once per lease so periods add up exactly.
@@ -25,7 +25,9 @@
 
 pub mod budget;
 pub mod ledger;
-pub mod prices;
+/// The price table lives in `allot-prices` (the predictor right-sizes with it too); this path
+/// stays for billing's callers.
+pub use allot_prices as prices;
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;

@@ -152,11 +152,16 @@ fn step(
             })
         }
         AnyEvent::Task(TaskEvent::Failed(t)) => {
+            // A retry is a new attempt: it starts with the latest advice, if opted in.
+            right_size_next(c, t.task)?;
             on_attempt(c, t.task, Some(at), |w, name, attempt| {
                 w.failed(name, attempt, &t.reason, at)
             })
         }
         AnyEvent::Task(TaskEvent::Predicted(p)) => {
+            if let Some(advice) = &p.right_size {
+                keep_advice(c, p.task, advice)?;
+            }
             on_attempt(c, p.task, None, |w, name, attempt| {
                 w.predicted(name, attempt, p.duration_ms, window)
             })
@@ -242,6 +247,14 @@ fn submitted(
             return Ok(Step::rejected(why));
         }
     };
+    // Tasks that opt in start with the latest advice for their key.
+    for t in w.tasks.iter_mut().filter(|t| t.right_size) {
+        let key = allot_events::task::task_key(&w.team, &w.id, &t.name);
+        if let Some(advice) = store::advice(c, &key)? {
+            info!(workload.id = %w.id, task = %t.name, model = %advice.model, gpu_milli = advice.gpu_milli, "right-sized as the predictor advises");
+            t.right_size(&advice);
+        }
+    }
     let effects = w.start();
     let at = d.published.timestamp_millis().max(0) as Time;
     store::insert(c, &w, s, d.stream_sequence, at)?;
@@ -380,6 +393,54 @@ fn on_attempt(
     let before = w.clone();
     let effects = transition(&mut w, &attempt.name, attempt.attempt);
     commit(c, &before, &w, effects)
+}
+
+/// Keeps the predictor's right-sizing `advice`, which came with the prediction of attempt
+/// `id`, as the latest for its task's key (whether or not that task opted in: a later
+/// submission of the key may).
+fn keep_advice(
+    c: &Connection,
+    id: TaskId,
+    advice: &allot_events::task::Recommendation,
+) -> Result<(), StoreError> {
+    let Some(attempt) = store::attempt(c, id)? else {
+        return Ok(());
+    };
+    let Some(w) = store::load(c, &attempt.workload)? else {
+        return Ok(());
+    };
+    let key = allot_events::task::task_key(&w.team, &w.id, &attempt.name);
+    store::save_advice(c, &key, advice)?;
+    Ok(())
+}
+
+/// Before attempt `id` of an opted-in task ends, points its next attempts at the latest
+/// advice for its key. The ending attempt's own spec was published already; only a retry
+/// reads the template after this.
+fn right_size_next(c: &Connection, id: TaskId) -> Result<(), StoreError> {
+    let Some(attempt) = store::attempt(c, id)? else {
+        return Ok(());
+    };
+    let Some(mut w) = store::load(c, &attempt.workload)? else {
+        return Ok(());
+    };
+    let Some(i) = w.tasks.iter().position(|t| t.name == attempt.name) else {
+        return Ok(());
+    };
+    if !w.tasks[i].right_size || attempt.ended || w.tasks[i].attempt != attempt.attempt {
+        return Ok(());
+    }
+    let key = allot_events::task::task_key(&w.team, &w.id, &attempt.name);
+    let Some(advice) = store::advice(c, &key)? else {
+        return Ok(());
+    };
+    let before = w.clone();
+    w.tasks[i].right_size(&advice);
+    if w.tasks[i] != before.tasks[i] {
+        info!(workload.id = %w.id, task = %attempt.name, model = %advice.model, gpu_milli = advice.gpu_milli, "retry right-sized as the predictor advises");
+        store::save_changes(c, &before, &w)?;
+    }
+    Ok(())
 }
 
 /// Saves what changed of `w` since it was loaded as `before`, and queues its effects.

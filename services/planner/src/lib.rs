@@ -35,7 +35,7 @@
 //! | WORKLOADS `allot.workload.submitted.>` | new workloads (a known id is a no-op) |
 //! | WORKLOADS `allot.workload.aborted.>` | aborts of a workload, or of one task and what follows it |
 //! | WORKLOADS `allot.task.completed.*.*`, `allot.task.failed.*.*` (`<pool>.<node>`) | runs that ended |
-//! | WORKLOADS `allot.task.predicted.*` | the predictor's run-time estimates, which time running tasks' successors' preloads |
+//! | WORKLOADS `allot.task.predicted.*` | the predictor's run-time estimates, which time running tasks' successors' preloads, and its right-sizing advice per task key, which the attempts of tasks that opt in (`resources.rightSize`) start with |
 //! | DECISIONS `allot.alloc.*.journal` | grants (ready → running) and preemptions (running → ready) |
 //! | FLEET `allot.node.registered.>` | the nodes of its pool, to check what a submission asks against them |
 //!

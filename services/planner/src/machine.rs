@@ -113,6 +113,20 @@ pub struct Task {
     pub predicted: Option<Time>,
     /// Why it failed or was cancelled.
     pub reason: Option<String>,
+    /// The spec opts in to right-sizing (`resources.rightSize`): its attempts start with the
+    /// predictor's latest advice for its task key, when there is one.
+    pub right_size: bool,
+}
+
+impl Task {
+    /// Applies right-sizing advice to what the task's next attempts ask for: the advised GPU
+    /// model (only it), share and GPU memory.
+    pub fn right_size(&mut self, advice: &allot_events::task::Recommendation) {
+        self.template.gpu_models = vec![advice.model.clone()];
+        self.template.gpus = advice.gpus;
+        self.template.gpu_milli = advice.gpu_milli;
+        self.template.gpu_memory_mib = advice.gpu_memory_mib;
+    }
 }
 
 /// Where a workload is.

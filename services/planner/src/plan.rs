@@ -105,6 +105,7 @@ pub fn plan(
                 started: None,
                 predicted: None,
                 reason: None,
+                right_size: request.right_size,
             }
         })
         .collect();

@@ -102,6 +102,16 @@ CREATE INDEX attempts_of_task ON attempts (workload, name, attempt);
 -- look-ahead times a running task's successors by.
 ALTER TABLE tasks ADD COLUMN predicted_ms INTEGER;
 ",
+    "
+-- Right-sizing: whether a task's spec opts in (resources.rightSize), and the predictor's
+-- latest advice per task key (<team>/<workload name>/<task name>; Recommendation JSON), which
+-- an opted-in task's next attempts start with.
+ALTER TABLE tasks ADD COLUMN right_size INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE right_sizing (
+    task_key TEXT PRIMARY KEY,
+    advice   TEXT NOT NULL
+) STRICT;
+",
 ];
 
 /// Records node `r` (its latest registration replaces an earlier one).
@@ -228,8 +238,9 @@ fn write(
     }
     let mut task = conn.prepare_cached(
         "INSERT INTO tasks (workload, name, position, after, gang, status, attempt, max_attempts,
-                            backoff_ms, template, run, reason, started_ms, predicted_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
+                            backoff_ms, template, run, reason, started_ms, predicted_ms,
+                            right_size)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)
          ON CONFLICT (workload, name) DO UPDATE SET
             status = excluded.status, attempt = excluded.attempt,
             template = excluded.template, reason = excluded.reason,
@@ -258,6 +269,7 @@ fn write(
             t.reason,
             t.started.map(|s| s as i64),
             t.predicted.map(|p| p as i64),
+            t.right_size,
         ])?;
         let id = crate::plan::task_id(&workload.id, &t.name, t.attempt);
         attempt.execute(params![id.0 as i64, workload.id, t.name, t.attempt])?;
@@ -268,6 +280,39 @@ fn write(
 /// Our own plain data as JSON (names, a `TaskSpec`), which cannot fail to serialize.
 fn json(value: &impl serde::Serialize) -> String {
     serde_json::to_string(value).expect("plain data serializes")
+}
+
+/// Keeps `advice` as the latest right-sizing advice for `task_key`.
+pub fn save_advice(
+    conn: &Connection,
+    task_key: &str,
+    advice: &allot_events::task::Recommendation,
+) -> Result<(), rusqlite::Error> {
+    conn.execute(
+        "INSERT INTO right_sizing (task_key, advice) VALUES (?1, ?2)
+         ON CONFLICT (task_key) DO UPDATE SET advice = excluded.advice",
+        params![task_key, json(advice)],
+    )?;
+    Ok(())
+}
+
+/// The latest right-sizing advice for `task_key`, if any.
+pub fn advice(
+    conn: &Connection,
+    task_key: &str,
+) -> Result<Option<allot_events::task::Recommendation>, StoreError> {
+    let text: Option<String> = conn
+        .query_row(
+            "SELECT advice FROM right_sizing WHERE task_key = ?1",
+            [task_key],
+            |r| r.get(0),
+        )
+        .optional()?;
+    text.map(|t| {
+        serde_json::from_str(&t)
+            .map_err(|e| StoreError::Corrupt(format!("right-sizing advice for {task_key}: {e}")))
+    })
+    .transpose()
 }
 
 /// Loads workload `id`, if known.
@@ -294,7 +339,7 @@ pub fn load(conn: &Connection, id: &str) -> Result<Option<Workload>, StoreError>
         WorkloadStatus::parse(&status).ok_or_else(|| corrupt(format!("status {status:?}")))?;
     let mut stmt = conn.prepare_cached(
         "SELECT name, after, gang, status, attempt, max_attempts, backoff_ms, template, run,
-                reason, started_ms, predicted_ms
+                reason, started_ms, predicted_ms, right_size
          FROM tasks WHERE workload = ?1 ORDER BY position",
     )?;
     let rows = stmt.query_map([id], |r| {
@@ -311,6 +356,7 @@ pub fn load(conn: &Connection, id: &str) -> Result<Option<Workload>, StoreError>
             r.get::<_, Option<String>>(9)?,
             r.get::<_, Option<i64>>(10)?,
             r.get::<_, Option<i64>>(11)?,
+            r.get::<_, bool>(12)?,
         ))
     })?;
     let mut tasks = Vec::new();
@@ -328,6 +374,7 @@ pub fn load(conn: &Connection, id: &str) -> Result<Option<Workload>, StoreError>
             reason,
             started,
             predicted,
+            right_size,
         ) = row?;
         let after: Vec<String> =
             serde_json::from_str(&after).map_err(|e| corrupt(format!("{name}.after: {e}")))?;
@@ -350,6 +397,7 @@ pub fn load(conn: &Connection, id: &str) -> Result<Option<Workload>, StoreError>
             reason,
             started: started.map(|s| s as Time),
             predicted: predicted.map(|p| p as Time),
+            right_size,
         });
     }
     Ok(Some(Workload {

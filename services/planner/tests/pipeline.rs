@@ -706,3 +706,99 @@ fn raw_submissions_get_the_checks_allot_submit_makes() {
     assert!(letters[2].contains("different spec"), "{letters:?}");
     assert!(ready_names(&h, &huge).is_empty());
 }
+
+/// One GPU asked for, opting in to right-sizing; retried once.
+const SIZED: &str = r#"
+apiVersion: allot/v1
+kind: Workload
+metadata: {name: infer, team: vision}
+spec:
+  tasks:
+    - name: infer
+      resources: {gpus: 1, rightSize: true}
+      command: [python, infer.py]
+      retry: {maxAttempts: 2, backoff: 10ms}
+"#;
+
+/// The specs of the workload's `TaskReady` events, in order.
+fn ready_specs(h: &Harness, workload: &str) -> Vec<allot_sched::TaskSpec> {
+    h.workload_stream("allot.task.ready.>")
+        .into_iter()
+        .filter_map(|e| match e {
+            AnyEvent::Task(TaskEvent::Ready(r)) if r.workload == workload => Some(r.task),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn right_sizing_advice_is_applied_to_later_attempts_of_opted_in_tasks_only() {
+    use allot_events::task::{Recommendation, TaskPredicted};
+
+    let h = Harness::start();
+    let first = h.stack.submit(workload(SIZED), Some("run-1"));
+    assert!(
+        h.until(|h| (!ready_specs(h, &first).is_empty()).then_some(()))
+            .is_some()
+    );
+    // The predictor advises a quarter of an H100 with 20,000 MiB for the first attempt.
+    let advice = Recommendation {
+        model: "H100".into(),
+        gpus: 1,
+        gpu_milli: 250,
+        gpu_memory_mib: 20_000,
+        runs: 3,
+        micros_per_hour: 725_000,
+        requested_micros_per_hour: Some(2_900_000),
+    };
+    let predicted = TaskPredicted {
+        pool: POOL.into(),
+        task: task_id(&first, "infer", 1),
+        workload: first.clone(),
+        name: "infer".into(),
+        duration_ms: 60_000,
+        p10_ms: 30_000,
+        p90_ms: 90_000,
+        model_version: None,
+        basis: allot_predict::Basis::Identity,
+        right_size: Some(advice.clone()),
+    };
+    h.stack.rt.block_on(async {
+        h.stack
+            .publisher
+            .publish(TaskEvent::Predicted(predicted))
+            .await
+            .unwrap()
+    });
+    let conn = allot_store::rusqlite::Connection::open(&h.stack.db).unwrap();
+    assert!(
+        h.until(|_| allot_planner::store::advice(&conn, "vision/infer/infer").unwrap())
+            .is_some(),
+        "the planner kept the advice"
+    );
+    // The running attempt keeps what it asked for; its retry starts with the advice.
+    h.executor(&first, &["infer"], |_, attempt| match attempt {
+        1 => Run::Fail,
+        _ => Run::Complete,
+    });
+    assert_eq!(h.finished(&first), Some(WorkloadOutcome::Succeeded));
+    let shape =
+        |s: &allot_sched::TaskSpec| (s.gpus, s.gpu_milli, s.gpu_models.clone(), s.gpu_memory_mib);
+    let sized = (1, 250, vec!["H100".to_owned()], 20_000);
+    let asked = (1, 1000, Vec::new(), 0);
+    let specs: Vec<_> = ready_specs(&h, &first).iter().map(shape).collect();
+    assert_eq!(specs, [asked.clone(), sized.clone()]);
+
+    // A later submission that opts in starts right-sized; one that does not, as written.
+    let second = h.stack.submit(workload(SIZED), Some("run-2"));
+    let plain = h.stack.submit(
+        workload(&SIZED.replace(", rightSize: true", "")),
+        Some("run-3"),
+    );
+    for (id, want) in [(&second, sized), (&plain, asked)] {
+        let spec = h
+            .until(|h| ready_specs(h, id).first().map(shape))
+            .unwrap_or_else(|| panic!("{id} was not made ready"));
+        assert_eq!(spec, want, "{id}");
+    }
+}

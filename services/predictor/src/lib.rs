@@ -36,6 +36,16 @@
 //! exists each prediction names the fallback it used: the declared estimate, the team's
 //! statistics, everyone's, or nothing at all (`default`).
 //!
+//! # What tasks use of their GPUs, and right-sizing
+//!
+//! Two more consumers ([`usage`]) keep the fleet's GPUs (FLEET registrations) and what GPU
+//! telemetry (TELEMETRY) saw of each run: peak GPU memory, mean utilization, samples — split
+//! by share where runs share a GPU. With a price table ([`Config::prices`]) every prediction
+//! also carries a right-sizing recommendation (`TaskPredicted::right_size`): the cheapest GPU
+//! model of the task's pool and the smallest share of it that held the task's last finished
+//! runs ([`allot_predict::rightsize`]). `allot predict report` shows them per task, `allot
+//! explain` per attempt; the planner applies one only to a task whose spec opts in.
+//!
 //! # Who it is believed by
 //!
 //! Only the `predictor` user may publish on `allot.task.predicted.*` (the server enforces it),
@@ -55,10 +65,15 @@ use allot_bus::streams::names;
 use allot_bus::{BusError, ConnectConfig, Publisher};
 use allot_events::task::TaskPredicted;
 use allot_events::{AnyEvent, Envelope, TaskEvent, subject};
+use allot_predict::rightsize::Request;
 use allot_predict::{Job, Prediction, Predictor, TrainParams};
+use allot_prices::PriceTable;
 use allot_runtime::Service;
 use allot_sched::{TaskId, TaskSpec};
 use allot_store::rusqlite::{Connection, OptionalExtension, Transaction, params};
+
+pub mod report;
+pub mod usage;
 
 /// The `source` of the predictor's events.
 pub const SOURCE: &str = "/allot/predictor";
@@ -68,7 +83,8 @@ pub const EVENT_ID_NAMESPACE: Uuid = Uuid::from_u128(0x4f1b_9e27_c3d8_4a65_b0f2_
 /// How many finished runs a restart reads back: as many as the predictor keeps.
 const REBUILD_RUNS: i64 = 50_000;
 
-const MIGRATIONS: &[&str] = &["
+const MIGRATIONS: &[&str] = &[
+    "
 -- Every attempt announced (ready or preloaded): what was known at submission, the prediction
 -- published for it, and its run time once it ended.
 CREATE TABLE tasks (
@@ -98,7 +114,49 @@ CREATE TABLE models (
     trained_at_ms INTEGER NOT NULL,
     trained_on    INTEGER NOT NULL
 ) STRICT;
-"];
+",
+    "
+-- What each attempt asked for beyond GPUs (right-sizing compares against it).
+ALTER TABLE tasks ADD COLUMN gpu_models TEXT NOT NULL DEFAULT '[]';  -- JSON array
+ALTER TABLE tasks ADD COLUMN mig_profile TEXT;
+-- Right-sizing and the report read a task key's attempts.
+CREATE INDEX tasks_identity ON tasks (identity, finished_ms);
+
+-- Each run of an attempt (TaskStarted): the lease and node its telemetry names.
+CREATE TABLE runs (
+    task   INTEGER NOT NULL,
+    lease  INTEGER NOT NULL,
+    node   TEXT NOT NULL,
+    PRIMARY KEY (task, lease)
+) STRICT;
+
+-- The fleet's GPUs (the FLEET consumer, from registrations).
+CREATE TABLE gpus (
+    node              TEXT NOT NULL,
+    gpu               INTEGER NOT NULL,
+    pool              TEXT NOT NULL,
+    model             TEXT NOT NULL,
+    memory_total_mib  INTEGER NOT NULL,
+    PRIMARY KEY (node, gpu)
+) STRICT;
+
+-- What telemetry charged to each run on each GPU (the TELEMETRY consumer); by what the
+-- samples name, joined to attempts through runs when read.
+CREATE TABLE usage (
+    workload          TEXT NOT NULL,
+    name              TEXT NOT NULL,
+    lease             INTEGER NOT NULL,
+    node              TEXT NOT NULL,
+    gpu               INTEGER NOT NULL,
+    samples           INTEGER NOT NULL,
+    peak_memory_mib   INTEGER NOT NULL,  -- its share of the GPU's used memory, at most
+    util_samples      INTEGER NOT NULL,  -- samples with a utilization reading
+    util_sum          REAL NOT NULL,     -- its share of the GPU's utilization, summed (%)
+    memory_total_mib  INTEGER NOT NULL,
+    PRIMARY KEY (workload, name, lease, node, gpu)
+) STRICT;
+",
+];
 
 /// The predictor's settings.
 #[derive(Debug, Clone)]
@@ -113,6 +171,8 @@ pub struct Config {
     pub retrain_every: Duration,
     /// How the model learns.
     pub params: TrainParams,
+    /// The price table right-sizing compares GPU models by; `None`: no recommendations.
+    pub prices: Option<PriceTable>,
 }
 
 impl Config {
@@ -124,6 +184,7 @@ impl Config {
             consumer: "predictor".into(),
             retrain_every: Duration::from_secs(600),
             params: TrainParams::default(),
+            prices: None,
         }
     }
 
@@ -158,16 +219,10 @@ pub fn event_id(task: TaskId) -> Uuid {
     )
 }
 
-/// The task's identity across runs: the same task of the same workload (a workload id is its
-/// name and a hash suffix, `train-3f9a2c71d0`) submitted again by the same team.
+/// The task's identity across runs ([`allot_events::task::task_key`]): the same task of the
+/// same workload submitted again by the same team.
 pub fn identity(team: &str, workload: &str, name: &str) -> String {
-    let base = match workload.rsplit_once('-') {
-        Some((base, hash)) if hash.len() == 10 && hash.bytes().all(|b| b.is_ascii_hexdigit()) => {
-            base
-        }
-        _ => workload,
-    };
-    format!("{team}/{base}/{name}")
+    allot_events::task::task_key(team, workload, name)
 }
 
 /// Runs the predictor until `shutdown`.
@@ -182,13 +237,14 @@ pub async fn run(
     )
     .await?;
     service.drain_on_stop(client.clone());
-    let conn = allot_store::open(&config.db_path(), MIGRATIONS)?;
+    let conn = open(&config)?;
     let handler = Predicting::rebuild(
         conn,
         config.consumer.clone(),
         Publisher::new(client.clone(), SOURCE),
         config.params,
         config.retrain_every,
+        config.prices.clone(),
     )?;
     let spec = ConsumerSpec {
         filter_subjects: vec![subject::TASK_ALL.into()],
@@ -200,7 +256,47 @@ pub async fn run(
             .run(service.stopping())
             .map(|r| r.map(drop).map_err(Error::from)),
     );
+    // GPU use: each consumer with its own connection and position.
+    let fleet = usage::Fleet {
+        conn: open(&config)?,
+        consumer: format!("{}-fleet", config.consumer),
+    };
+    let fleet_spec = ConsumerSpec {
+        filter_subjects: vec![subject::node_registered("*")],
+        ..ConsumerSpec::new(names::FLEET, fleet.consumer.clone())
+    };
+    service.spawn(
+        format!("consumer {}", names::FLEET),
+        ConsumerRunner::new(client.clone(), fleet_spec, fleet)
+            .run(service.stopping())
+            .map(|r| r.map(drop).map_err(Error::from)),
+    );
+    let telemetry = usage::Telemetry {
+        conn: open(&config)?,
+        consumer: format!("{}-telemetry", config.consumer),
+    };
+    let telemetry_spec = ConsumerSpec::new(names::TELEMETRY, telemetry.consumer.clone());
+    service.spawn(
+        format!("consumer {}", names::TELEMETRY),
+        ConsumerRunner::new(client.clone(), telemetry_spec, telemetry)
+            .run(service.stopping())
+            .map(|r| r.map(drop).map_err(Error::from)),
+    );
     service.run().await.map_err(|s| Error::Stopped(Box::new(s)))
+}
+
+/// Opens (and migrates) `predictor.db`.
+fn open(config: &Config) -> Result<Connection, Error> {
+    Ok(allot_store::open(&config.db_path(), MIGRATIONS)?)
+}
+
+/// Opens an existing `predictor.db` read-only, for reports.
+pub fn open_read_only(path: &std::path::Path) -> Result<Connection, allot_store::rusqlite::Error> {
+    Connection::open_with_flags(
+        path,
+        allot_store::rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY
+            | allot_store::rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
 }
 
 /// The consumer's handler: the database and the model built from it.
@@ -211,6 +307,7 @@ struct Predicting {
     predictor: Predictor,
     retrain_every: Duration,
     trained: Instant,
+    prices: Option<PriceTable>,
 }
 
 /// An attempt as the planner announced it (ready or preloaded).
@@ -242,6 +339,7 @@ impl Predicting {
         publisher: Publisher,
         params: TrainParams,
         retrain_every: Duration,
+        prices: Option<PriceTable>,
     ) -> Result<Self, Error> {
         let mut predictor = Predictor::new(params);
         let rows: Vec<Stored> = conn
@@ -295,6 +393,7 @@ impl Predicting {
             predictor,
             retrain_every,
             trained: Instant::now(),
+            prices,
         };
         handler.retrain(now_ms())?;
         tracing::info!(
@@ -364,7 +463,23 @@ impl Predicting {
             declared_ms,
         };
         let prediction = self.predictor.predict(&job);
-        let event = predicted(pool, workload, name, spec.id, prediction);
+        let mut event = predicted(pool, workload, name, spec.id, prediction);
+        if let (Some(prices), Some(identity)) = (&self.prices, &job.identity) {
+            let request = Request {
+                gpus: spec.gpus,
+                gpu_milli: spec.gpu_milli,
+                mig_profile: spec.mig_profile.clone(),
+            };
+            let advice =
+                usage::recommend(&self.conn, identity, pool, &request, prices, job.submit_ms)
+                    .map_err(db)?;
+            match advice {
+                Ok(r) => event.right_size = Some(r),
+                Err(why) => {
+                    tracing::debug!(task = %spec.id, identity, %why, "no right-sizing");
+                }
+            }
+        }
         let mut envelope = Envelope::new(SOURCE, TaskEvent::Predicted(event.clone()));
         envelope.id = event_id(spec.id);
         envelope.team = Some(spec.team.clone());
@@ -376,8 +491,8 @@ impl Predicting {
         let tx = self.conn.transaction().map_err(db)?;
         tx.execute(
             "INSERT INTO tasks (task, pool, workload, name, attempt, team, identity, gpus,
-                 gpu_milli, declared_ms, submit_ms, prediction)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                 gpu_milli, declared_ms, submit_ms, prediction, gpu_models, mig_profile)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
             params![
                 spec.id.0 as i64,
                 pool,
@@ -390,7 +505,9 @@ impl Predicting {
                 job.gpu_milli,
                 job.declared_ms.map(|v| v as i64),
                 job.submit_ms as i64,
-                text
+                text,
+                serde_json::to_string(&spec.gpu_models).expect("a list of names serializes"),
+                spec.mig_profile
             ],
         )
         .map_err(db)?;
@@ -481,6 +598,12 @@ impl Handler for Predicting {
                         "UPDATE tasks SET run_since_ms = coalesce(run_since_ms, ?2)
                          WHERE task = ?1 AND outcome IS NULL",
                         params![s.task.0 as i64, at as i64],
+                    )
+                    .map_err(db)?;
+                    // Telemetry names the run by its lease and node.
+                    tx.execute(
+                        "INSERT OR IGNORE INTO runs (task, lease, node) VALUES (?1, ?2, ?3)",
+                        params![s.task.0 as i64, s.lease.0 as i64, s.node],
                     )
                     .map_err(db)?;
                     Ok(None)
@@ -597,6 +720,7 @@ fn predicted(
         p90_ms: prediction.p90_ms,
         model_version: prediction.model_version,
         basis: prediction.basis,
+        right_size: None,
     }
 }
 

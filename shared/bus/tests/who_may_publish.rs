@@ -486,6 +486,39 @@ async fn every_service_can_still_do_its_job() -> anyhow::Result<()> {
     ensure!(message.subject.as_str() == "allot.task.completed.default.node-1");
     message.ack().await.map_err(|e| anyhow::anyhow!(e))?;
 
+    // The predictor reads GPU telemetry (and the fleet) with durable consumers of its own.
+    let gpus = node("node-1").gpus(1);
+    let collector_1 = bus.login(&collector("node-1")).await?;
+    collector_1
+        .publish(NodeEvent::Registered(gpus.registered()))
+        .await?;
+    collector_1
+        .publish(allot_events::TelemetryEvent::GpusSampled(gpus.sampled(40)))
+        .await?;
+    let predictor = bus.login(&Role::Predictor).await?;
+    for (stream, filter) in [
+        (names::TELEMETRY, subject::TELEMETRY_ALL.to_owned()),
+        (names::FLEET, subject::node_registered("*")),
+    ] {
+        let consumer = predictor
+            .js
+            .get_stream(stream)
+            .await?
+            .create_consumer(pull::Config {
+                durable_name: Some(format!("predictor-test-{}", stream.to_lowercase())),
+                filter_subjects: vec![filter],
+                ..Default::default()
+            })
+            .await?;
+        let mut batch = consumer.fetch().max_messages(1).messages().await?;
+        let message = batch
+            .next()
+            .await
+            .with_context(|| format!("the predictor is delivered a message of {stream}"))?
+            .map_err(|e| anyhow::anyhow!(e))?;
+        message.ack().await.map_err(|e| anyhow::anyhow!(e))?;
+    }
+
     // The allocator's lease bucket, and its key.
     let allocator = bus.login(&Role::Allocator).await?;
     let leases = allocator

@@ -290,6 +290,30 @@ pub struct TaskPredicted {
     /// What the estimate rests on: the task's own runs, its team's runs of this size, or on a
     /// cold start the declared estimate, the team's, everyone's, or nothing (`default`).
     pub basis: allot_predict::Basis,
+    /// Right-sizing: the cheapest GPU model and smallest share that held the task's last
+    /// finished runs (peak GPU memory and utilization from telemetry, priced by the price
+    /// table), with what the request costs beside it. Absent when there is none (too few
+    /// measured runs, nothing fits, no price table). Advice: the planner applies it only to a
+    /// task whose spec opts in (`resources.rightSize: true`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub right_size: Option<allot_predict::rightsize::Recommendation>,
+}
+
+/// The predictor's right-sizing advice, as [`TaskPredicted::right_size`] carries it.
+pub use allot_predict::rightsize::Recommendation;
+
+/// A task's key across submissions, `<team>/<workload name>/<task name>`: the same task of
+/// the same workload (a workload id is its name and a hash suffix, `train-3f9a2c71d0`)
+/// submitted again by the same team. The predictor learns per key; the planner applies its
+/// right-sizing advice per key.
+pub fn task_key(team: &str, workload: &str, name: &str) -> String {
+    let base = match workload.rsplit_once('-') {
+        Some((base, hash)) if hash.len() == 10 && hash.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            base
+        }
+        _ => workload,
+    };
+    format!("{team}/{base}/{name}")
 }
 
 /// The id of attempt `attempt` (from 1) of task `task` of workload `workload`: the first 53

@@ -165,6 +165,12 @@ pub struct Resources {
     /// Memory: bytes with a suffix `Ki`, `Mi`, `Gi`, `Ti` (or `k`, `M`, `G`, `T`), e.g. `"64Gi"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<Quantity>,
+    /// Let the predictor's right-sizing replace the GPU model, share and GPU memory asked
+    /// for above, for attempts started after it has advice for this task (from its earlier
+    /// runs' telemetry): the cheapest model and smallest share that held them. Default false:
+    /// the request stands as written.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub right_size: bool,
 }
 
 /// Retries of a failed run.

@@ -272,6 +272,15 @@ fn samples() -> Vec<AnyEvent> {
             p90_ms: 5_400_000,
             model_version: Some(3),
             basis: allot_predict::Basis::TeamGpus,
+            right_size: Some(allot_predict::rightsize::Recommendation {
+                model: "L4".into(),
+                gpus: 1,
+                gpu_milli: 250,
+                gpu_memory_mib: 9_011,
+                runs: 10,
+                micros_per_hour: 137_500,
+                requested_micros_per_hour: Some(2_900_000),
+            }),
         }
         .into(),
         CostAccrued {

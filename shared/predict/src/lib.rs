@@ -22,6 +22,9 @@
 //!   each finish, retrains when enough new history arrived, and falls back — declared
 //!   estimate, then the team's statistics, then everyone's — while it has too little to train.
 //!
+//! [`rightsize`] turns what telemetry saw of a task's last runs (peak GPU memory, mean
+//! utilization) into the cheapest GPU model and smallest share that would have held them.
+//!
 //! [`eval`] replays a history chronologically (train before a split date, test after) against
 //! the baselines, for `allot predict eval`.
 
@@ -30,6 +33,7 @@ mod features;
 mod model;
 mod predictor;
 mod recency;
+pub mod rightsize;
 
 pub use features::{FEATURE_NAMES, Features};
 pub use model::{Model, TrainParams};

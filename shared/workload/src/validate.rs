@@ -119,6 +119,8 @@ pub struct Request {
     pub cpu_milli: u64,
     /// Memory, MiB (0: not tracked).
     pub memory_mib: u64,
+    /// The predictor's right-sizing may replace the GPU model, share and memory.
+    pub right_size: bool,
 }
 
 impl Request {
@@ -215,6 +217,21 @@ impl Request {
         }
         if r.gpu_models.iter().any(|m| m.trim().is_empty()) {
             errors.push(("gpuModels", "a model name is empty".to_owned()));
+        }
+        if r.right_size {
+            if no_gpu {
+                errors.push((
+                    "rightSize",
+                    "is set but the task requests no GPU: there is nothing to right-size"
+                        .to_owned(),
+                ));
+            } else if r.mig_profile.is_some() {
+                errors.push((
+                    "rightSize",
+                    "cannot resize a MIG instance: ask for gpus or gpuFraction instead".to_owned(),
+                ));
+            }
+            req.right_size = true;
         }
         if errors.is_empty() {
             Ok(req)
@@ -554,6 +571,19 @@ fn gangs(workload: &Workload, dag: Option<&Dag>, ctx: Context<'_>, out: &mut Vec
                 .in_task(&tasks[first].name),
             );
             continue;
+        }
+        for &i in idx.iter().filter(|&&i| tasks[i].resources.right_size) {
+            out.push(
+                SpecProblem::new(
+                    ProblemKind::Gang,
+                    format!("{}.resources.rightSize", task_path(i)),
+                    format!(
+                        "gang {gang:?} members cannot be right-sized: the advice is per task \
+                         and would split the request its members must share"
+                    ),
+                )
+                .in_task(&tasks[i].name),
+            );
         }
         let requests: Vec<Option<Request>> = idx
             .iter()

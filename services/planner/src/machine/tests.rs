@@ -20,6 +20,7 @@ fn task(name: &str) -> Fixture {
         started: None,
         predicted: None,
         reason: None,
+        right_size: false,
     })
 }
 

@@ -117,7 +117,7 @@ fn each_kind_of_problem_is_reported_with_its_path_task_and_a_precise_message() {
             name: "an unknown field names the field, suggests the likely one and lists the rest",
             yaml: good_with("{gpus: 1, gpuModels", "{gpu: 1, gpuModels"),
             want: vec![
-                "spec.tasks[1].resources.gpu (task \"train-0\"): unknown field \"gpu\" (did you mean \"gpus\"?); known fields: cpu, gpuFraction, gpuMemory, gpuMilli, gpuModels, gpus, memory, migProfile",
+                "spec.tasks[1].resources.gpu (task \"train-0\"): unknown field \"gpu\" (did you mean \"gpus\"?); known fields: cpu, gpuFraction, gpuMemory, gpuMilli, gpuModels, gpus, memory, migProfile, rightSize",
                 "spec.tasks[1].resources.gpuMemory (task \"train-0\"): is set but the task requests no GPU",
                 "spec.tasks[1].resources.gpuModels (task \"train-0\"): is set but the task requests no GPU",
             ],
@@ -214,6 +214,21 @@ fn each_kind_of_problem_is_reported_with_its_path_task_and_a_precise_message() {
             ),
             want: vec![
                 "spec.tasks[1].gang (task \"train-0\"): gang \"train\" needs 16 GPUs at once (4 members × 4 GPUs of H100, 40960 MiB GPU memory); the nodes that fit its members have 8 GPUs (2x4:H100, 1x8:L4)",
+            ],
+        },
+        Case {
+            name: "right-sizing needs a GPU request of its own: not CPU-only, not MIG, not a gang's",
+            yaml: good_with("{cpu: \"8\", memory: 32Gi}", "{cpu: \"8\", memory: 32Gi, rightSize: true}")
+                .replacen(
+                    "{gpus: 1, gpuModels: [H100], gpuMemory: 40Gi}",
+                    "{gpus: 1, gpuModels: [H100], gpuMemory: 40Gi, rightSize: true}",
+                    1,
+                )
+                .replacen("{gpuFraction: \"0.5\"}", "{migProfile: 1g.10gb, rightSize: true}", 1),
+            want: vec![
+                "spec.tasks[0].resources.rightSize (task \"prep\"): is set but the task requests no GPU: there is nothing to right-size",
+                "spec.tasks[3].resources.rightSize (task \"eval\"): cannot resize a MIG instance: ask for gpus or gpuFraction instead",
+                "spec.tasks[1].resources.rightSize (task \"train-0\"): gang \"train\" members cannot be right-sized: the advice is per task and would split the request its members must share",
             ],
         },
         Case {

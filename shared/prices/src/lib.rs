@@ -1,4 +1,5 @@
-//! The price table: what an hour of each resource costs, from which date, in one currency.
+//! Allot's price table: what an hour of each resource costs, from which date, in one currency.
+//! Billing prices every lease with it; the predictor's right-sizing compares GPU models by it.
 //!
 //! ```yaml
 //! currency: EUR
