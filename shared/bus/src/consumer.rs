@@ -245,6 +245,9 @@ pub struct ConsumerRunner<H, E = Envelope> {
     js: jetstream::Context,
     settler: Settler,
     handler: H,
+    /// The batch a fatal handler error left unsettled, negatively acknowledged only once the
+    /// pull that brought it is gone (see [`Self::run`]).
+    unsettled: Vec<jetstream::Message>,
     content: PhantomData<fn() -> E>,
 }
 
@@ -271,6 +274,7 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
             js: jetstream::new(client),
             settler: Settler { spec, dead_letters },
             handler,
+            unsettled: Vec::new(),
             content: PhantomData,
         }
     }
@@ -299,7 +303,7 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
                 .map_err(|e| {
                     BusError::jetstream("pulling from consumer", &self.settler.spec.durable, e)
                 })?;
-            tokio::pin!(messages);
+            let mut messages = Box::pin(messages);
             loop {
                 let first = tokio::select! {
                     biased;
@@ -311,7 +315,7 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
                     tokio::time::sleep(Duration::from_millis(500)).await;
                     continue 'pull;
                 };
-                let chunk = Self::gather(&self.settler.spec, first, &mut messages).await;
+                let chunk = Self::gather(&self.settler.spec, first, &mut messages.as_mut()).await;
                 let mut pulled = Vec::with_capacity(chunk.len());
                 for item in chunk {
                     match item {
@@ -321,8 +325,23 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
                         }
                     }
                 }
-                if !pulled.is_empty() && self.process(pulled, &mut shutdown).await? == Flow::Stopped
-                {
+                if pulled.is_empty() {
+                    continue;
+                }
+                let flow = match self.process(pulled, &mut shutdown).await {
+                    Ok(flow) => flow,
+                    Err(e) => {
+                        // Withdraw the pull first: a batch refused while the pull is still
+                        // open would be redelivered into it and be lost with it, until the
+                        // ack wait. Without it, whoever consumes next gets the batch at once.
+                        drop(messages);
+                        for message in std::mem::take(&mut self.unsettled) {
+                            let _ = message.ack_with(jetstream::AckKind::Nak(None)).await;
+                        }
+                        return Err(e);
+                    }
+                };
+                if flow == Flow::Stopped {
                     break 'pull;
                 }
             }
@@ -429,11 +448,9 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
             };
             if error.kind() == HandlerErrorKind::Fatal {
                 tracing::error!(consumer = %self.settler.spec.durable, error = %error, "handler failed; stopping");
-                // Not handled: whoever consumes next gets the batch at once, not after the
-                // ack wait.
-                for p in &run {
-                    let _ = p.message.ack_with(jetstream::AckKind::Nak(None)).await;
-                }
+                // Not handled: refused once the pull is withdrawn (see `run`), so whoever
+                // consumes next gets the batch at once, not after the ack wait.
+                self.unsettled = run.iter().map(|p| p.message.clone()).collect();
                 return Err(BusError::Handler {
                     consumer: self.settler.spec.durable.clone(),
                     message: error.to_string(),
