@@ -175,12 +175,13 @@ pub async fn run(
         ledgers: HashMap::new(),
         budgets: config.budgets.clone(),
     };
-    let telemetry = Telemetry {
-        conn: allot_store::open(&config.db_path(), MIGRATIONS)?,
-        consumer: format!("{}-telemetry", config.consumer),
-    };
-    let telemetry_spec =
-        ConsumerSpec::new(names::TELEMETRY, format!("{}-telemetry", config.consumer));
+    let telemetry = allot_store::Projection::new(
+        allot_store::open(&config.db_path(), MIGRATIONS)?,
+        format!("{}-telemetry", config.consumer),
+        "billing",
+        apply_sample,
+    );
+    let telemetry_spec = ConsumerSpec::new(names::TELEMETRY, telemetry.consumer());
     service.spawn(
         format!("consumer {}", names::TELEMETRY),
         ConsumerRunner::new(client.clone(), telemetry_spec, telemetry)
@@ -460,42 +461,24 @@ fn holdings(
     Ok(())
 }
 
-/// Counts GPU telemetry against the leases holding the GPUs sampled.
-struct Telemetry {
-    conn: Connection,
-    consumer: String,
-}
-
-impl Handler for Telemetry {
-    fn resume_after(&mut self) -> Result<Option<u64>, HandlerError> {
-        let position = allot_store::position(&self.conn, &self.consumer).map_err(db)?;
-        Ok(Some(position.unwrap_or(0)))
+/// Counts a GPU sample against the lease holding the GPU (the telemetry consumer's
+/// projection; other events are skipped).
+fn apply_sample(tx: &Connection, d: &Delivery) -> allot_store::rusqlite::Result<()> {
+    let AnyEvent::Telemetry(TelemetryEvent::GpusSampled(s)) = &d.event.data else {
+        return Ok(());
+    };
+    for g in &s.samples {
+        let Some(util) = g.utilization_pct else {
+            continue;
+        };
+        tx.execute(
+            "UPDATE holdings SET samples = samples + 1,
+                idle_samples = idle_samples + ?3
+             WHERE node = ?1 AND gpu = ?2",
+            params![s.node, g.index, i64::from(util == 0)],
+        )?;
     }
-
-    async fn handle(&mut self, batch: &[Delivery]) -> Result<Vec<Outcome>, HandlerError> {
-        let items: Vec<(u64, &Delivery)> = batch.iter().map(|d| (d.stream_sequence, d)).collect();
-        allot_store::apply_batch(&mut self.conn, &self.consumer, &items, |tx, fresh| {
-            for d in fresh {
-                let AnyEvent::Telemetry(TelemetryEvent::GpusSampled(s)) = &d.event.data else {
-                    continue;
-                };
-                for g in &s.samples {
-                    let Some(util) = g.utilization_pct else {
-                        continue;
-                    };
-                    tx.execute(
-                        "UPDATE holdings SET samples = samples + 1,
-                            idle_samples = idle_samples + ?3
-                         WHERE node = ?1 AND gpu = ?2",
-                        params![s.node, g.index, i64::from(util == 0)],
-                    )?;
-                }
-            }
-            Ok::<_, allot_store::rusqlite::Error>(())
-        })
-        .map_err(db)?;
-        Ok(vec![Outcome::Handled; batch.len()])
-    }
+    Ok(())
 }
 
 fn db(e: impl std::fmt::Display) -> HandlerError {

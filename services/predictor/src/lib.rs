@@ -70,6 +70,7 @@ use allot_predict::{Job, Prediction, Predictor, TrainParams};
 use allot_prices::PriceTable;
 use allot_runtime::Service;
 use allot_sched::{TaskId, TaskSpec};
+use allot_store::Projection;
 use allot_store::rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 pub mod report;
@@ -257,13 +258,15 @@ pub async fn run(
             .map(|r| r.map(drop).map_err(Error::from)),
     );
     // GPU use: each consumer with its own connection and position.
-    let fleet = usage::Fleet {
-        conn: open(&config)?,
-        consumer: format!("{}-fleet", config.consumer),
-    };
+    let fleet = Projection::new(
+        open(&config)?,
+        format!("{}-fleet", config.consumer),
+        "predictor",
+        usage::apply_registration,
+    );
     let fleet_spec = ConsumerSpec {
         filter_subjects: vec![subject::node_registered("*")],
-        ..ConsumerSpec::new(names::FLEET, fleet.consumer.clone())
+        ..ConsumerSpec::new(names::FLEET, fleet.consumer())
     };
     service.spawn(
         format!("consumer {}", names::FLEET),
@@ -271,11 +274,13 @@ pub async fn run(
             .run(service.stopping())
             .map(|r| r.map(drop).map_err(Error::from)),
     );
-    let telemetry = usage::Telemetry {
-        conn: open(&config)?,
-        consumer: format!("{}-telemetry", config.consumer),
-    };
-    let telemetry_spec = ConsumerSpec::new(names::TELEMETRY, telemetry.consumer.clone());
+    let telemetry = Projection::new(
+        open(&config)?,
+        format!("{}-telemetry", config.consumer),
+        "predictor",
+        usage::apply_sample,
+    );
+    let telemetry_spec = ConsumerSpec::new(names::TELEMETRY, telemetry.consumer());
     service.spawn(
         format!("consumer {}", names::TELEMETRY),
         ConsumerRunner::new(client.clone(), telemetry_spec, telemetry)

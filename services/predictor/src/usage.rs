@@ -22,7 +22,7 @@
 
 use std::collections::BTreeMap;
 
-use allot_bus::consumer::{Delivery, Handler, HandlerError, Outcome};
+use allot_bus::consumer::Delivery;
 use allot_events::{AnyEvent, NodeEvent, TelemetryEvent};
 use allot_predict::rightsize::{
     self, NoRecommendation, Offer, Params, Recommendation, Request, RunUsage,
@@ -31,101 +31,68 @@ use allot_prices::PriceTable;
 use allot_store::rusqlite::{Connection, params};
 use serde::Serialize;
 
-/// Applies node registrations: the fleet's GPUs, by node.
-pub(crate) struct Fleet {
-    pub(crate) conn: Connection,
-    pub(crate) consumer: String,
+/// Applies a node registration: the node's GPUs, replaced whole (the fleet consumer's
+/// projection; other events are skipped).
+pub(crate) fn apply_registration(
+    tx: &Connection,
+    d: &Delivery,
+) -> allot_store::rusqlite::Result<()> {
+    let AnyEvent::Node(NodeEvent::Registered(n)) = &d.event.data else {
+        return Ok(());
+    };
+    tx.execute("DELETE FROM gpus WHERE node = ?1", [&n.node])?;
+    for g in &n.gpus {
+        tx.execute(
+            "INSERT INTO gpus (node, gpu, pool, model, memory_total_mib)
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![n.node, g.index, n.pool, g.model, g.memory_total_mib as i64],
+        )?;
+    }
+    Ok(())
 }
 
-impl Handler for Fleet {
-    fn resume_after(&mut self) -> Result<Option<u64>, HandlerError> {
-        let position = allot_store::position(&self.conn, &self.consumer).map_err(db)?;
-        Ok(Some(position.unwrap_or(0)))
+/// Applies a GPU sample to the runs holding the GPUs sampled (the telemetry consumer's
+/// projection; other events are skipped).
+pub(crate) fn apply_sample(tx: &Connection, d: &Delivery) -> allot_store::rusqlite::Result<()> {
+    let AnyEvent::Telemetry(TelemetryEvent::GpusSampled(s)) = &d.event.data else {
+        return Ok(());
+    };
+    let mut held_milli: BTreeMap<u32, u64> = BTreeMap::new();
+    for h in &s.held {
+        *held_milli.entry(h.index).or_default() += u64::from(h.milli.max(1));
     }
-
-    async fn handle(&mut self, batch: &[Delivery]) -> Result<Vec<Outcome>, HandlerError> {
-        let items: Vec<(u64, &Delivery)> = batch.iter().map(|d| (d.stream_sequence, d)).collect();
-        allot_store::apply_batch(&mut self.conn, &self.consumer, &items, |tx, fresh| {
-            for d in fresh {
-                let AnyEvent::Node(NodeEvent::Registered(n)) = &d.event.data else {
-                    continue;
-                };
-                tx.execute("DELETE FROM gpus WHERE node = ?1", [&n.node])?;
-                for g in &n.gpus {
-                    tx.execute(
-                        "INSERT INTO gpus (node, gpu, pool, model, memory_total_mib)
-                         VALUES (?1, ?2, ?3, ?4, ?5)",
-                        params![n.node, g.index, n.pool, g.model, g.memory_total_mib as i64],
-                    )?;
-                }
-            }
-            Ok::<_, allot_store::rusqlite::Error>(())
-        })
-        .map_err(db)?;
-        Ok(vec![Outcome::Handled; batch.len()])
+    for h in &s.held {
+        let Some(g) = s.samples.iter().find(|g| g.index == h.index) else {
+            continue;
+        };
+        let total = held_milli[&h.index] as f64;
+        let share = f64::from(h.milli.max(1)) / total;
+        let memory = (g.memory_used_mib as f64 * share).round() as i64;
+        let util = g.utilization_pct.map(|u| f64::from(u) * share);
+        tx.execute(
+            "INSERT INTO usage (workload, name, lease, node, gpu, samples,
+                 peak_memory_mib, util_samples, util_sum, memory_total_mib)
+             VALUES (?1, ?2, ?3, ?4, ?5, 1, ?6, ?7, ?8, ?9)
+             ON CONFLICT (workload, name, lease, node, gpu) DO UPDATE SET
+                 samples = samples + 1,
+                 peak_memory_mib = max(peak_memory_mib, excluded.peak_memory_mib),
+                 util_samples = util_samples + excluded.util_samples,
+                 util_sum = util_sum + excluded.util_sum,
+                 memory_total_mib = excluded.memory_total_mib",
+            params![
+                h.workload,
+                h.task,
+                h.lease.0 as i64,
+                s.node,
+                h.index,
+                memory,
+                i64::from(util.is_some()),
+                util.unwrap_or(0.0),
+                g.memory_total_mib as i64
+            ],
+        )?;
     }
-}
-
-/// Applies GPU samples to the runs holding the GPUs sampled.
-pub(crate) struct Telemetry {
-    pub(crate) conn: Connection,
-    pub(crate) consumer: String,
-}
-
-impl Handler for Telemetry {
-    fn resume_after(&mut self) -> Result<Option<u64>, HandlerError> {
-        let position = allot_store::position(&self.conn, &self.consumer).map_err(db)?;
-        Ok(Some(position.unwrap_or(0)))
-    }
-
-    async fn handle(&mut self, batch: &[Delivery]) -> Result<Vec<Outcome>, HandlerError> {
-        let items: Vec<(u64, &Delivery)> = batch.iter().map(|d| (d.stream_sequence, d)).collect();
-        allot_store::apply_batch(&mut self.conn, &self.consumer, &items, |tx, fresh| {
-            for d in fresh {
-                let AnyEvent::Telemetry(TelemetryEvent::GpusSampled(s)) = &d.event.data else {
-                    continue;
-                };
-                let mut held_milli: BTreeMap<u32, u64> = BTreeMap::new();
-                for h in &s.held {
-                    *held_milli.entry(h.index).or_default() += u64::from(h.milli.max(1));
-                }
-                for h in &s.held {
-                    let Some(g) = s.samples.iter().find(|g| g.index == h.index) else {
-                        continue;
-                    };
-                    let total = held_milli[&h.index] as f64;
-                    let share = f64::from(h.milli.max(1)) / total;
-                    let memory = (g.memory_used_mib as f64 * share).round() as i64;
-                    let util = g.utilization_pct.map(|u| f64::from(u) * share);
-                    tx.execute(
-                        "INSERT INTO usage (workload, name, lease, node, gpu, samples,
-                             peak_memory_mib, util_samples, util_sum, memory_total_mib)
-                         VALUES (?1, ?2, ?3, ?4, ?5, 1, ?6, ?7, ?8, ?9)
-                         ON CONFLICT (workload, name, lease, node, gpu) DO UPDATE SET
-                             samples = samples + 1,
-                             peak_memory_mib = max(peak_memory_mib, excluded.peak_memory_mib),
-                             util_samples = util_samples + excluded.util_samples,
-                             util_sum = util_sum + excluded.util_sum,
-                             memory_total_mib = excluded.memory_total_mib",
-                        params![
-                            h.workload,
-                            h.task,
-                            h.lease.0 as i64,
-                            s.node,
-                            h.index,
-                            memory,
-                            i64::from(util.is_some()),
-                            util.unwrap_or(0.0),
-                            g.memory_total_mib as i64
-                        ],
-                    )?;
-                }
-            }
-            Ok::<_, allot_store::rusqlite::Error>(())
-        })
-        .map_err(db)?;
-        Ok(vec![Outcome::Handled; batch.len()])
-    }
+    Ok(())
 }
 
 /// What telemetry saw of one attempt, in all its runs.
@@ -254,10 +221,6 @@ pub fn recommend(
         &offers,
         Params::default(),
     ))
-}
-
-fn db(e: impl std::fmt::Display) -> HandlerError {
-    HandlerError::transient(format!("predictor database: {e}"))
 }
 
 #[cfg(test)]

@@ -1607,7 +1607,11 @@ impl Scheduler {
                 continue;
             }
             let placement = trial.swap_remove(0);
-            let waited = fits_at.saturating_sub(now) / 1000;
+            let wait = if fits_at == Time::MAX {
+                "for as long as anything now running runs".to_owned()
+            } else {
+                format!("about {} s", (fits_at - now) / 1000)
+            };
             for id in &victims {
                 let task = &self.tasks[id];
                 self.quotas
@@ -1615,7 +1619,7 @@ impl Scheduler {
                 let lost = task.lost_work(now) / 1000;
                 let reason = format!(
                     "{}: moved to make room for {} ({} GPUs), which fits on none of the {} free \
-                     GPUs and would otherwise wait about {waited} s; restarts at once on free \
+                     GPUs and would otherwise wait {wait}; restarts at once on free \
                      capacity, losing {lost} s of work since its last checkpoint",
                     self.policy.name(),
                     spec.id,

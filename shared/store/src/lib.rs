@@ -11,6 +11,9 @@
 //!   commit together, a crash at any instant leaves them consistent, and a redelivery after a
 //!   restart is recognised and not applied twice. [`record_position`] is the same bookkeeping
 //!   for a handler that runs its own transaction.
+//! - [`Projection`]: a bus consumer's handler built on [`apply_batch`] for projections that
+//!   only write tables — it resumes after the stored position and applies each fresh delivery
+//!   with one function.
 //!
 //! Transactions that apply events begin `IMMEDIATE`: they take the write lock up front (waiting
 //! for it under the busy timeout) instead of reading first and then failing to upgrade a stale
@@ -26,6 +29,9 @@ use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior};
 use rusqlite_migration::{M, Migrations};
 
 pub use rusqlite;
+
+mod projection;
+pub use projection::Projection;
 
 /// What can go wrong opening or writing a store.
 #[derive(Debug, thiserror::Error)]

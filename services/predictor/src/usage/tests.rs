@@ -4,7 +4,7 @@ use allot_events::{Envelope, TelemetryEvent};
 use allot_sched::LeaseId;
 use allot_store::rusqlite::Connection;
 
-use super::Telemetry;
+use super::apply_sample;
 
 fn sample(index: u32, used_mib: u64, util: Option<u8>) -> GpuSample {
     GpuSample {
@@ -73,10 +73,12 @@ fn rows(conn: &Connection) -> Vec<(String, u32, i64, i64, i64, f64)> {
 
 #[tokio::test]
 async fn a_shared_gpu_is_charged_by_share_and_a_redelivered_sample_counts_once() {
-    let mut t = Telemetry {
-        conn: allot_store::open_in_memory(crate::MIGRATIONS).unwrap(),
-        consumer: "predictor-telemetry".into(),
-    };
+    let mut t = allot_store::Projection::new(
+        allot_store::open_in_memory(crate::MIGRATIONS).unwrap(),
+        "predictor-telemetry",
+        "predictor",
+        apply_sample,
+    );
     // GPU 0: `train` alone (a whole GPU). GPU 1: `a` holds 250 and `b` 750 milli of it.
     let first = vec![
         delivery(
@@ -106,12 +108,12 @@ async fn a_shared_gpu_is_charged_by_share_and_a_redelivered_sample_counts_once()
         ("b".to_owned(), 1, 2, 6_000, 1, 30.0),
         ("train".to_owned(), 0, 2, 30_000, 2, 120.0),
     ];
-    assert_eq!(rows(&t.conn), want);
+    assert_eq!(rows(t.conn()), want);
 
     // The same batch again (redelivered after a crash before the acknowledgement), and a batch
     // that overlaps it: only the new sample counts.
     t.handle(&first).await.unwrap();
-    assert_eq!(rows(&t.conn), want, "a redelivered sample counted twice");
+    assert_eq!(rows(t.conn()), want, "a redelivered sample counted twice");
     t.handle(&[
         first[1].clone(),
         delivery(
@@ -122,6 +124,6 @@ async fn a_shared_gpu_is_charged_by_share_and_a_redelivered_sample_counts_once()
     ])
     .await
     .unwrap();
-    let train = rows(&t.conn).pop().unwrap();
+    let train = rows(t.conn()).pop().unwrap();
     assert_eq!(train, ("train".to_owned(), 0, 3, 30_000, 3, 150.0));
 }
