@@ -598,7 +598,11 @@ impl Progress {
                     };
                     match d {
                         Decision::Waiting {
-                            reason, eta, at, ..
+                            reason,
+                            eta,
+                            at_risk,
+                            at,
+                            ..
                         } => {
                             let eta = match eta {
                                 Some(eta) => format!(
@@ -607,7 +611,12 @@ impl Progress {
                                 ),
                                 None => "no start time estimate".to_owned(),
                             };
-                            let detail = format!("{reason}; {eta}");
+                            let risk = if at_risk {
+                                "; AT RISK of missing its deadline"
+                            } else {
+                                ""
+                            };
+                            let detail = format!("{reason}; {eta}{risk}");
                             let t = &mut self.tasks[i];
                             if t.waiting.get(&attempt) == Some(&detail) {
                                 continue;

@@ -72,6 +72,11 @@ pub struct Waiting {
     pub eta_ms: Option<Time>,
     /// The estimate of its run time the scheduler holds (a prediction once journalled).
     pub predicted_ms: Option<Time>,
+    /// Its deadline (ms on the journal's clock), if its spec gives one.
+    pub deadline_ms: Option<Time>,
+    /// Whether it is expected to miss its deadline: its ETA plus its expected run time passes
+    /// it (or no start can be foreseen).
+    pub at_risk: bool,
 }
 
 /// Runs `allot queue`.
@@ -147,6 +152,8 @@ pub fn rows(
             reason: w.reason.to_string(),
             eta_ms: w.eta,
             predicted_ms: spec.predicted_duration,
+            deadline_ms: spec.deadline,
+            at_risk: w.at_risk,
         });
     }
     out
@@ -159,7 +166,7 @@ pub fn table(rows: &[Waiting], now: Time) -> String {
     }
     let mut table = Table::new();
     table.load_preset(NOTHING).set_header([
-        "POS", "TASK", "TEAM", "PRIO", "GPUS", "WAITING", "ETA", "REASON",
+        "POS", "TASK", "TEAM", "PRIO", "GPUS", "WAITING", "ETA", "DEADLINE", "REASON",
     ]);
     for r in rows {
         let task = match (&r.workload, &r.name) {
@@ -176,6 +183,21 @@ pub fn table(rows: &[Waiting], now: Time) -> String {
             Some(eta) => format!("in {}", span_ms(eta - now)),
             None => "unknown".to_owned(),
         };
+        let deadline = match r.deadline_ms {
+            None => "-".to_owned(),
+            Some(d) => {
+                let when = if d <= now {
+                    format!("{} ago", span_ms(now - d))
+                } else {
+                    format!("in {}", span_ms(d - now))
+                };
+                if r.at_risk {
+                    format!("{when} AT RISK")
+                } else {
+                    when
+                }
+            }
+        };
         table.add_row([
             r.position.to_string(),
             task,
@@ -185,6 +207,7 @@ pub fn table(rows: &[Waiting], now: Time) -> String {
             r.submitted_ms
                 .map_or_else(|| "-".to_owned(), |s| span_ms(now.saturating_sub(s))),
             eta,
+            deadline,
             r.reason.clone(),
         ]);
     }

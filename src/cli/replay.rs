@@ -464,11 +464,18 @@ fn history(entry: &Entry, task: TaskId, nodes: &[String]) -> Vec<String> {
                 task: t,
                 reason,
                 eta,
+                at_risk,
                 at,
             } if *t == task => {
                 let eta = eta.map_or_else(|| "unknown".to_owned(), when);
+                let risk = if *at_risk {
+                    "; AT RISK of missing its deadline waiting its turn: moved ahead of equal \
+                     priorities, earliest deadline first"
+                } else {
+                    ""
+                };
                 out.push(format!(
-                    "#{seq} {} waiting: {reason} (expected start {eta})",
+                    "#{seq} {} waiting: {reason} (expected start {eta}){risk}",
                     when(*at)
                 ));
             }

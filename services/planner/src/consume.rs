@@ -240,7 +240,7 @@ fn submitted(
     }
     let at = d.published.timestamp_millis().max(0) as Time;
     let cluster = store::cluster(c, at, settle)?;
-    let mut w = match plan(s, pool, teams, cluster.as_ref()) {
+    let mut w = match plan(s, at, pool, teams, cluster.as_ref()) {
         Ok(w) => w,
         Err(why) => {
             warn!(workload.id = %s.workload_id, reason = %why, "submission rejected");

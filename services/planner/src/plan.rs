@@ -25,9 +25,11 @@ pub fn event_id(key: &str) -> Uuid {
 
 /// Checks a submission as `allot submit` would — against the teams file and, when nodes have
 /// registered, the node shapes of `cluster` — and builds its state, every task waiting; or
-/// says, precisely, why not.
+/// says, precisely, why not. `at` is when it was submitted (ms since the Unix epoch, the
+/// scheduler's clock): a deadline given as a duration counts from then.
 pub fn plan(
     submitted: &WorkloadSubmitted,
+    at: Time,
     pool: &str,
     teams: Option<&TeamsConfig>,
     cluster: Option<&ClusterShape>,
@@ -82,6 +84,17 @@ pub fn plan(
                 .filter(|c| c.supported)
                 .and_then(|c| ms(&c.interval));
             template.max_runtime = ms(&t.max_runtime);
+            // Validated already: every deadline parses.
+            template.deadline = t
+                .deadline
+                .as_deref()
+                .and_then(|d| quantity::deadline(d).ok())
+                .map(|d| match d {
+                    quantity::Deadline::AfterSubmit(after) => {
+                        at.saturating_add(after.as_millis() as Time)
+                    }
+                    quantity::Deadline::At(when) => when.timestamp_millis().max(0) as Time,
+                });
             let run = RunSpec {
                 attempt: 0,
                 command: t.command.clone(),

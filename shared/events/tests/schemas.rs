@@ -429,6 +429,7 @@ fn journal_entry() -> allot_sched::journal::Entry {
                     why: "team vision is at its nominal GPU quota".into(),
                 },
                 eta: None,
+                at_risk: false,
                 at: 1_000,
             },
         ],

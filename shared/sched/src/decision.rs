@@ -31,6 +31,10 @@ pub enum Decision {
         /// When it is expected to start, if running tasks end when their estimates say
         /// (`None`: not before something else changes, e.g. a quota or a node).
         eta: Option<Time>,
+        /// It has a deadline it is expected to miss if it waits its turn: policies that keep
+        /// deadlines move it ahead of equal priorities (earliest deadline first).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        at_risk: bool,
         /// When.
         at: Time,
     },

@@ -222,6 +222,10 @@ pub struct TaskSpec {
     /// Its usage limit: once a run has lasted this long, any waiting task may preempt it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_runtime: Option<Time>,
+    /// When it should be done, on the scheduler's clock. Policies that keep deadlines (`allot`)
+    /// start work that would otherwise miss its deadline ahead of equal priorities.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<Time>,
     /// The true duration, known only in simulation; only oracle policies may read it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oracle_duration: Option<Time>,
@@ -246,6 +250,7 @@ impl TaskSpec {
             predicted_duration: None,
             checkpoint_every: None,
             max_runtime: None,
+            deadline: None,
             oracle_duration: None,
         }
     }

@@ -41,6 +41,23 @@ pub struct PendingView<'a> {
     /// While it runs: how long it waited in the queue before this run started; `None` while
     /// it waits.
     pub waited_before_run: Option<Time>,
+    /// Pending: how the scheduler expects it to fare against its [`TaskSpec::deadline`];
+    /// running: how it was judged when it started. Policies that keep deadlines read it.
+    pub risk: DeadlineRisk,
+}
+
+/// How a task with a deadline is expected to fare, as the scheduler judges it (see
+/// `Scheduler::judge_deadlines`; only for policies that [`Policy::keeps_deadlines`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum DeadlineRisk {
+    /// No deadline, not judged yet, or on course for it.
+    #[default]
+    None,
+    /// Waiting its turn, it would miss the deadline; first in line, it would make it when
+    /// running work ends.
+    AtRisk,
+    /// Even first in line it would miss the deadline unless running work made room for it.
+    Urgent,
 }
 
 /// A task in a preemption decision: its spec and its key at this instant.
@@ -92,6 +109,12 @@ pub trait Policy: Send + std::fmt::Debug {
     }
     /// What a pass does when the next task does not fit.
     fn when_blocked(&self) -> WhenBlocked;
+    /// Whether the policy orders work by deadline risk ([`PendingView::at_risk`]): the
+    /// scheduler then judges queued tasks with deadlines each pass (it must be
+    /// [`Policy::dynamic`], so the new order is used at once).
+    fn keeps_deadlines(&self) -> bool {
+        false
+    }
     /// Whether a task that does not fit may preempt running tasks whose keys are worse.
     fn preemptive(&self) -> bool {
         false

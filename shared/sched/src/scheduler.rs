@@ -35,7 +35,9 @@ use crate::model::{
     LeaseId, NodeIdx, NodeSpec, RequestShape as Shape, TaskId, TaskSpec, Time, WHOLE_GPU_MILLI,
 };
 use crate::placement::{self, Level};
-use crate::policy::{Contender, PendingView, Policy, QueueKey, VictimOrder, WhenBlocked};
+use crate::policy::{
+    Contender, DeadlineRisk, PendingView, Policy, QueueKey, VictimOrder, WhenBlocked,
+};
 use crate::quota::{self, Amounts, Quota, Quotas};
 
 /// Something that happened, in the one total order the scheduler sees.
@@ -216,6 +218,13 @@ struct Task {
     waited: Time,
     /// The lease and nodes of its last run, once one was stopped (preempted or requeued).
     last_run: Option<(LeaseId, Vec<NodeIdx>)>,
+    /// Pending: how it is expected to fare against its deadline (see
+    /// [`Scheduler::judge_deadlines`]); running: how it was judged when it started. Cleared
+    /// when it is stopped.
+    risk: DeadlineRisk,
+    /// When its deadline risk was last judged while pending (`None`: not since it joined
+    /// the queue).
+    risk_judged: Option<Time>,
     state: State,
 }
 
@@ -238,6 +247,7 @@ impl Task {
                 State::Pending { .. } => None,
                 State::Running { .. } => Some(self.waited),
             },
+            risk: self.risk,
         }
     }
 
@@ -289,6 +299,9 @@ pub struct Waiting {
     /// Expected start if running tasks end when their estimates say (`None`: not before
     /// something else changes).
     pub eta: Option<Time>,
+    /// It has a deadline, and its expected start plus its expected run time passes it (or no
+    /// start can be foreseen).
+    pub at_risk: bool,
 }
 
 /// The scheduling core. See the module docs for the pass.
@@ -323,6 +336,11 @@ pub struct Scheduler {
 
 /// How many moments (running tasks' ends) an ETA looks through before it gives up.
 const MAX_ETA_STEPS: usize = 10_000;
+
+/// How often a pending task with a deadline has its risk of missing it judged again, ms of
+/// the scheduler's clock (each judgement replays the queue ahead of it; see
+/// [`Scheduler::judge_deadlines`]).
+pub const DEADLINE_RECHECK: Time = 60_000;
 
 /// How long past its expected time a preloaded task's hold lasts if it never arrives (its
 /// predecessors ran late, or failed).
@@ -447,6 +465,7 @@ impl Scheduler {
                         size: g.size,
                     },
                     eta: None,
+                    at_risk: t.spec.deadline.is_some(),
                 });
             }
         }
@@ -466,6 +485,7 @@ impl Scheduler {
                     floor,
                 },
                 eta: None,
+                at_risk: self.misses_deadline(&unit, None),
             });
         }
         let key = match self.tasks[&leader].state {
@@ -485,10 +505,142 @@ impl Scheduler {
         } else {
             self.no_capacity(&unit)
         };
+        let eta = self.expected_start(&unit, key, now);
         Some(Waiting {
             reason,
-            eta: self.expected_start(&unit, key, now),
+            eta,
+            at_risk: self.tasks[&leader].risk != DeadlineRisk::None
+                || self.misses_deadline(&unit, eta),
         })
+    }
+
+    /// Whether `unit`, started at `start` (`None`: no start foreseen), is expected to end
+    /// after the earliest deadline of its members; `false` when none has one.
+    fn misses_deadline(&self, unit: &Unit, start: Option<Time>) -> bool {
+        let Some(deadline) = unit.specs.iter().filter_map(|s| s.deadline).min() else {
+            return false;
+        };
+        start.is_none_or(|start| start.saturating_add(self.remaining(unit)) > deadline)
+    }
+
+    /// How long `unit` is expected to run from its next start: the longest of its members'
+    /// estimates less what they ran before — or, for one that ran past its estimate, as long
+    /// again as it has run (heavy-tailed run times; see [`Self::expected_end`]).
+    fn remaining(&self, unit: &Unit) -> Time {
+        unit.members
+            .iter()
+            .map(|m| {
+                let task = &self.tasks[m];
+                let estimate = self.estimator.estimate(&task.spec);
+                if task.attained < estimate {
+                    estimate - task.attained
+                } else {
+                    task.attained
+                }
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Judges each queued unit with a deadline ([`DEADLINE_RECHECK`] apart) against it, if its
+    /// estimate is learned and it could still make the deadline were it started now (one
+    /// that cannot gets no precedence: moving it ahead would only make others late too):
+    /// - **at risk** when its expected start waiting its turn ([`Self::expected_start`], the
+    ///   queue ahead starting first) plus its expected run time passes the deadline — policies
+    ///   that keep deadlines then order it ahead of equal priorities, earliest deadline first;
+    /// - **urgent** when even its earliest start as running work ends
+    ///   ([`Self::earliest_fit`]) would miss it — they may then preempt for it.
+    ///
+    /// A judgement only rises while the unit waits; the first raise is logged as a `Waiting`
+    /// decision that says so. Returns whether any judgement rose.
+    fn judge_deadlines(&mut self, now: Time, out: &mut Vec<Decision>) -> bool {
+        let due: Vec<(QueueKey, TaskId)> = self
+            .queue
+            .iter()
+            .filter(|(_, leader)| {
+                let task = &self.tasks[*leader];
+                task.spec.deadline.is_some()
+                    && task.risk != DeadlineRisk::Urgent
+                    && task
+                        .risk_judged
+                        .is_none_or(|at| now >= at.saturating_add(DEADLINE_RECHECK))
+            })
+            .map(|(key, leader)| (*key, *leader))
+            .collect();
+        let mut raised = false;
+        for (key, leader) in due {
+            let unit = self.unit(leader);
+            let remaining = self.remaining(&unit);
+            let feasible = unit
+                .specs
+                .iter()
+                .filter_map(|s| s.deadline)
+                .min()
+                .is_some_and(|deadline| now.saturating_add(remaining) <= deadline);
+            let learned = unit.specs.iter().all(|s| self.estimator.learned(s));
+            let before = self.tasks[&leader].risk;
+            let mut risk = before;
+            let mut eta = None;
+            if feasible && learned {
+                if risk == DeadlineRisk::None {
+                    eta = self.expected_start(&unit, key, now);
+                    if self.misses_deadline(&unit, eta) {
+                        risk = DeadlineRisk::AtRisk;
+                    }
+                }
+                if risk == DeadlineRisk::AtRisk {
+                    let first = self.earliest_fit(&unit, now, true).start;
+                    if self.misses_deadline(&unit, (first != Time::MAX).then_some(first)) {
+                        risk = DeadlineRisk::Urgent;
+                    }
+                }
+            }
+            let Some(task) = self.tasks.get_mut(&leader) else {
+                continue;
+            };
+            task.risk_judged = Some(now);
+            task.risk = risk;
+            if risk == before {
+                continue;
+            }
+            raised = true;
+            if before != DeadlineRisk::None {
+                continue;
+            }
+            let reason = match &task.state {
+                State::Pending {
+                    last_wait: Some(reason),
+                    ..
+                } => reason.clone(),
+                _ if !self
+                    .policy
+                    .admits(&unit.specs[0].team, unit.demand, &self.quotas) =>
+                {
+                    WaitReason::Quota {
+                        why: self
+                            .quotas
+                            .refusal(&unit.specs[0].team, unit.demand)
+                            .unwrap_or_else(|| format!("{} does not admit it", self.policy.name())),
+                    }
+                }
+                _ => self.no_capacity(&unit),
+            };
+            if let Some(Task {
+                state: State::Pending { last_wait, .. },
+                ..
+            }) = self.tasks.get_mut(&leader)
+            {
+                *last_wait = Some(reason.clone());
+            }
+            out.push(Decision::Waiting {
+                task: leader,
+                reason,
+                eta,
+                at_risk: true,
+                at: now,
+            });
+        }
+        raised
     }
 
     /// Applies one input and returns what was decided.
@@ -645,6 +797,8 @@ impl Scheduler {
                 pending_since: at,
                 waited: 0,
                 last_run: None,
+                risk: DeadlineRisk::None,
+                risk_judged: None,
                 state: State::Pending {
                     key: QueueKey(0, 0, 0),
                     last_wait: None,
@@ -1075,6 +1229,8 @@ impl Scheduler {
         }
         task.attained += now.saturating_sub(since);
         task.pending_since = now;
+        task.risk = DeadlineRisk::None;
+        task.risk_judged = None;
         task.last_run = Some((lease, placement.shares.iter().map(|s| s.node).collect()));
         out.push(Decision::Preempted {
             task: id,
@@ -1091,10 +1247,18 @@ impl Scheduler {
         if self.policy.dynamic() {
             self.rekey(now);
         }
-        let blocked = self.sweep(now, out, true);
+        let mut blocked = self.sweep(now, out, true);
         // Victims leave more room than their preemptor needed: give it to whoever fits.
         if blocked.1 {
             self.sweep(now, out, false);
+        }
+        // Work now found at risk of missing its deadline moves ahead: order and walk again.
+        if self.policy.keeps_deadlines() && self.judge_deadlines(now, out) {
+            self.rekey(now);
+            blocked = self.sweep(now, out, true);
+            if blocked.1 {
+                self.sweep(now, out, false);
+            }
         }
         if let Some((id, reason)) = blocked.0 {
             let changed = match &self.tasks.get(&id).map(|t| &t.state) {
@@ -1118,10 +1282,15 @@ impl Scheduler {
                 {
                     *last_wait = Some(reason.clone());
                 }
+                let at_risk = self
+                    .tasks
+                    .get(&id)
+                    .is_some_and(|t| t.risk != DeadlineRisk::None);
                 out.push(Decision::Waiting {
                     task: id,
                     reason,
                     eta,
+                    at_risk,
                     at: now,
                 });
             }
@@ -1249,6 +1418,7 @@ impl Scheduler {
             };
             // 4. admit
             let why = self.grant_reason(&unit, victims, level);
+            let risk = self.tasks[leader].risk;
             for (member, placement) in unit.members.iter().zip(placements) {
                 let spec = &self.tasks[member].spec;
                 self.cluster.allocate(&placement);
@@ -1264,6 +1434,7 @@ impl Scheduler {
                 });
                 if let Some(task) = self.tasks.get_mut(member) {
                     task.waited = now.saturating_sub(task.pending_since);
+                    task.risk = risk;
                     task.state = State::Running {
                         lease,
                         placement,
@@ -1712,8 +1883,8 @@ impl Scheduler {
     /// ahead of it in the queue start first, as the policy would start them (strictly in order
     /// under head-of-line blocking, whatever fits and its quota admits otherwise); `unit`
     /// starts at the first moment it is admitted and fits on what they leave. `None` when it
-    /// never does, or not within [`MAX_ETA_STEPS`] ends. Informational only: no decision
-    /// depends on it.
+    /// never does, or not within [`MAX_ETA_STEPS`] ends. Decisions depend on it only through
+    /// deadlines ([`Self::judge_deadlines`]); it is deterministic, so replays agree.
     fn expected_start(&self, unit: &Unit, key: QueueKey, now: Time) -> Option<Time> {
         let mut cluster = self.cluster.clone();
         let mut quotas = self.quotas.clone();

@@ -96,6 +96,7 @@ fn waiting(name: &str, free_gpus: u64, eta_in: Option<u64>) -> Observed {
             task: id(name, 1),
             reason: WaitReason::NoCapacity { gpus: 2, free_gpus },
             eta: eta_in.map(|ms| 5_000 + ms),
+            at_risk: false,
             at: 5_000,
         }],
         dispatch: Vec::new(),

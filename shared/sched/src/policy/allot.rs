@@ -27,6 +27,16 @@
 //!   priority, in arrival order — Tiresias' starvation guard, as a bound on how long later,
 //!   shorter work may pass it. The guard moves it ahead of new arrivals; it gives it no right
 //!   to preempt (a guarded task takes room as it frees, or by the quota and priority rules);
+//! - deadlines are kept: a task whose expected start (the queue ahead of it starting first)
+//!   plus its expected run time passes its deadline, but which could still make it if it
+//!   started now, is *at risk* (judged by the scheduler, `Scheduler::judge_deadlines`); it goes
+//!   ahead of everything else of its priority, earliest deadline first; only when it is
+//!   *urgent* — even first in line it would miss the deadline waiting for running work to
+//!   end — may it preempt by the rules above, with its deadline as its measure; once started
+//!   that way it is not preempted by gain. A task that cannot make its deadline even now gets no precedence: moving it
+//!   ahead would only make others late too, and a deadline set too tight to keep cannot buy
+//!   a place in line (ElasticFlow's admission test, Gu et al. ASPLOS'23, as a guard rather
+//!   than a refusal);
 //! - fragmentation does not keep a task waiting: one that fits in the free GPUs' number but on
 //!   no node may move smaller running tasks of no higher priority off a node onto free
 //!   capacity elsewhere, where they restart at once (Gandiva's defragmenting migration, as
@@ -46,7 +56,7 @@
 //! not leave GPUs stranded behind exhausted CPU or memory.
 
 use super::packing::{Fgd, Measure};
-use super::{Contender, PendingView, Policy, QueueKey, VictimOrder, WhenBlocked};
+use super::{Contender, DeadlineRisk, PendingView, Policy, QueueKey, VictimOrder, WhenBlocked};
 use crate::cluster::{Cluster, Placement};
 use crate::model::{TaskSpec, Time};
 use crate::quota::{Amounts, Quotas};
@@ -60,6 +70,11 @@ const UNLEARNED: u64 = 1 << 62;
 /// its priority, and while the run it started that way lasts: it goes first, but the guard
 /// gives it no right to preempt by gain, and the run it started is not preempted by gain.
 const PROMOTED: u64 = 1 << 61;
+
+/// The second field of a key at risk of missing its deadline is its deadline less this: below
+/// every other key of its priority (whose second field is a time left, never negative), in
+/// deadline order.
+const AT_RISK_BASE: i64 = 1 << 62;
 
 /// Allot's policy; see the module docs.
 #[derive(Debug, Clone)]
@@ -144,8 +159,26 @@ impl Policy for Allot {
     }
     fn key(&self, task: PendingView<'_>, now: Time) -> QueueKey {
         let weight = 1 + u64::from(task.spec.dag.dependents);
-        let mut weighted = Self::remaining(&task) / weight;
+        let remaining = Self::remaining(&task);
+        let mut weighted = remaining / weight;
         let mut promoted = 0;
+        // At risk of missing its deadline, and still able to make it: earliest deadline first,
+        // ahead of everything else of its priority — preempting by gain only when urgent (not
+        // even first in line would it make it); once started, not preempted by gain.
+        let deadline = task
+            .spec
+            .deadline
+            .filter(|d| task.risk != DeadlineRisk::None && now.saturating_add(remaining) <= *d);
+        if let Some(deadline) = deadline {
+            let seq = task.seq.min(PROMOTED - 1);
+            if task.pending_since.is_some() {
+                let at = (deadline.min(AT_RISK_BASE as u64) as i64) - AT_RISK_BASE;
+                let may_preempt = task.risk == DeadlineRisk::Urgent;
+                let flags = if may_preempt { 0 } else { PROMOTED };
+                return QueueKey(-i64::from(task.spec.priority), at, seq | flags);
+            }
+            promoted = PROMOTED;
+        }
         if task
             .pending_since
             .is_some_and(|since| now.saturating_sub(since) >= self.starve_after)
@@ -169,6 +202,9 @@ impl Policy for Allot {
         true
     }
     fn needs_estimates(&self) -> bool {
+        true
+    }
+    fn keeps_deadlines(&self) -> bool {
         true
     }
     fn when_blocked(&self) -> WhenBlocked {
@@ -225,6 +261,12 @@ impl Policy for Allot {
         } else {
             String::new()
         };
+        if preemptor.key.1 < 0 {
+            return format!(
+                "allot: {id} would miss its deadline waiting its turn, so it goes first among \
+                 equal priorities (earliest deadline first){fair}"
+            );
+        }
         format!(
             "allot: {id} is expected to finish in {} s (weighted by what it unblocks), under \
              1/{} of this task's {} s and {} s sooner than a restart and the {} s of work since \
@@ -250,7 +292,8 @@ impl Policy for Allot {
              since its checkpoint, and both estimates are learned; least lost work first; a task \
              waiting {} s goes to the front of its priority (no preemption right); smaller tasks \
              moved off a node when fragmentation alone blocks a task and the move costs less than \
-             the wait; quotas \
+             the wait; work at risk of missing its deadline first among its priority, earliest \
+             deadline first; quotas \
              with reclaim and fair share; no head-of-line blocking; placement=FGD, host-aware \
              (GPUs count as usable only as far as free CPU and memory can feed them)",
             self.preemption_gain,

@@ -694,6 +694,7 @@ fn nothing_new_lands_on_a_cordoned_node_until_it_returns_to_service() {
     );
 }
 
+mod deadlines;
 mod mechanisms;
 
 #[test]

@@ -72,6 +72,7 @@ fn decision(text: &str, at: u64) -> Decision {
             task: TaskId(id(1)),
             reason: crate::WaitReason::BehindHead { head: TaskId(0) },
             eta: None,
+            at_risk: false,
             at,
         },
         other => panic!("unknown decision {other:?}"),
