@@ -371,6 +371,7 @@ fn render_pipelines(results: &[SimResult], idle_if_held: f64) -> String {
         "AVG COMPLETION",
         "P50 COMPLETION",
         "P95 COMPLETION",
+        "DEADLINES MET",
         "GPU-H HELD IN CPU STAGES",
     ]);
     for r in results {
@@ -381,6 +382,17 @@ fn render_pipelines(results: &[SimResult], idle_if_held: f64) -> String {
             format!("{:.0} s", p.avg_completion_s),
             format!("{:.0} s", p.p50_completion_s),
             format!("{:.0} s", p.p95_completion_s),
+            p.deadlines.share().map_or_else(
+                || "-".to_owned(),
+                |share| {
+                    format!(
+                        "{} of {} ({:.1}%)",
+                        p.deadlines.met,
+                        p.deadlines.with,
+                        share * 100.0
+                    )
+                },
+            ),
             format!("{:.1}", p.gpu_hours_held_in_cpu_stages),
         ]);
     }
@@ -416,6 +428,8 @@ fn to_json(scenario: &str, results: &[SimResult], eta_at_submit: bool) -> serde_
                 "eta_missing": k.eta.missing,
                 "eta_median_rel_error": k.eta.median_rel_error,
                 "eta_within_25pct": k.eta.within_25pct,
+                "deadline_jobs": k.deadlines.with,
+                "deadlines_met": k.deadlines.met,
                 "sim_wall_s": r.wall.as_secs_f64(),
             });
             if eta_at_submit {
@@ -433,6 +447,9 @@ fn to_json(scenario: &str, results: &[SimResult], eta_at_submit: bool) -> serde_
                     "p50_completion_s": p.p50_completion_s,
                     "p95_completion_s": p.p95_completion_s,
                     "gpu_hours_held_in_cpu_stages": p.gpu_hours_held_in_cpu_stages,
+                    "deadlines": p.deadlines.with,
+                    "deadlines_met": p.deadlines.met,
+                    "deadlines_met_share": p.deadlines.share(),
                 });
             }
             (r.policy.clone(), row)

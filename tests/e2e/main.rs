@@ -4,6 +4,7 @@
 mod audit;
 mod cluster;
 mod costs;
+mod deadlines;
 mod gpu_check;
 mod inventory_crash;
 mod pipelines;

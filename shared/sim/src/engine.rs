@@ -486,6 +486,7 @@ fn simulate(
                     gpu_ms: run.gpu_ms + u128::from(milli) * u128::from(now - start) / 1000,
                     eta: etas.remove(&task),
                     eta_at_submit: etas_at_submit.remove(&task),
+                    deadline: job.deadline,
                 });
                 finished += 1;
                 if let Some(d) = &mut dag_run {

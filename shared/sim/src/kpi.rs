@@ -42,6 +42,36 @@ pub struct JobOutcome {
     /// submission, as `allot` would answer a user who asks then (`None`: it started in that
     /// pass, or was given no ETA).
     pub eta_at_submit: Option<Eta>,
+    /// When it should have been done, if it had a deadline.
+    pub deadline: Option<Millis>,
+}
+
+/// How many of the jobs (or pipelines) with a deadline finished by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeadlinesMet {
+    /// Those with a deadline.
+    pub with: usize,
+    /// Those that finished at or before it.
+    pub met: usize,
+}
+
+impl DeadlinesMet {
+    /// Counts `(finish, deadline)` pairs.
+    pub fn of(outcomes: impl IntoIterator<Item = (Millis, Option<Millis>)>) -> Self {
+        let mut counts = Self::default();
+        for (finish, deadline) in outcomes {
+            if let Some(deadline) = deadline {
+                counts.with += 1;
+                counts.met += usize::from(finish <= deadline);
+            }
+        }
+        counts
+    }
+
+    /// The share met (`None` when none had a deadline).
+    pub fn share(&self) -> Option<f64> {
+        (self.with > 0).then(|| self.met as f64 / self.with as f64)
+    }
 }
 
 /// A start time the scheduler promised a waiting job (a `Waiting` decision's `eta`).
@@ -104,6 +134,8 @@ pub struct Kpis {
     pub eta: EtaAccuracy,
     /// How well the ETAs given at submission held ([`JobOutcome::eta_at_submit`]).
     pub eta_at_submit: EtaAccuracy,
+    /// Jobs with a deadline, and how many finished by it.
+    pub deadlines: DeadlinesMet,
 }
 
 /// Time-weighted accumulators the engine feeds between events.
@@ -157,6 +189,7 @@ pub fn compute(
         gpu_hours_lost: acc.lost as f64 / 1000.0 / 3_600_000.0,
         eta: eta_accuracy(outcomes, |o| o.eta),
         eta_at_submit: eta_accuracy(outcomes, |o| o.eta_at_submit),
+        deadlines: DeadlinesMet::of(outcomes.iter().map(|o| (o.finish, o.deadline))),
     }
 }
 
@@ -237,7 +270,15 @@ mod tests {
             gpu_ms: gpus * u128::from(finish - start),
             eta: None,
             eta_at_submit: None,
+            deadline: None,
         }
+    }
+
+    #[test]
+    fn a_deadline_is_met_by_finishing_at_or_before_it() {
+        let met = DeadlinesMet::of([(10, Some(10)), (11, Some(10)), (5, None), (3, Some(9))]);
+        assert_eq!(met, DeadlinesMet { with: 3, met: 2 });
+        assert_eq!(DeadlinesMet::of([(1, None)]).share(), None);
     }
 
     #[test]

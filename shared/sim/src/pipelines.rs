@@ -236,6 +236,32 @@ pub enum TeamAssignment {
     Random,
 }
 
+/// Which pipelines have a deadline, and how tight. A pipeline with one must finish within
+/// `slack` × the sum of its stages' durations of its arrival — ElasticFlow's construction
+/// (Gu et al., ASPLOS'23: a deadline at submission + λ × the job's run time, λ drawn per
+/// job), here per pipeline, with λ ≥ 1 since stages do not speed up with more GPUs. Every
+/// stage of the pipeline carries that deadline, as a user would give it in each task's spec.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Deadlines {
+    /// Share of pipelines that have one, in [0, 1].
+    pub share: f64,
+    /// The least and most λ, drawn uniformly (1 ≤ least ≤ most).
+    pub slack: (f64, f64),
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Self {
+            share: 1.0 / 3.0,
+            slack: (1.5, 3.0),
+        }
+    }
+}
+
+/// Seed offset of the deadline draws: a stream of their own, so the pipelines (arrivals,
+/// teams, durations) of a seed are the same with or without deadlines.
+const DEADLINE_STREAM: u64 = 0x6465_6164_6c69_6e65;
+
 /// CPU and memory a stage asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HostRequest {
@@ -275,6 +301,8 @@ pub struct Params {
     pub preprocess: HostRequest,
     /// CPU and memory per GPU of the train and evaluate stages.
     pub per_gpu: HostRequest,
+    /// Which pipelines have a deadline.
+    pub deadlines: Deadlines,
 }
 
 impl Default for Params {
@@ -294,6 +322,7 @@ impl Default for Params {
                 cpu_milli: 4_000,
                 memory_mib: 32 * 1024,
             },
+            deadlines: Deadlines::default(),
         }
     }
 }
@@ -341,6 +370,15 @@ pub enum ParamProblem {
     /// The CPU-only stage asks for no CPU.
     #[error("the CPU-only preprocess stage must ask for some CPU")]
     PreprocessCpu,
+    /// The share of pipelines with a deadline is not in [0, 1].
+    #[error("the share of pipelines with a deadline must be between 0 and 1, not {0}")]
+    DeadlineShare(f64),
+    /// The deadline slack is below 1, reversed, or not finite.
+    #[error(
+        "the deadline slack must be finite with 1 ≤ least ≤ most, not {0}..{1} (a pipeline \
+         cannot finish sooner than its stages run)"
+    )]
+    DeadlineSlack(f64, f64),
 }
 
 /// Why pipelines could not be generated.
@@ -402,6 +440,16 @@ impl Params {
         if self.preprocess.cpu_milli == 0 {
             problems.push(ParamProblem::PreprocessCpu);
         }
+        let Deadlines {
+            share,
+            slack: (least, most),
+        } = self.deadlines;
+        if !(0.0..=1.0).contains(&share) {
+            problems.push(ParamProblem::DeadlineShare(share));
+        }
+        if !(least.is_finite() && most.is_finite() && 1.0 <= least && least <= most) {
+            problems.push(ParamProblem::DeadlineSlack(least, most));
+        }
         problems
     }
 
@@ -457,6 +505,7 @@ fn stage_job(
         priority: 0,
         cpu_milli: host.cpu_milli,
         memory_mib: host.memory_mib,
+        deadline: None,
     }
 }
 
@@ -473,6 +522,8 @@ pub struct Pipeline {
     pub train: u32,
     /// The 1-GPU stage.
     pub evaluate: u32,
+    /// When it should be done, ms (every stage carries it; see [`Deadlines`]).
+    pub deadline: Option<Millis>,
 }
 
 /// Generated pipelines: their jobs as a trace, and the DAG that chains them.
@@ -521,6 +572,7 @@ pub fn generate(source: &Trace, params: &Params) -> Result<Pipelines, PipelineEr
     }
 
     let mut rng = SmallRng::seed_from_u64(params.seed);
+    let mut deadline_rng = SmallRng::seed_from_u64(params.seed ^ DEADLINE_STREAM);
     let mean_gap_ms = 3_600_000.0 / params.rate_per_hour;
     let mut clock = 0.0f64;
     let mut jobs = Vec::with_capacity(params.pipelines * 3);
@@ -573,12 +625,23 @@ pub fn generate(source: &Trace, params: &Params) -> Result<Pipelines, PipelineEr
         ]);
         edges.push((first, first + 1));
         edges.push((first + 1, first + 2));
+        // Both draws for every pipeline, so one's deadline never shifts another's.
+        let (has, u): (f64, f64) = (deadline_rng.random(), deadline_rng.random());
+        let (least, most) = params.deadlines.slack;
+        let deadline = (has < params.deadlines.share).then(|| {
+            let work = (preprocess + train_ms + evaluate) as f64;
+            arrival + (work * (least + u * (most - least))).round() as Millis
+        });
+        for job in &mut jobs[first as usize..] {
+            job.deadline = deadline;
+        }
         pipelines.push(Pipeline {
             team: team.clone(),
             arrival,
             preprocess: first,
             train: first + 1,
             evaluate: first + 2,
+            deadline,
         });
     }
     let dag = Dag::new(jobs.len(), &edges).expect("chains are acyclic and in range");
@@ -637,6 +700,8 @@ pub struct PipelineOutcome {
     pub submit: Millis,
     /// When its last job finished.
     pub finish: Millis,
+    /// When it should have been done (the earliest deadline of its jobs).
+    pub deadline: Option<Millis>,
 }
 
 /// The pipeline KPIs of one run: completion time = last job's finish − first job's submit.
@@ -653,23 +718,27 @@ pub struct PipelineKpis {
     /// GPU-hours held by pipelines while every job they had submitted and not finished asked
     /// for no GPU — measured from the placements granted; running stages as a DAG keeps it 0.
     pub gpu_hours_held_in_cpu_stages: f64,
+    /// Pipelines with a deadline, and how many of them finished by it.
+    pub deadlines: crate::kpi::DeadlinesMet,
 }
 
 /// Groups job outcomes (by trace id) into pipeline outcomes, in pipeline order.
 pub(crate) fn pipeline_outcomes(dag: &Dag, outcomes: &[JobOutcome]) -> Vec<PipelineOutcome> {
-    let mut by: BTreeMap<u32, (Millis, Millis)> = BTreeMap::new();
+    let mut by: BTreeMap<u32, (Millis, Millis, Option<Millis>)> = BTreeMap::new();
     for o in outcomes {
         let entry = by
             .entry(dag.pipeline(o.id))
-            .or_insert((Millis::MAX, Millis::MIN));
+            .or_insert((Millis::MAX, Millis::MIN, None));
         entry.0 = entry.0.min(o.submit);
         entry.1 = entry.1.max(o.finish);
+        entry.2 = entry.2.into_iter().chain(o.deadline).min();
     }
     by.into_iter()
-        .map(|(pipeline, (submit, finish))| PipelineOutcome {
+        .map(|(pipeline, (submit, finish, deadline))| PipelineOutcome {
             pipeline,
             submit,
             finish,
+            deadline,
         })
         .collect()
 }
@@ -693,6 +762,7 @@ pub(crate) fn kpis(outcomes: &[PipelineOutcome], cpu_stage_gpu_ms: u128) -> Pipe
         p50_completion_s: percentile(50.0),
         p95_completion_s: percentile(95.0),
         gpu_hours_held_in_cpu_stages: cpu_stage_gpu_ms as f64 / 1000.0 / 3_600_000.0,
+        deadlines: crate::kpi::DeadlinesMet::of(outcomes.iter().map(|o| (o.finish, o.deadline))),
     }
 }
 

@@ -32,6 +32,9 @@ pub struct TraceJob {
     pub cpu_milli: u64,
     /// Memory requested, MiB (0 when the trace does not say).
     pub memory_mib: u64,
+    /// When it should be done, ms after the trace's start (`None`: no deadline; no public
+    /// trace records one, so only generated workloads have them).
+    pub deadline: Option<Millis>,
 }
 
 impl TraceJob {
@@ -45,6 +48,7 @@ impl TraceJob {
             gpu_models: self.gpu_models.clone(),
             cpu_milli: self.cpu_milli,
             memory_mib: self.memory_mib,
+            deadline: self.deadline,
             oracle_duration: oracle.then_some(self.duration),
             ..allot_sched::TaskSpec::new(id, self.team.clone(), self.gpus)
         }

@@ -23,6 +23,7 @@ fn job(id: u32, submit: u64, gpus: u32, duration: u64) -> TraceJob {
         priority: 0,
         cpu_milli: 0,
         memory_mib: 0,
+        deadline: None,
     }
 }
 

@@ -734,6 +734,7 @@ fn philly_keeps_listed_vcs_within_the_window_and_counts_from_its_start() {
         priority: 0,
         cpu_milli: 0,
         memory_mib: 0,
+        deadline: None,
     };
     let last_second = (60 * 24 * 3600 + 23 * 3600 + 59 * 60 + 59) * 1000;
     assert_eq!(

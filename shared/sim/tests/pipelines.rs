@@ -10,7 +10,7 @@ use allot_sched::policy::{Contender, PendingView, Policy, QueueKey, VictimOrder,
 use allot_sched::quota::{Amounts, Quotas};
 use allot_sched::{Cluster, DagFacts, Decision, NodeSpec, Placement, TaskId, TaskSpec, Time};
 use allot_sim::pipelines::{
-    self, HostRequest, ParamProblem, Params, PipelineError, Pipelines, TeamAssignment,
+    self, Deadlines, HostRequest, ParamProblem, Params, PipelineError, Pipelines, TeamAssignment,
 };
 use allot_sim::scenario::{self, Scenario};
 use allot_sim::{Observer, SimConfig, SimResult, Trace, TraceJob};
@@ -37,6 +37,7 @@ fn source(jobs: &[(u32, u64)]) -> Trace {
                 priority: 0,
                 cpu_milli: 0,
                 memory_mib: 0,
+                deadline: None,
             })
             .collect(),
         ..Trace::default()
@@ -214,6 +215,61 @@ fn a_seed_always_gives_the_same_pipelines_and_another_seed_different_ones() {
             .iter()
             .map(|p| p.arrival)
             .collect::<Vec<_>>(),
+    );
+}
+
+#[test]
+fn deadlines_fall_within_their_slack_on_every_stage_and_change_nothing_else() {
+    let source = small_source();
+    let with = |share: f64| Params {
+        deadlines: Deadlines {
+            share,
+            ..Deadlines::default()
+        },
+        ..params(300, 7)
+    };
+    let none = pipelines::generate(&source, &with(0.0)).unwrap();
+    let all = pipelines::generate(&source, &with(1.0)).unwrap();
+    let some = pipelines::generate(&source, &params(300, 7)).unwrap();
+    // The same pipelines: deadlines are drawn on a stream of their own.
+    let strip = |p: &Pipelines| {
+        let mut jobs = p.trace.jobs.clone();
+        jobs.iter_mut().for_each(|j| j.deadline = None);
+        jobs
+    };
+    assert_eq!(strip(&none), strip(&all));
+    assert_eq!(strip(&none), strip(&some));
+    assert!(none.trace.jobs.iter().all(|j| j.deadline.is_none()));
+    let (least, most) = Deadlines::default().slack;
+    for p in &all.pipelines {
+        let stages = [p.preprocess, p.train, p.evaluate].map(|j| &all.trace.jobs[j as usize]);
+        let work: u64 = stages.iter().map(|j| j.duration).sum();
+        let deadline = p.deadline.expect("every pipeline has one at share 1");
+        assert!(stages.iter().all(|j| j.deadline == Some(deadline)), "{p:?}");
+        let slack = (deadline - p.arrival) as f64 / work as f64;
+        assert!((least - 1e-6..=most + 1e-6).contains(&slack), "{slack}");
+    }
+    // About a third have one by default (binomial, 300 draws: 100 ± 3 sd is 76..124).
+    let n = some
+        .pipelines
+        .iter()
+        .filter(|p| p.deadline.is_some())
+        .count();
+    assert!((76..=124).contains(&n), "{n} of 300");
+    // Impossible deadline parameters are named, every one.
+    let bad = Params {
+        deadlines: Deadlines {
+            share: 1.5,
+            slack: (0.5, 2.0),
+        },
+        ..params(10, 1)
+    };
+    assert_eq!(
+        bad.problems(),
+        [
+            ParamProblem::DeadlineShare(1.5),
+            ParamProblem::DeadlineSlack(0.5, 2.0)
+        ]
     );
 }
 
@@ -515,6 +571,16 @@ fn a_small_pipelines_scenario_completes_every_pipeline_under_two_policies() {
         assert_eq!((result.kpis.jobs, kpis.pipelines), (90, 30), "{policy}");
         assert_eq!(kpis.gpu_hours_held_in_cpu_stages, 0.0, "{policy}");
         assert!(kpis.avg_completion_s > 0.0, "{policy}");
+        // Every pipeline with a deadline is counted, met or not, and its three stages too.
+        let with = scenario
+            .trace
+            .jobs
+            .iter()
+            .filter(|j| j.deadline.is_some())
+            .count();
+        assert_eq!(kpis.deadlines.with * 3, with, "{policy}");
+        assert_eq!(result.kpis.deadlines.with, with, "{policy}");
+        assert!(kpis.deadlines.met <= kpis.deadlines.with);
     }
 }
 

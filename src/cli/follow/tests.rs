@@ -103,6 +103,17 @@ fn waiting(name: &str, free_gpus: u64, eta_in: Option<u64>) -> Observed {
     }
 }
 
+/// A waiting decision that flags the task at risk of missing its deadline.
+fn at_risk(name: &str, eta_in: u64) -> Observed {
+    let mut observed = waiting(name, 0, Some(eta_in));
+    if let Observed::Journal { decisions, .. } = &mut observed
+        && let Some(Decision::Waiting { at_risk, .. }) = decisions.first_mut()
+    {
+        *at_risk = true;
+    }
+    observed
+}
+
 fn preempted(name: &str, for_task: &str, lost: u64) -> Observed {
     Observed::Journal {
         decisions: vec![Decision::Preempted {
@@ -264,6 +275,27 @@ fn events_become_ci_log_lines_in_causal_order_and_a_summary() {
                 "prep:succeeded:1/2:ran on n1",
                 "train:succeeded:1/1:ran on n1",
             ],
+        },
+        Case {
+            name: "a task flagged at risk of missing its deadline says so",
+            events: vec![
+                ready("train", 1),
+                waiting("train", 0, Some(4_200)),
+                at_risk("train", 4_200),
+                granted("train", 1, &[0, 1]),
+                completed("train", 1),
+                finished(Succeeded, None),
+            ],
+            want_lines: &[
+                "train ready 2 GPUs; pool default",
+                "train waiting needs 2 GPUs placed together; 0 GPUs are free but no placement fits; expected to start in 4.200s",
+                "train waiting needs 2 GPUs placed together; 0 GPUs are free but no placement fits; expected to start in 4.200s; AT RISK of missing its deadline",
+                "train granted n1 GPUs 0,1",
+                "train completed on n1",
+                "* succeeded",
+            ],
+            want_ending: Ending::Succeeded,
+            want_tasks: &["prep:succeeded:0/2:", "train:succeeded:1/1:ran on n1"],
         },
         Case {
             name: "a pipeline that succeeds prints each stage once, in order",

@@ -90,6 +90,7 @@ pub fn load(path: &Path) -> Result<Trace, LoadError> {
             memory_mib: row
                 .parse_optional(memory_mib, "memory in MiB")?
                 .unwrap_or(0),
+            deadline: None,
         });
     }
     sort_jobs(&mut jobs);

@@ -89,6 +89,7 @@ fn load_pods(pods: &Path) -> Result<Vec<TraceJob>, LoadError> {
             priority: priority(&row, qos)?,
             cpu_milli: row.parse(cpu_milli, "CPU in millicores")?,
             memory_mib: row.parse(memory_mib, "memory in MiB")?,
+            deadline: None,
         });
     }
     Ok(jobs)

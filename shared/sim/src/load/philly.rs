@@ -102,6 +102,7 @@ pub fn load(jobs: &Path, vc_nodes: &Path, window: Option<Window>) -> Result<Trac
             priority: 0,
             cpu_milli: 0,
             memory_mib: 0,
+            deadline: None,
         };
         kept.push((submitted, job));
     }

@@ -48,6 +48,7 @@ fn load_jobs(jobs: &Path) -> Result<Vec<TraceJob>, LoadError> {
             priority: 0,
             cpu_milli: 0,
             memory_mib: 0,
+            deadline: None,
         });
     }
     Ok(out)
