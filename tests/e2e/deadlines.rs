@@ -94,7 +94,7 @@ fn work_that_would_miss_its_deadline_is_flagged_at_risk_and_starts_ahead_of_shor
     flagged.dedup();
     assert_eq!(
         flagged,
-        [due.clone()],
+        [due.as_str()],
         "waiting decisions flag it, and it alone"
     );
     assert_eq!(granted, [hold, due, quick]);
