@@ -131,3 +131,32 @@ pub fn plan(
         tasks,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deadline_counts_from_the_submission_or_is_the_time_it_names() {
+        let yaml = "apiVersion: allot/v1\nkind: Workload\nmetadata: {name: w, team: vision}\n\
+                    spec:\n  tasks:\n\
+                    \x20   - {name: a, command: [a], deadline: 6h}\n\
+                    \x20   - {name: b, command: [b], deadline: \"2026-12-01T18:00:00Z\"}\n\
+                    \x20   - {name: c, command: [c]}\n";
+        let checked = allot_workload::check(yaml, Format::Yaml, Context::default()).unwrap();
+        let submitted = WorkloadSubmitted {
+            workload_id: "w-0123456789".into(),
+            idempotency_key: "k".into(),
+            run_id: None,
+            submitter: "ci".into(),
+            spec: checked.workload,
+        };
+        let at = 1_764_000_000_000;
+        let w = plan(&submitted, at, "default", None, None).unwrap();
+        let deadlines: Vec<Option<Time>> = w.tasks.iter().map(|t| t.template.deadline).collect();
+        assert_eq!(
+            deadlines,
+            [Some(at + 6 * 3_600_000), Some(1_796_148_000_000), None]
+        );
+    }
+}
