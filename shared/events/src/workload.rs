@@ -124,6 +124,9 @@ pub struct Task {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_estimate: Option<String>,
     /// When the task should be done: a duration after submission (`"6h"`) or an RFC 3339 time.
+    /// Among equal priorities, work that would miss it waiting its turn starts first (earliest
+    /// deadline first) and is flagged at risk; one that cannot be kept even if the task started
+    /// now buys no place in line.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<String>,
     /// Usage limit: once a run has lasted this long (`"2h"`), the task may be preempted.
