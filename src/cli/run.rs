@@ -358,12 +358,24 @@ fn allocator_config(a: &AllocatorArgs, url: &str, s: &mut Settings<'_>) -> allot
     }
     let mut config = allot_allocator::Config::new(url, pool);
     config.policy = s.string(a.policy.as_deref(), "ALLOT_POLICY", "allot");
-    if allot_sched::policy::by_name(&config.policy).is_none() {
-        s.problem(format!(
+    let live: Vec<&str> = allot_sched::policy::NAMES
+        .iter()
+        .copied()
+        .filter(|n| allot_sched::policy::by_name(n).is_some_and(|p| !p.uses_oracle()))
+        .collect();
+    match allot_sched::policy::by_name(&config.policy) {
+        None => s.problem(format!(
             "--policy / ALLOT_POLICY: unknown policy {:?}; known: {}",
             config.policy,
-            allot_sched::policy::NAMES.join(", ")
-        ));
+            live.join(", ")
+        )),
+        Some(p) if p.uses_oracle() => s.problem(format!(
+            "--policy / ALLOT_POLICY: {:?} reads true run times, which exist only in \
+             simulation (allot sim); a live pool takes one of: {}",
+            config.policy,
+            live.join(", ")
+        )),
+        Some(_) => {}
     }
     let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "allocator".into());
     let default_instance = format!("{host}-{}", std::process::id());

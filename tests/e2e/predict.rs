@@ -380,3 +380,24 @@ fn measured_runs_right_size_later_submissions_that_opt_in_and_show_in_the_report
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn a_live_allocator_refuses_a_policy_that_reads_true_run_times() {
+    // `allot-oracle` and `sjf-oracle` are ceilings for `allot sim`; live, no true run time
+    // exists. Refused with exit 2 before anything connects, the policies it may take named.
+    let dir = tempfile::tempdir().unwrap();
+    for policy in ["allot-oracle", "sjf-oracle", "srtf-oracle"] {
+        let out = allot(dir.path())
+            .args(["run", "allocator", "--policy", policy])
+            .args(["--nats", "nats://127.0.0.1:9"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{policy}: {err}");
+        assert!(err.contains("exist only in simulation"), "{policy}: {err}");
+        assert!(
+            err.contains("allot, ") && !err.contains("allot-oracle, "),
+            "{policy}: {err}"
+        );
+    }
+}

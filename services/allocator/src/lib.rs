@@ -89,6 +89,9 @@ pub enum AllocatorError {
     /// The configured policy does not exist.
     #[error("unknown policy {0:?}")]
     UnknownPolicy(String),
+    /// The configured policy reads true run times, which only a simulation knows.
+    #[error("policy {0:?} reads true run times, which exist only in simulation")]
+    OraclePolicy(String),
     /// The journal cannot be read or continued.
     #[error(transparent)]
     Journal(#[from] journal::JournalError),
@@ -126,8 +129,10 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), AllocatorError> {
-    if allot_sched::policy::by_name(&config.policy).is_none() {
-        return Err(AllocatorError::UnknownPolicy(config.policy));
+    match allot_sched::policy::by_name(&config.policy) {
+        None => return Err(AllocatorError::UnknownPolicy(config.policy)),
+        Some(p) if p.uses_oracle() => return Err(AllocatorError::OraclePolicy(config.policy)),
+        Some(_) => {}
     }
     leader::run(config, shutdown).await
 }
