@@ -132,23 +132,56 @@ pub async fn costs(args: CostsArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode>
     if let Some(team) = &args.team {
         subject::validate_token("team", team)?;
     }
-    let client = local::connect_client(
+    let connection = local::connect_client(
         "allot-costs",
         args.nats.as_deref(),
         args.data_dir.as_deref(),
         env,
         "no report was made",
     )
-    .await?
-    .client;
+    .await?;
+    // A team's login reads its team's own stream, `COSTS_<team>` in its account: PLATFORM's
+    // COSTS does not exist there (shared/bus/src/accounts.rs).
+    let (stream, team) = match &connection.team {
+        Some(mine) => {
+            let asked = args.team.as_deref().unwrap_or(mine);
+            if let Some(why) = connection.refuses_team(asked, "the report") {
+                eprintln!("allot: {why}; no report was made");
+                return Ok(ExitCode::from(2));
+            }
+            if args.by == By::Project {
+                eprintln!(
+                    "allot: --by project reads the workloads' specs, which a team's login (from \
+                     {}) may not read; use --by workload, or the platform's login; no report \
+                     was made",
+                    connection.origin
+                );
+                return Ok(ExitCode::from(2));
+            }
+            (allot_bus::accounts::team_stream(mine), Some(mine.clone()))
+        }
+        None => (names::COSTS.to_owned(), args.team.clone()),
+    };
+    let connection_team = connection.team.clone();
+    let client = connection.client;
     let js = jetstream::new(client.clone());
-    let filter = match &args.team {
+    let filter = match &team {
         Some(team) => subject::cost_of_team(team),
         None => subject::COST_ALL.to_owned(),
     };
     let mut seen = HashSet::new();
     let mut events: Vec<CostAccrued> = Vec::new();
-    for m in read(&js, names::COSTS, &filter).await? {
+    let stored = read(&js, &stream, &filter)
+        .await
+        .with_context(|| match &connection_team {
+            Some(mine) => format!(
+                "a team's login reads its costs from its own stream {stream}, which the accounts \
+             of `allot nats-config` provide; `allot up`'s team logins may submit, follow and \
+             abort only — ask an admin for `allot costs --team {mine}`; no report was made"
+            ),
+            None => "no report was made".to_owned(),
+        })?;
+    for m in stored {
         let Ok(envelope) = decode(&m.payload) else {
             continue;
         };

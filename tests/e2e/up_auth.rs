@@ -118,6 +118,19 @@ fn team_user_works_within_its_team(dir: &Path, auth: &Path, examples: &Path) {
         "each task's state as it changes:\n{out}"
     );
 
+    // Costs: `allot up` gives a team's login no stream to read (per-team read isolation is
+    // the accounts of `allot nats-config`), and it is told so; another team's report is
+    // refused at once.
+    let (code, _, err) = as_user(dir, vision, &["costs"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("COSTS_vision") && err.contains("allot costs --team vision"),
+        "{err}"
+    );
+    let (code, _, err) = as_user(dir, vision, &["costs", "--team", "nlp"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("logged in as team-vision"), "{err}");
+
     // Another team's spec: refused before anything is published.
     let (code, _, err) = as_user(dir, vision, &["submit", &nlp, "--run-id", "nlp-2"]);
     assert_eq!(code, Some(2), "{err}");
