@@ -13,7 +13,7 @@ const SHORT_MS: f64 = 60_000.0;
 const KM_WINDOW: usize = 40;
 
 /// The names of [`Features::values`], in order (for reports and feature importances).
-pub const FEATURE_NAMES: [&str; 17] = [
+pub const FEATURE_NAMES: [&str; 19] = [
     "ln_base",
     "team_gpus_last3",
     "team_gpus_last5_by_submission",
@@ -31,6 +31,8 @@ pub const FEATURE_NAMES: [&str; 17] = [
     "declared",
     "has_declared",
     "identity_last5",
+    "team_gpus_mode20",
+    "team_gpus_mode40",
 ];
 
 /// A task's features at submission.
@@ -137,6 +139,18 @@ impl Features {
             rel(job.declared_ms.map(|d| d as f64)),
             f64::from(u8::from(job.declared_ms.is_some())),
             rel(identity.and_then(|r| r.median(5, 1))),
+            rel(dense_mode(
+                team_gpus.finished.iter().rev().copied(),
+                20,
+                0.5,
+                0.95,
+            )),
+            rel(dense_mode(
+                team_gpus.finished.iter().rev().copied(),
+                40,
+                0.69,
+                1.0,
+            )),
         ];
         Features {
             values,
@@ -191,4 +205,51 @@ fn km_median(recent: &Recent, now: Millis, base: f64) -> Option<f64> {
     } else {
         quantile_of(&mut censored, 0.5).max(base)
     })
+}
+
+/// The densest cluster of the key's last `k` finished runs, in log space: the run time whose
+/// ±`half_width` (natural-log units) window holds the most weight, each run weighing
+/// `decay^age` (age 0: the newest); the weighted median of that window. Where run times are
+/// bimodal (fast failures and real runs), the median of them lands between the modes and is
+/// close to neither; this lands on one of them.
+fn dense_mode(
+    newest_first: impl Iterator<Item = Millis>,
+    k: usize,
+    half_width: f64,
+    decay: f64,
+) -> Option<f64> {
+    let mut runs: Vec<(f64, f64)> = Vec::with_capacity(k);
+    let mut w = 1.0;
+    for d in newest_first.take(k) {
+        runs.push(((d.max(1) as f64).ln(), w));
+        w *= decay;
+    }
+    let n = runs.len();
+    if n == 0 {
+        return None;
+    }
+    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    // Windows [ln d_a, ln d_a + 2 × half_width], two pointers over the sorted runs.
+    let (mut best, mut best_weight) = ((0, 0), f64::NEG_INFINITY);
+    let (mut end, mut weight) = (0, 0.0);
+    for start in 0..n {
+        while end < n && runs[end].0 <= runs[start].0 + 2.0 * half_width {
+            weight += runs[end].1;
+            end += 1;
+        }
+        if weight > best_weight + 1e-12 {
+            (best, best_weight) = ((start, end), weight);
+        }
+        weight -= runs[start].1;
+    }
+    let window = &runs[best.0..best.1];
+    let mut acc = 0.0;
+    let at = window
+        .iter()
+        .find(|r| {
+            acc += r.1;
+            acc >= best_weight / 2.0
+        })
+        .map_or(window[window.len() - 1].0, |r| r.0);
+    Some(at.exp())
 }
