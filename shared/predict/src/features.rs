@@ -31,8 +31,8 @@ pub const FEATURE_NAMES: [&str; 19] = [
     "declared",
     "has_declared",
     "identity_last5",
-    "team_gpus_mode20",
-    "team_gpus_mode40",
+    "team_gpus_densest_recent",
+    "team_gpus_densest_all",
 ];
 
 /// A task's features at submission.
@@ -119,6 +119,8 @@ impl Features {
             .filter(|s| s.duration_ms.is_none())
             .count();
 
+        let newest: Vec<Millis> = team_gpus.finished.iter().rev().copied().collect();
+
         let gpus = f64::from(job.gpus.max(1)) * f64::from(job.gpu_milli.clamp(1, 1000)) / 1000.0;
 
         let values = [
@@ -139,18 +141,8 @@ impl Features {
             rel(job.declared_ms.map(|d| d as f64)),
             f64::from(u8::from(job.declared_ms.is_some())),
             rel(identity.and_then(|r| r.median(5, 1))),
-            rel(dense_mode(
-                team_gpus.finished.iter().rev().copied(),
-                20,
-                0.5,
-                0.95,
-            )),
-            rel(dense_mode(
-                team_gpus.finished.iter().rev().copied(),
-                40,
-                0.69,
-                1.0,
-            )),
+            rel(bagged_mode(&newest, &[20, 30, 40], &[0.95, 1.0])),
+            rel(bagged_mode(&newest, &[40, 64], &[0.98, 1.0])),
         ];
         Features {
             values,
@@ -207,20 +199,35 @@ fn km_median(recent: &Recent, now: Millis, base: f64) -> Option<f64> {
     })
 }
 
-/// The densest cluster of the key's last `k` finished runs, in log space: the run time whose
-/// ±`half_width` (natural-log units) window holds the most weight, each run weighing
-/// `decay^age` (age 0: the newest); the weighted median of that window. Where run times are
-/// bimodal (fast failures and real runs), the median of them lands between the modes and is
-/// close to neither; this lands on one of them.
-fn dense_mode(
-    newest_first: impl Iterator<Item = Millis>,
-    k: usize,
-    half_width: f64,
-    decay: f64,
-) -> Option<f64> {
-    let mut runs: Vec<(f64, f64)> = Vec::with_capacity(k);
+/// Half-widths (natural-log units) of the windows the densest cluster is sought with: ±0.5
+/// (1.65×) and ±ln 2 (2×), about as wide as the errors the metrics count as close.
+const MODE_HALF_WIDTHS: [f64; 2] = [0.5, std::f64::consts::LN_2];
+
+/// The median, in log space, of [`dense_mode`] over the last `ks` runs of `newest_first`, each
+/// half-width of [`MODE_HALF_WIDTHS`] and each recency decay of `decays`: no single window is
+/// trusted, since which one does best moves from month to month (docs/benchmarks.md).
+fn bagged_mode(newest_first: &[Millis], ks: &[usize], decays: &[f64]) -> Option<f64> {
+    let mut modes = Vec::with_capacity(ks.len() * MODE_HALF_WIDTHS.len() * decays.len());
+    for &k in ks {
+        let runs = &newest_first[..k.min(newest_first.len())];
+        for half_width in MODE_HALF_WIDTHS {
+            for &decay in decays {
+                modes.extend(dense_mode(runs, half_width, decay).map(f64::ln));
+            }
+        }
+    }
+    (!modes.is_empty()).then(|| quantile_of(&mut modes, 0.5).exp())
+}
+
+/// The densest cluster of `newest_first` runs, in log space: the run time whose window
+/// [ln d, ln d + 2 × `half_width`] holds the most weight, each run weighing `decay^age` (age 0:
+/// the newest); the weighted median of that window. Where run times are bimodal (fast failures
+/// and real runs), the median of them lands between the modes and is close to neither; this
+/// lands on one of them.
+fn dense_mode(newest_first: &[Millis], half_width: f64, decay: f64) -> Option<f64> {
+    let mut runs: Vec<(f64, f64)> = Vec::with_capacity(newest_first.len());
     let mut w = 1.0;
-    for d in newest_first.take(k) {
+    for &d in newest_first {
         runs.push(((d.max(1) as f64).ln(), w));
         w *= decay;
     }

@@ -66,8 +66,8 @@ const CANDIDATES: [Option<usize>; 12] = [
     Some(4),  // the key's short mode (p10)
     Some(5),  // the key's long mode (p90)
     Some(14), // the declared estimate
-    Some(17), // the densest cluster of the key's last 20
-    Some(18), // the densest cluster of the key's last 40
+    Some(17), // the densest cluster of the key's last 20–40 runs
+    Some(18), // the densest cluster of all the key's kept runs (40–64)
 ];
 
 /// Bands of the recent history's spread (ln p90 − ln p10 of the last ten runs of the key), each
@@ -169,8 +169,8 @@ const STATISTIC_NAMES: [&str; 12] = [
     "short mode of its team and size",
     "long mode of its team and size",
     "its declared estimate",
-    "densest cluster of the last 20 of its team and size",
-    "densest cluster of the last 40 of its team and size",
+    "densest cluster of the recent runs of its team and size",
+    "densest cluster of the runs of its team and size",
 ];
 
 /// Per context, the ensemble (`CANDIDATES.len()`), or the single statistic that was all but

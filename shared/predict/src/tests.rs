@@ -164,26 +164,18 @@ fn runs_still_going_count_as_censored_so_a_sweep_of_long_runs_is_not_called_shor
 #[test]
 fn the_densest_cluster_lands_on_a_mode_where_the_median_falls_between_them() {
     let mut recency = Recency::default();
-    // Ten runs: five fast failures (40 s) and five two-hour runs, alternating, the newest long.
-    for i in 0..10 {
-        recency.submitted(i, &job("nlp", 4, i * HOUR));
-        let ran = if i % 2 == 0 { 40_000 } else { 2 * HOUR };
-        recency.finished(i, &job("nlp", 4, i * HOUR), ran);
+    // Ten runs, oldest first: three fast failures, two runs in between, five of two hours.
+    let runs = [40, 40, 600, 40, 1_500, 7_200, 7_200, 7_200, 7_200, 7_200];
+    for (i, s) in runs.into_iter().enumerate() {
+        let j = job("nlp", 4, i as u64 * HOUR);
+        recency.submitted(i as u64, &j);
+        recency.finished(i as u64, &j, s * 1_000);
     }
     let f = Features::of(&job("nlp", 4, 10 * HOUR), &recency, 10 * HOUR);
-    // The last-ten median is the mean of the middle two: an hour, what no run took.
-    assert_eq!(f.base_ms, (40_000 + 2 * HOUR) as f64 / 2.0);
-    let at = |i: usize| (f.base_ms.ln() + f.values[i]).exp();
-    let (mode20, mode40) = (at(17), at(18));
-    // As many of each: the newest weighs more in the last 20, so two hours; over the last
-    // 40, unweighted, the first densest window (the short one).
-    assert!((mode20 / (2 * HOUR) as f64 - 1.0).abs() < 1e-9, "{mode20}");
-    assert!((mode40 / 40_000.0 - 1.0).abs() < 1e-9, "{mode40}");
-
-    // Six long in the last ten: both land on two hours.
-    recency.submitted(10, &job("nlp", 4, 10 * HOUR));
-    recency.finished(10, &job("nlp", 4, 10 * HOUR), 2 * HOUR);
-    let f = Features::of(&job("nlp", 4, 11 * HOUR), &recency, 11 * HOUR);
+    // The last-ten median is the mean of the middle two, 1,500 s and two hours: what no run
+    // took.
+    assert_eq!(f.base_ms, (1_500_000 + 2 * HOUR) as f64 / 2.0);
+    // Every window, recent or not, finds the two-hour cluster.
     for i in [17, 18] {
         let v = (f.base_ms.ln() + f.values[i]).exp();
         assert!((v / (2 * HOUR) as f64 - 1.0).abs() < 1e-9, "{i}: {v}");
