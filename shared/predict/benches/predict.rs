@@ -1,4 +1,4 @@
-//! One prediction (features from the recency history, then the forest) and one training, on a
+//! One prediction (features from the recency history, then the model) and one training, on a
 //! generated history of 20,000 finished runs: `cargo bench -p allot-predict`.
 
 use std::hint::black_box;

@@ -13,7 +13,7 @@ const SHORT_MS: f64 = 60_000.0;
 const KM_WINDOW: usize = 40;
 
 /// The names of [`Features::values`], in order (for reports and feature importances).
-pub const FEATURE_NAMES: [&str; 17] = [
+pub const FEATURE_NAMES: [&str; 19] = [
     "ln_base",
     "team_gpus_last3",
     "team_gpus_last5_by_submission",
@@ -31,6 +31,8 @@ pub const FEATURE_NAMES: [&str; 17] = [
     "declared",
     "has_declared",
     "identity_last5",
+    "team_gpus_densest_recent",
+    "team_gpus_densest_all",
 ];
 
 /// A task's features at submission.
@@ -117,6 +119,8 @@ impl Features {
             .filter(|s| s.duration_ms.is_none())
             .count();
 
+        let newest: Vec<Millis> = team_gpus.finished.iter().rev().copied().collect();
+
         let gpus = f64::from(job.gpus.max(1)) * f64::from(job.gpu_milli.clamp(1, 1000)) / 1000.0;
 
         let values = [
@@ -137,6 +141,8 @@ impl Features {
             rel(job.declared_ms.map(|d| d as f64)),
             f64::from(u8::from(job.declared_ms.is_some())),
             rel(identity.and_then(|r| r.median(5, 1))),
+            rel(bagged_mode(&newest, &[20, 30, 40], &[0.95, 1.0])),
+            rel(bagged_mode(&newest, &[40, 64], &[0.98, 1.0])),
         ];
         Features {
             values,
@@ -191,4 +197,66 @@ fn km_median(recent: &Recent, now: Millis, base: f64) -> Option<f64> {
     } else {
         quantile_of(&mut censored, 0.5).max(base)
     })
+}
+
+/// Half-widths (natural-log units) of the windows the densest cluster is sought with: ±0.5
+/// (1.65×) and ±ln 2 (2×), about as wide as the errors the metrics count as close.
+const MODE_HALF_WIDTHS: [f64; 2] = [0.5, std::f64::consts::LN_2];
+
+/// The median, in log space, of [`dense_mode`] over the last `ks` runs of `newest_first`, each
+/// half-width of [`MODE_HALF_WIDTHS`] and each recency decay of `decays`: no single window is
+/// trusted, since which one does best moves from month to month (docs/benchmarks.md).
+fn bagged_mode(newest_first: &[Millis], ks: &[usize], decays: &[f64]) -> Option<f64> {
+    let mut modes = Vec::with_capacity(ks.len() * MODE_HALF_WIDTHS.len() * decays.len());
+    for &k in ks {
+        let runs = &newest_first[..k.min(newest_first.len())];
+        for half_width in MODE_HALF_WIDTHS {
+            for &decay in decays {
+                modes.extend(dense_mode(runs, half_width, decay).map(f64::ln));
+            }
+        }
+    }
+    (!modes.is_empty()).then(|| quantile_of(&mut modes, 0.5).exp())
+}
+
+/// The densest cluster of `newest_first` runs, in log space: the run time whose window
+/// [ln d, ln d + 2 × `half_width`] holds the most weight, each run weighing `decay^age` (age 0:
+/// the newest); the weighted median of that window. Where run times are bimodal (fast failures
+/// and real runs), the median of them lands between the modes and is close to neither; this
+/// lands on one of them.
+fn dense_mode(newest_first: &[Millis], half_width: f64, decay: f64) -> Option<f64> {
+    let mut runs: Vec<(f64, f64)> = Vec::with_capacity(newest_first.len());
+    let mut w = 1.0;
+    for &d in newest_first {
+        runs.push(((d.max(1) as f64).ln(), w));
+        w *= decay;
+    }
+    let n = runs.len();
+    if n == 0 {
+        return None;
+    }
+    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    // Windows [ln d_a, ln d_a + 2 × half_width], two pointers over the sorted runs.
+    let (mut best, mut best_weight) = ((0, 0), f64::NEG_INFINITY);
+    let (mut end, mut weight) = (0, 0.0);
+    for start in 0..n {
+        while end < n && runs[end].0 <= runs[start].0 + 2.0 * half_width {
+            weight += runs[end].1;
+            end += 1;
+        }
+        if weight > best_weight + 1e-12 {
+            (best, best_weight) = ((start, end), weight);
+        }
+        weight -= runs[start].1;
+    }
+    let window = &runs[best.0..best.1];
+    let mut acc = 0.0;
+    let at = window
+        .iter()
+        .find(|r| {
+            acc += r.1;
+            acc >= best_weight / 2.0
+        })
+        .map_or(window[window.len() - 1].0, |r| r.0);
+    Some(at.exp())
 }

@@ -9,15 +9,18 @@
 //!
 //! - [`Recency`] keeps, per key (team × GPUs, team, the task's own identity, everyone), the last
 //!   runs that finished and the last submissions, and turns them into [`Features`] at submission
-//!   time: last-k medians and quantiles, a Kaplan–Meier median that counts still-running
-//!   submissions as censored (a sweep whose first jobs have run for hours is a long sweep), the
-//!   submission burst the task arrived in, the calendar. Nothing after the question is asked is
-//!   used.
-//! - [`Model`] learns, per context (how soon after the previous submission of its kind a task
-//!   came, how many of its burst finished, recent fast failures, how spread its kind's runs
-//!   are), which of those statistics to trust; its 10–90% interval is calibrated on the newest
-//!   runs it did not learn from. It stays within what the task's neighbours really ran; the
-//!   smartcore forests we measured did not (see the module docs of `model`).
+//!   time: last-k medians and quantiles, the densest cluster of the last runs (where runs are
+//!   bimodal, the median lands between the modes; the densest cluster lands on one), a
+//!   Kaplan–Meier median that counts still-running submissions as censored (a sweep whose first
+//!   jobs have run for hours is a long sweep), the submission burst the task arrived in, the
+//!   calendar. Nothing after the question is asked is used.
+//! - [`Model`] predicts the median of three to five of those statistics — which ones learned
+//!   from the finished runs — since every one of them drifts from month to month on its own
+//!   jobs and the median of them errs only where most do; a single statistic stands in where it
+//!   was all but exact (the same task run again, a burst whose identical siblings finished). Its
+//!   10–90% interval is calibrated on the newest runs it did not learn from. It stays within
+//!   what the task's neighbours really ran; the smartcore forests and the per-context choice we
+//!   measured did not carry over (see the module docs of `model`).
 //! - [`Predictor`] ties them together online: it records each submission's features, learns from
 //!   each finish, retrains when enough new history arrived, and falls back — declared
 //!   estimate, then the team's statistics, then everyone's — while it has too little to train.

@@ -160,3 +160,47 @@ fn runs_still_going_count_as_censored_so_a_sweep_of_long_runs_is_not_called_shor
         "the censored median knows better: {km}"
     );
 }
+
+#[test]
+fn the_densest_cluster_lands_on_a_mode_where_the_median_falls_between_them() {
+    let mut recency = Recency::default();
+    // Ten runs, oldest first: three fast failures, two runs in between, five of two hours.
+    let runs = [40, 40, 600, 40, 1_500, 7_200, 7_200, 7_200, 7_200, 7_200];
+    for (i, s) in runs.into_iter().enumerate() {
+        let j = job("nlp", 4, i as u64 * HOUR);
+        recency.submitted(i as u64, &j);
+        recency.finished(i as u64, &j, s * 1_000);
+    }
+    let f = Features::of(&job("nlp", 4, 10 * HOUR), &recency, 10 * HOUR);
+    // The last-ten median is the mean of the middle two, 1,500 s and two hours: what no run
+    // took.
+    assert_eq!(f.base_ms, (1_500_000 + 2 * HOUR) as f64 / 2.0);
+    // Every window, recent or not, finds the two-hour cluster.
+    for i in [17, 18] {
+        let v = (f.base_ms.ln() + f.values[i]).exp();
+        assert!((v / (2 * HOUR) as f64 - 1.0).abs() < 1e-9, "{i}: {v}");
+    }
+}
+
+#[test]
+fn the_ensemble_is_the_median_of_three_to_five_statistics_learned_from_the_history() {
+    let jobs = bursts(300);
+    let mut p = Predictor::new(TrainParams::default());
+    for (i, j) in jobs.iter().enumerate() {
+        p.submitted(i as u64, &j.job);
+        p.finished(i as u64, &j.job, j.duration_ms);
+    }
+    p.retrain();
+    let model = p.model().unwrap();
+    let ensemble = model.ensemble();
+    assert!((3..=5).contains(&ensemble.len()), "{ensemble:?}");
+    // The first of a burst: no sibling finished, nothing is exact; the ensemble speaks.
+    let mut recency = Recency::default();
+    for (i, j) in jobs.iter().enumerate() {
+        recency.submitted(i as u64, &j.job);
+        recency.finished(i as u64, &j.job, j.duration_ms);
+    }
+    let next = job("vision", 1, 300 * HOUR);
+    let f = Features::of(&next, &recency, next.submit_ms);
+    assert_eq!(model.trusts(&f), "the median of several statistics");
+}
