@@ -342,6 +342,11 @@ const MAX_ETA_STEPS: usize = 10_000;
 /// [`Scheduler::judge_deadlines`]).
 pub const DEADLINE_RECHECK: Time = 60_000;
 
+/// The most queued units [`Scheduler::judge_deadlines`] judges in one pass, earliest deadline
+/// first (each judgement replays the queue ahead): a pass stays cheap however many tasks with
+/// deadlines wait, and the rest are judged in the passes after.
+pub const DEADLINE_JUDGEMENTS_PER_PASS: usize = 32;
+
 /// How long past its expected time a preloaded task's hold lasts if it never arrives (its
 /// predecessors ran late, or failed).
 pub const PRELOAD_GRACE: Time = 5 * 60 * 1000;
@@ -552,21 +557,27 @@ impl Scheduler {
     ///   ([`Self::earliest_fit`]) would miss it — they may then preempt for it.
     ///
     /// A judgement only rises while the unit waits; the first raise is logged as a `Waiting`
-    /// decision that says so. Returns whether any judgement rose.
+    /// decision that says so. At most [`DEADLINE_JUDGEMENTS_PER_PASS`] units are judged per
+    /// pass, earliest deadline first. Returns whether any judgement rose.
     fn judge_deadlines(&mut self, now: Time, out: &mut Vec<Decision>) -> bool {
-        let due: Vec<(QueueKey, TaskId)> = self
+        let mut due: Vec<(Time, QueueKey, TaskId)> = self
             .queue
             .iter()
-            .filter(|(_, leader)| {
-                let task = &self.tasks[*leader];
-                task.spec.deadline.is_some()
-                    && task.risk != DeadlineRisk::Urgent
+            .filter_map(|(key, leader)| {
+                let task = &self.tasks[leader];
+                let judge = task.risk != DeadlineRisk::Urgent
                     && task
                         .risk_judged
-                        .is_none_or(|at| now >= at.saturating_add(DEADLINE_RECHECK))
+                        .is_none_or(|at| now >= at.saturating_add(DEADLINE_RECHECK));
+                task.spec
+                    .deadline
+                    .filter(|_| judge)
+                    .map(|deadline| (deadline, *key, *leader))
             })
-            .map(|(key, leader)| (*key, *leader))
             .collect();
+        due.sort_unstable();
+        due.truncate(DEADLINE_JUDGEMENTS_PER_PASS);
+        let due = due.into_iter().map(|(_, key, leader)| (key, leader));
         let mut raised = false;
         for (key, leader) in due {
             let unit = self.unit(leader);

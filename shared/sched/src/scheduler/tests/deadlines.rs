@@ -164,3 +164,41 @@ fn a_waiting_task_is_flagged_at_risk_once_its_eta_and_run_time_pass_its_deadline
         assert_eq!(w.at_risk, want, "deadline {deadline}");
     }
 }
+
+#[test]
+fn a_pass_judges_a_bounded_number_of_deadlines_earliest_first_and_the_next_the_rest() {
+    // One node, busy for an hour; 40 waiting 30-minute tasks, each due in 40 minutes plus its
+    // number of seconds: all at risk (each waits behind the others), none hopeless.
+    let mut s = scheduler(crate::policy::by_name("allot").unwrap(), vec![node("n1")]);
+    let mut hold = task(1).gpus(8).0;
+    hold.predicted_duration = Some(HOUR);
+    s.apply(Input::TaskSubmitted { task: hold, at: 0 }).unwrap();
+    s.apply(pass(0)).unwrap();
+    let n = DEADLINE_JUDGEMENTS_PER_PASS as u64 + 8;
+    for i in 0..n {
+        let mut t = task(100 + i).gpus(8).0;
+        t.predicted_duration = Some(30 * MIN);
+        // Later ids get earlier deadlines: the order judged is by deadline, not arrival.
+        t.deadline = Some(100 * MIN + (n - i) * 1_000);
+        s.apply(Input::TaskSubmitted { task: t, at: MIN }).unwrap();
+    }
+    let flagged = |decisions: Vec<Decision>| -> Vec<u64> {
+        decisions
+            .into_iter()
+            .filter_map(|d| match d {
+                Decision::Waiting {
+                    task,
+                    at_risk: true,
+                    ..
+                } => Some(task.0),
+                _ => None,
+            })
+            .collect()
+    };
+    let first = flagged(s.apply(pass(MIN)).unwrap());
+    assert_eq!(first.len(), DEADLINE_JUDGEMENTS_PER_PASS);
+    // The earliest deadlines: the highest ids.
+    assert!(first.iter().all(|id| *id >= 100 + 8), "{first:?}");
+    let second = flagged(s.apply(pass(MIN + 1)).unwrap());
+    assert_eq!(second.len(), 8, "{second:?}");
+}
