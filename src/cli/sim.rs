@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::Args;
 use comfy_table::{Table, presets::NOTHING};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -41,6 +41,13 @@ pub struct SimArgs {
     /// pipelines: mean arrivals per hour (Poisson) [default: 3].
     #[arg(long, value_name = "PER_HOUR", allow_hyphen_values = true)]
     pub rate: Option<f64>,
+    /// pipelines: share of pipelines with a deadline, 0 to 1 [default: 1/3].
+    #[arg(long, value_name = "SHARE", allow_hyphen_values = true)]
+    pub deadline_share: Option<f64>,
+    /// pipelines: a deadline is arrival + λ × the pipeline's work, λ drawn uniformly from
+    /// `LEAST..MOST` [default: 1.5..3].
+    #[arg(long, value_name = "LEAST..MOST", allow_hyphen_values = true)]
+    pub deadline_slack: Option<String>,
     /// No progress bars.
     #[arg(long, short)]
     pub quiet: bool,
@@ -101,7 +108,7 @@ pub fn sim(args: SimArgs) -> anyhow::Result<ExitCode> {
         .filter(|p| allot_sched::policy::by_name(p).is_none())
         .collect();
     if !unknown.is_empty() || policies.is_empty() {
-        bail!(
+        refuse!(
             "unknown policies {unknown:?}; known: {}",
             allot_sched::policy::NAMES.join(", ")
         );
@@ -110,7 +117,7 @@ pub fn sim(args: SimArgs) -> anyhow::Result<ExitCode> {
         return packing(&args, &policies);
     }
     if args.journal.is_some() && policies.len() != 1 {
-        bail!("--journal records one run: give exactly one policy");
+        refuse!("--journal records one run: give exactly one policy");
     }
     let scenario = load(&args)?;
     let config = SimConfig {
@@ -229,18 +236,20 @@ fn traces_dir(args: &SimArgs) -> PathBuf {
 
 fn load(args: &SimArgs) -> anyhow::Result<Scenario> {
     let is_pipelines = args.scenario.as_deref() == Some(PIPELINES);
-    if !is_pipelines && (args.pipelines.is_some() || args.seed.is_some() || args.rate.is_some()) {
-        bail!("--pipelines, --seed and --rate apply to --scenario {PIPELINES} only");
+    let pipeline_flags = args.pipelines.is_some()
+        || args.seed.is_some()
+        || args.rate.is_some()
+        || args.deadline_share.is_some()
+        || args.deadline_slack.is_some();
+    if !is_pipelines && pipeline_flags {
+        refuse!(
+            "--pipelines, --seed, --rate, --deadline-share and --deadline-slack apply to \
+             --scenario {PIPELINES} only"
+        );
     }
     if is_pipelines {
         let traces = traces_dir(args);
-        let defaults = Params::default();
-        let params = Params {
-            pipelines: args.pipelines.unwrap_or(defaults.pipelines),
-            seed: args.seed.unwrap_or(defaults.seed),
-            rate_per_hour: args.rate.unwrap_or(defaults.rate_per_hour),
-            ..defaults
-        };
+        let params = pipeline_params(args)?;
         let (count, gpus, model) = parse_cluster(args.cluster.as_deref().unwrap_or("32x8"))?;
         let nodes = (1..=count)
             .map(|i| pipelines::node(format!("node-{i}"), gpus, model))
@@ -254,11 +263,11 @@ fn load(args: &SimArgs) -> anyhow::Result<Scenario> {
     }
     if let Some(name) = &args.scenario {
         if args.cluster.is_some() {
-            bail!("--cluster applies to --trace and --scenario {PIPELINES} only");
+            refuse!("--cluster applies to --trace and --scenario {PIPELINES} only");
         }
         let traces = traces_dir(args);
         return match scenario::by_name(name, &traces) {
-            None => bail!(
+            None => refuse!(
                 "unknown scenario {name:?}; known: {}, {PIPELINES}, {OPENB_PACKING}",
                 scenario::NAMES.join(", ")
             ),
@@ -268,15 +277,15 @@ fn load(args: &SimArgs) -> anyhow::Result<Scenario> {
         };
     }
     let Some(trace) = &args.trace else {
-        bail!(
+        refuse!(
             "say what to simulate: --scenario NAME, or --trace generic:PATH --cluster NODESxGPUS[:MODEL]"
         );
     };
     let Some(path) = trace.strip_prefix("generic:") else {
-        bail!("--trace {trace:?}: use generic:PATH");
+        refuse!("--trace {trace:?}: use generic:PATH");
     };
     let Some(cluster) = &args.cluster else {
-        bail!("--trace needs --cluster NODESxGPUS[:MODEL]");
+        refuse!("--trace needs --cluster NODESxGPUS[:MODEL]");
     };
     let (count, gpus, model) = parse_cluster(cluster)?;
     let nodes = (1..=count)
@@ -304,7 +313,7 @@ fn parse_cluster(spec: &str) -> anyhow::Result<(u32, u32, &str)> {
         .and_then(|(n, g)| Some((n.parse::<u32>().ok()?, g.parse::<u32>().ok()?)));
     match parsed {
         Some((nodes, gpus)) if nodes > 0 && gpus > 0 => Ok((nodes, gpus, model)),
-        _ => bail!("--cluster {spec:?}: use NODESxGPUS[:MODEL], e.g. 80x8:A100"),
+        _ => refuse!("--cluster {spec:?}: use NODESxGPUS[:MODEL], e.g. 80x8:A100"),
     }
 }
 
@@ -460,6 +469,67 @@ fn to_json(scenario: &str, results: &[SimResult], eta_at_submit: bool) -> serde_
 
 /// The scenario that runs the FGD paper's GPU packing experiment rather than a replay.
 const OPENB_PACKING: &str = "openb-packing";
+
+/// Refuses bad flags: the message, and exit 2 ([`BadInput`]).
+macro_rules! refuse {
+    ($($arg:tt)*) => {
+        return Err(BadInput(vec![format!($($arg)*)]).into())
+    };
+}
+use refuse;
+
+/// The pipelines' parameters from the flags, or every problem with them at once
+/// ([`BadInput`]: exit 2) — before any trace is read.
+fn pipeline_params(args: &SimArgs) -> anyhow::Result<Params> {
+    let defaults = Params::default();
+    let mut problems = Vec::new();
+    let slack = match args.deadline_slack.as_deref() {
+        None => defaults.deadlines.slack,
+        Some(text) => {
+            let parsed = text
+                .split_once("..")
+                .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)));
+            parsed.unwrap_or_else(|| {
+                problems.push(format!(
+                    "--deadline-slack {text:?}: expected LEAST..MOST, e.g. 1.5..3"
+                ));
+                defaults.deadlines.slack
+            })
+        }
+    };
+    let params = Params {
+        pipelines: args.pipelines.unwrap_or(defaults.pipelines),
+        seed: args.seed.unwrap_or(defaults.seed),
+        rate_per_hour: args.rate.unwrap_or(defaults.rate_per_hour),
+        deadlines: pipelines::Deadlines {
+            share: args.deadline_share.unwrap_or(defaults.deadlines.share),
+            slack,
+        },
+        ..defaults
+    };
+    problems.extend(params.problems().iter().map(ToString::to_string));
+    if problems.is_empty() {
+        Ok(params)
+    } else {
+        Err(BadInput(problems).into())
+    }
+}
+
+/// Flags that make no sense together or alone: every problem, and exit 2.
+#[derive(Debug)]
+pub struct BadInput(pub Vec<String>);
+
+impl std::fmt::Display for BadInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} problem(s); nothing was simulated:", self.0.len())?;
+        for p in &self.0 {
+            write!(f, "\n  - {p}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for BadInput {}
 
 /// `--scenario openb-packing`: the packing experiment ([`allot_sim::packing`]) for each policy,
 /// one row each, beside the published results.

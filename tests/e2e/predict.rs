@@ -401,3 +401,43 @@ fn a_live_allocator_refuses_a_policy_that_reads_true_run_times() {
         );
     }
 }
+
+#[test]
+fn sim_flags_that_make_no_sense_are_refused_with_every_problem_and_exit_2() {
+    // Checked before any trace is read: this runs without the traces.
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let out = allot(dir.path()).arg("sim").args(args).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = run(&[
+        "--scenario",
+        "pipelines",
+        "--rate",
+        "0",
+        "--deadline-share",
+        "1.5",
+        "--deadline-slack",
+        "0.5..2",
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    for problem in [
+        "arrival rate",
+        "share of pipelines with a deadline",
+        "deadline slack",
+    ] {
+        assert!(err.contains(problem), "{problem}: {err}");
+    }
+    let (code, err) = run(&["--scenario", "pipelines", "--deadline-slack", "soon"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("expected LEAST..MOST"), "{err}");
+    let (code, err) = run(&["--scenario", "philly-640", "--deadline-share", "0.5"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("apply to --scenario pipelines only"), "{err}");
+    let (code, err) = run(&["--policies", "nope"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("unknown policies"), "{err}");
+}
