@@ -1,0 +1,280 @@
+//! Per rule, node and GPU: healthy → breaching (the hold-down runs) → firing → recovering
+//! (health must last `clear_after`) → healthy. A breach that ends before its hold-down — a
+//! single spike — never fires; a firing rule that sees one bad reading while recovering starts
+//! its healthy spell over. Each firing and each clearing is one [`Verdict`].
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::rules::{Action, RuleKind, RuleSet};
+use crate::{Millis, Reading, Signal};
+
+/// A rule fired, or cleared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// Act: the breach lasted its hold-down.
+    Fire,
+    /// Undo: health lasted `clear_after` (return to service).
+    Clear,
+}
+
+/// What remediation should do, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    /// The rule.
+    pub rule: String,
+    /// The node.
+    pub node: String,
+    /// The GPU, for a GPU-level verdict.
+    pub gpu: Option<u32>,
+    /// What to do (undo, for [`Change::Clear`]).
+    pub action: Action,
+    /// Fire or clear.
+    pub change: Change,
+    /// The reading that decided it (the silence in ms, for a lost heartbeat).
+    pub value: f64,
+    /// When the breach (or the healthy spell) began.
+    pub since: Millis,
+    /// When it was decided.
+    pub at: Millis,
+    /// Why the action is milder than the rule's, if it is (an operator's cordon is kept).
+    pub note: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum State {
+    Breaching { since: Millis },
+    Firing { healthy_since: Option<Millis> },
+}
+
+type Key = (usize, String, Option<u32>);
+
+/// The rules' state over every node and GPU seen.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    rules: RuleSet,
+    state: BTreeMap<Key, State>,
+    /// Per node, its last heartbeat.
+    heartbeats: BTreeMap<String, Millis>,
+    /// (rule, node) escalated from GPUs to the node.
+    escalated: BTreeSet<(usize, String)>,
+    /// Nodes an operator cordoned: remediation leaves them alone.
+    operator: BTreeSet<String>,
+}
+
+impl Engine {
+    /// An engine with nothing seen yet.
+    pub fn new(rules: RuleSet) -> Self {
+        Self {
+            rules,
+            state: BTreeMap::new(),
+            heartbeats: BTreeMap::new(),
+            escalated: BTreeSet::new(),
+            operator: BTreeSet::new(),
+        }
+    }
+
+    /// An operator cordoned (`true`) or uncordoned `node`: while cordoned, remediation takes
+    /// no action of its own there (its verdicts become alerts) and returns nothing to service.
+    pub fn operator_cordon(&mut self, node: &str, cordoned: bool) {
+        if cordoned {
+            self.operator.insert(node.to_owned());
+        } else {
+            self.operator.remove(node);
+        }
+    }
+
+    /// Weighs one reading; the verdicts it decides.
+    pub fn observe(&mut self, r: &Reading) -> Vec<Verdict> {
+        let mut out = Vec::new();
+        if r.signal == Signal::Heartbeat {
+            self.heartbeats.insert(r.node.clone(), r.at);
+        }
+        for idx in 0..self.rules.rules.len() {
+            let rule = &self.rules.rules[idx];
+            let (breach, value) = if rule.kind == RuleKind::HeartbeatLost {
+                if r.signal != Signal::Heartbeat {
+                    continue;
+                }
+                (false, 0.0)
+            } else {
+                let Some(value) = rule.kind.measure(&r.signal) else {
+                    continue;
+                };
+                (rule.kind.breaches(value, rule.threshold), value)
+            };
+            let gpu = if rule.kind == RuleKind::HeartbeatLost {
+                None
+            } else {
+                r.gpu
+            };
+            self.step(idx, &r.node, gpu, breach, value, r.at, &mut out);
+        }
+        out
+    }
+
+    /// Lets time pass to `now` with no reading: nodes silent for a heartbeat rule's hold-down
+    /// lose their heartbeat.
+    pub fn tick(&mut self, now: Millis) -> Vec<Verdict> {
+        let mut out = Vec::new();
+        let silent: Vec<(String, Millis)> = self
+            .heartbeats
+            .iter()
+            .map(|(n, at)| (n.clone(), now.saturating_sub(*at)))
+            .collect();
+        for idx in 0..self.rules.rules.len() {
+            let rule = &self.rules.rules[idx];
+            if rule.kind != RuleKind::HeartbeatLost {
+                continue;
+            }
+            let hold = rule.hold_down;
+            for (node, silence) in &silent {
+                if *silence < hold {
+                    continue;
+                }
+                let key = (idx, node.clone(), None);
+                if let Some(State::Firing { .. }) = self.state.get(&key) {
+                    // Silent again while recovering: the healthy spell starts over.
+                    self.state.insert(
+                        key,
+                        State::Firing {
+                            healthy_since: None,
+                        },
+                    );
+                } else {
+                    self.state.insert(
+                        key,
+                        State::Breaching {
+                            since: now - silence,
+                        },
+                    );
+                    self.step(idx, node, None, true, *silence as f64, now, &mut out);
+                }
+            }
+        }
+        out
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn step(
+        &mut self,
+        idx: usize,
+        node: &str,
+        gpu: Option<u32>,
+        breach: bool,
+        value: f64,
+        at: Millis,
+        out: &mut Vec<Verdict>,
+    ) {
+        let rule = &self.rules.rules[idx];
+        let key = (idx, node.to_owned(), gpu);
+        let (hold, clear) = (rule.hold_down, rule.clear_after);
+        let next = match (self.state.get(&key).copied(), breach) {
+            (None, false) => None,
+            (None, true) if hold == 0 => {
+                out.push(self.verdict(idx, node, gpu, Change::Fire, value, at, at));
+                Some(State::Firing {
+                    healthy_since: None,
+                })
+            }
+            (None, true) => Some(State::Breaching { since: at }),
+            (Some(State::Breaching { since }), true) if at.saturating_sub(since) >= hold => {
+                out.push(self.verdict(idx, node, gpu, Change::Fire, value, since, at));
+                Some(State::Firing {
+                    healthy_since: None,
+                })
+            }
+            (Some(s @ State::Breaching { .. }), true) => Some(s),
+            // A spike: over before its hold-down.
+            (Some(State::Breaching { .. }), false) => None,
+            (Some(State::Firing { .. }), true) => Some(State::Firing {
+                healthy_since: None,
+            }),
+            (Some(State::Firing { healthy_since }), false) => {
+                let since = healthy_since.unwrap_or(at);
+                if at.saturating_sub(since) >= clear && !self.operator.contains(node) {
+                    out.push(self.verdict(idx, node, gpu, Change::Clear, value, since, at));
+                    None
+                } else {
+                    Some(State::Firing {
+                        healthy_since: Some(since),
+                    })
+                }
+            }
+        };
+        match next {
+            Some(s) => self.state.insert(key, s),
+            None => self.state.remove(&key),
+        };
+        if gpu.is_some() {
+            self.escalate(idx, node, value, at, out);
+        }
+    }
+
+    /// Several GPUs of `node` firing rule `idx` at once: the node's problem.
+    fn escalate(&mut self, idx: usize, node: &str, value: f64, at: Millis, out: &mut Vec<Verdict>) {
+        let Some(needed) = self.rules.rules[idx].node_when_gpus else {
+            return;
+        };
+        let firing = self
+            .state
+            .iter()
+            .filter(|((i, n, g), s)| {
+                *i == idx && n == node && g.is_some() && matches!(s, State::Firing { .. })
+            })
+            .count() as u32;
+        let key = (idx, node.to_owned());
+        let escalated = self.escalated.contains(&key);
+        if firing >= needed && !escalated {
+            self.escalated.insert(key);
+            let mut v = self.verdict(idx, node, None, Change::Fire, value, at, at);
+            v.action = self.rules.rules[idx].node_action;
+            self.hold_back(&mut v);
+            out.push(v);
+        } else if firing < needed && escalated && !self.operator.contains(node) {
+            self.escalated.remove(&key);
+            let mut v = self.verdict(idx, node, None, Change::Clear, value, at, at);
+            v.action = self.rules.rules[idx].node_action;
+            out.push(v);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn verdict(
+        &self,
+        idx: usize,
+        node: &str,
+        gpu: Option<u32>,
+        change: Change,
+        value: f64,
+        since: Millis,
+        at: Millis,
+    ) -> Verdict {
+        let rule = &self.rules.rules[idx];
+        let mut v = Verdict {
+            rule: rule.name.clone(),
+            node: node.to_owned(),
+            gpu,
+            action: rule.action,
+            change,
+            value,
+            since,
+            at,
+            note: None,
+        };
+        if change == Change::Fire {
+            self.hold_back(&mut v);
+        }
+        v
+    }
+
+    /// An operator's cordon is theirs: on such a node, remediation only alerts.
+    fn hold_back(&self, v: &mut Verdict) {
+        if v.action != Action::Alert && self.operator.contains(&v.node) {
+            v.note = Some(format!(
+                "node {} is cordoned by an operator: {:?} not taken, alert only",
+                v.node, v.action
+            ));
+            v.action = Action::Alert;
+        }
+    }
+}

@@ -1,0 +1,75 @@
+//! Allot's GPU health rules, pure: what telemetry and heartbeats said goes in ([`Reading`]),
+//! what remediation should do comes out ([`Verdict`]). No clock, no I/O: every reading carries
+//! its time, so the same readings always give the same verdicts (the remediation service
+//! journals them; tests script them).
+//!
+//! - [`rules`]: the rules — which signal, what threshold, how long a breach must hold before
+//!   it fires (hold-down) and how long health must hold before it clears — from a YAML file,
+//!   every problem reported at once; [`RuleSet::default`] is the set Allot ships.
+//! - [`engine`]: per rule, node and GPU, the state machine healthy → breaching → firing →
+//!   recovering → healthy; GPU-level breaches of one rule on several GPUs of a node at once
+//!   escalate to the node (burst grouping); nodes an operator cordoned are left alone (their
+//!   verdicts become alerts).
+//! - [`breaker`]: how much of a pool remediation may take out of service in a window; past
+//!   it, actions become alerts (NVSentinel's users' top complaint is mass cordons).
+
+pub mod breaker;
+pub mod engine;
+pub mod rules;
+
+pub use breaker::Breaker;
+pub use engine::{Change, Engine, Verdict};
+pub use rules::{Action, Rule, RuleKind, RuleSet};
+
+/// Milliseconds on the caller's clock.
+pub type Millis = u64;
+
+/// What one GPU (or a node, for heartbeats) reported at one moment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reading {
+    /// The node.
+    pub node: String,
+    /// The GPU's index on it; `None` for node-wide signals (heartbeats).
+    pub gpu: Option<u32>,
+    /// When.
+    pub at: Millis,
+    /// What.
+    pub signal: Signal,
+}
+
+/// A health signal.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Signal {
+    /// Temperature against the model's slowdown threshold, °C.
+    Temperature {
+        /// Now.
+        celsius: f64,
+        /// Where the GPU starts to slow itself down.
+        slowdown_celsius: f64,
+    },
+    /// Power draw against the enforced limit, W.
+    Power {
+        /// Now.
+        watts: f64,
+        /// The limit.
+        limit_watts: f64,
+    },
+    /// GPU memory in use against its size, MiB.
+    Memory {
+        /// In use.
+        used_mib: f64,
+        /// Size.
+        total_mib: f64,
+    },
+    /// Uncorrectable ECC errors since the driver loaded.
+    EccUncorrectable(u64),
+    /// Rows that could not be remapped (the GPU has run out of spare rows).
+    RowRemapFailures(u64),
+    /// NVLink errors since the driver loaded (CRC, replay, recovery).
+    NvlinkErrors(u64),
+    /// The node's collector is alive.
+    Heartbeat,
+}
+
+#[cfg(test)]
+mod tests;

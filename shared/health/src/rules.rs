@@ -1,0 +1,240 @@
+//! The rules: which signal, what threshold, how long a breach must last before it fires
+//! (hold-down: a single spike never acts) and how long health must last before it clears (a
+//! node that wobbles around the threshold is not returned to service and taken out again).
+
+use serde::Deserialize;
+
+use crate::{Millis, Signal};
+
+/// What a rule watches, and which way is bad.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RuleKind {
+    /// °C left before the GPU's slowdown temperature: bad **below** the threshold.
+    ThermalMargin,
+    /// Power draw ÷ the power limit: bad above.
+    PowerOverLimit,
+    /// GPU memory used ÷ its size: bad above.
+    MemoryNearFull,
+    /// Uncorrectable ECC errors: bad above.
+    EccUncorrectable,
+    /// Failed row remaps: bad above.
+    RowRemapFailures,
+    /// NVLink errors: bad above.
+    NvlinkErrors,
+    /// No heartbeat from the node for the rule's hold-down (the threshold is unused).
+    HeartbeatLost,
+}
+
+impl RuleKind {
+    /// The value this kind compares, if `signal` is one it watches.
+    pub fn measure(self, signal: &Signal) -> Option<f64> {
+        match (self, *signal) {
+            (
+                Self::ThermalMargin,
+                Signal::Temperature {
+                    celsius,
+                    slowdown_celsius,
+                },
+            ) => Some(slowdown_celsius - celsius),
+            (Self::PowerOverLimit, Signal::Power { watts, limit_watts }) if limit_watts > 0.0 => {
+                Some(watts / limit_watts)
+            }
+            (
+                Self::MemoryNearFull,
+                Signal::Memory {
+                    used_mib,
+                    total_mib,
+                },
+            ) if total_mib > 0.0 => Some(used_mib / total_mib),
+            (Self::EccUncorrectable, Signal::EccUncorrectable(n))
+            | (Self::RowRemapFailures, Signal::RowRemapFailures(n))
+            | (Self::NvlinkErrors, Signal::NvlinkErrors(n)) => Some(n as f64),
+            _ => None,
+        }
+    }
+
+    /// Whether `value` breaches `threshold`.
+    pub fn breaches(self, value: f64, threshold: f64) -> bool {
+        match self {
+            Self::ThermalMargin => value < threshold,
+            Self::HeartbeatLost => false,
+            _ => value > threshold,
+        }
+    }
+}
+
+/// What a firing rule asks for, mildest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Action {
+    /// Tell the people concerned; touch nothing.
+    Alert,
+    /// Take the one GPU out of service.
+    GpuOutOfService,
+    /// No new work on the node; running work stays.
+    SoftCordon,
+    /// No new work, and the node is out of service.
+    Cordon,
+    /// Cordon, checkpoint what can be, and move its work elsewhere.
+    Drain,
+}
+
+impl Action {
+    /// Whether the action takes a node (not just a GPU) out of service.
+    pub fn takes_node(self) -> bool {
+        matches!(self, Self::SoftCordon | Self::Cordon | Self::Drain)
+    }
+}
+
+/// One rule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    /// Its name, in every verdict it gives.
+    pub name: String,
+    /// What it watches.
+    pub kind: RuleKind,
+    /// Where bad begins (see [`RuleKind`] for the direction).
+    pub threshold: f64,
+    /// How long a breach must last before the rule fires, ms (0: at once).
+    pub hold_down: Millis,
+    /// How long health must last before a firing rule clears, ms.
+    pub clear_after: Millis,
+    /// What it asks for when it fires.
+    pub action: Action,
+    /// For a GPU-level rule: when this many GPUs of one node breach it at once, the node is
+    /// acted on instead (`node_action`) — one bad GPU is that GPU's problem, several are the
+    /// node's (cooling, power, the baseboard).
+    pub node_when_gpus: Option<u32>,
+    /// What the node gets when `node_when_gpus` is reached.
+    pub node_action: Action,
+}
+
+/// The rules in force.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuleSet {
+    /// In file order.
+    pub rules: Vec<Rule>,
+}
+
+/// A rule as written in the file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RuleFile {
+    name: Option<String>,
+    signal: Option<RuleKind>,
+    threshold: Option<f64>,
+    #[serde(rename = "for")]
+    hold_down: Option<String>,
+    clear_after: Option<String>,
+    action: Option<Action>,
+    node_when_gpus: Option<u32>,
+    node_action: Option<Action>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    rules: Vec<RuleFile>,
+}
+
+impl RuleSet {
+    /// Reads rules from YAML; every problem at once, each naming its rule and field.
+    pub fn parse(text: &str) -> Result<Self, Vec<String>> {
+        let file: File = yaml_serde::from_str(text).map_err(|e| vec![e.to_string()])?;
+        let mut problems = Vec::new();
+        let mut rules = Vec::new();
+        let mut names = std::collections::BTreeSet::new();
+        for (i, r) in file.rules.into_iter().enumerate() {
+            let at = format!(
+                "rules[{i}]{}",
+                r.name.as_ref().map_or(String::new(), |n| format!(" ({n})"))
+            );
+            let mut problem =
+                |field: &str, what: String| problems.push(format!("{at}.{field}: {what}"));
+            let name = r.name.clone().unwrap_or_default();
+            if name.is_empty() {
+                problem("name", "missing".into());
+            } else if !names.insert(name.clone()) {
+                problem("name", format!("{name:?} is used by an earlier rule"));
+            }
+            let Some(kind) = r.signal else {
+                problem("signal", "missing".into());
+                continue;
+            };
+            let threshold = match (kind, r.threshold) {
+                (RuleKind::HeartbeatLost, t) => t.unwrap_or(0.0),
+                (_, Some(t)) if t.is_finite() => t,
+                (_, Some(t)) => {
+                    problem("threshold", format!("{t} is not a finite number"));
+                    0.0
+                }
+                (_, None) => {
+                    problem("threshold", "missing".into());
+                    0.0
+                }
+            };
+            let mut duration = |field: &str, text: Option<&str>, default: Millis| match text {
+                None => default,
+                Some(t) => match humantime::parse_duration(t) {
+                    Ok(d) => d.as_millis().min(u128::from(Millis::MAX)) as Millis,
+                    Err(e) => {
+                        problems.push(format!("{at}.{field}: {t:?} is not a duration ({e})"));
+                        default
+                    }
+                },
+            };
+            let hold_down = duration("for", r.hold_down.as_deref(), 0);
+            let clear_after = duration("clearAfter", r.clear_after.as_deref(), 300_000);
+            let mut problem =
+                |field: &str, what: String| problems.push(format!("{at}.{field}: {what}"));
+            if kind == RuleKind::HeartbeatLost && hold_down == 0 {
+                problem(
+                    "for",
+                    "a lost heartbeat needs the silence it waits for (e.g. 30s)".into(),
+                );
+            }
+            let action = r.action.unwrap_or_else(|| {
+                problem("action", "missing".into());
+                Action::Alert
+            });
+            if r.node_when_gpus == Some(0) {
+                problem("nodeWhenGpus", "must be at least 1".into());
+            }
+            rules.push(Rule {
+                name,
+                kind,
+                threshold,
+                hold_down,
+                clear_after,
+                action,
+                node_when_gpus: r.node_when_gpus,
+                node_action: r.node_action.unwrap_or(Action::Drain),
+            });
+        }
+        if problems.is_empty() {
+            Ok(Self { rules })
+        } else {
+            Err(problems)
+        }
+    }
+}
+
+impl Default for RuleSet {
+    /// The rules Allot ships (`examples/health-rules.yaml` spells them out).
+    fn default() -> Self {
+        Self::parse(DEFAULT_RULES).expect("the built-in rules are valid")
+    }
+}
+
+/// The built-in rules.
+pub const DEFAULT_RULES: &str = r#"
+rules:
+  - {name: overheat, signal: thermal-margin, threshold: 3, for: 20s, clearAfter: 5m, action: gpu-out-of-service, nodeWhenGpus: 2, nodeAction: drain}
+  - {name: power-over-limit, signal: power-over-limit, threshold: 1.05, for: 60s, clearAfter: 5m, action: alert}
+  - {name: memory-near-full, signal: memory-near-full, threshold: 0.97, for: 60s, clearAfter: 1m, action: alert}
+  - {name: ecc-uncorrectable, signal: ecc-uncorrectable, threshold: 0, action: gpu-out-of-service, clearAfter: 1h, nodeWhenGpus: 2, nodeAction: drain}
+  - {name: row-remap-failure, signal: row-remap-failures, threshold: 0, action: gpu-out-of-service, clearAfter: 24h}
+  - {name: nvlink-errors, signal: nvlink-errors, threshold: 100, for: 5m, clearAfter: 30m, action: alert}
+  - {name: heartbeat-lost, signal: heartbeat-lost, for: 30s, clearAfter: 2m, action: drain}
+"#;

@@ -1,0 +1,228 @@
+use super::*;
+
+const S: Millis = 1_000;
+
+fn temp(node: &str, gpu: u32, at: Millis, celsius: f64) -> Reading {
+    Reading {
+        node: node.into(),
+        gpu: Some(gpu),
+        at,
+        signal: Signal::Temperature {
+            celsius,
+            slowdown_celsius: 90.0,
+        },
+    }
+}
+
+fn beat(node: &str, at: Millis) -> Reading {
+    Reading {
+        node: node.into(),
+        gpu: None,
+        at,
+        signal: Signal::Heartbeat,
+    }
+}
+
+/// `(rule, node, gpu, action, fire?)` of each verdict.
+fn brief(v: &[Verdict]) -> Vec<(String, String, Option<u32>, Action, bool)> {
+    v.iter()
+        .map(|v| {
+            (
+                v.rule.clone(),
+                v.node.clone(),
+                v.gpu,
+                v.action,
+                v.change == Change::Fire,
+            )
+        })
+        .collect()
+}
+
+fn run(engine: &mut Engine, readings: &[Reading]) -> Vec<Verdict> {
+    readings.iter().flat_map(|r| engine.observe(r)).collect()
+}
+
+#[test]
+fn a_spike_never_fires_a_sustained_breach_fires_once_and_clears_only_after_a_healthy_spell() {
+    let mut e = Engine::new(RuleSet::default());
+    // overheat: margin under 3 °C for 20 s. One hot reading, then normal: nothing.
+    let spike = run(
+        &mut e,
+        &[temp("n1", 0, 0, 89.0), temp("n1", 0, 5 * S, 70.0)],
+    );
+    assert!(spike.is_empty(), "{spike:?}");
+    // Hot from 10 s on: fires at the first reading 20 s into the breach, once.
+    let hot: Vec<Reading> = (0..=6)
+        .map(|i| temp("n1", 0, (10 + 5 * i) * S, 88.5))
+        .collect();
+    let fired = run(&mut e, &hot);
+    assert_eq!(
+        brief(&fired),
+        [(
+            "overheat".into(),
+            "n1".into(),
+            Some(0),
+            Action::GpuOutOfService,
+            true
+        )]
+    );
+    assert_eq!((fired[0].since, fired[0].at), (10 * S, 30 * S));
+    // Healthy for 4 minutes, one hot reading, then healthy again: the 5-minute spell starts
+    // over, so it clears 5 minutes after the hot reading, not after the first healthy one.
+    let mut later = vec![temp("n1", 0, 60 * S, 60.0), temp("n1", 0, 300 * S, 60.0)];
+    later.push(temp("n1", 0, 310 * S, 89.0));
+    later.push(temp("n1", 0, 320 * S, 60.0));
+    later.push(temp("n1", 0, 400 * S, 60.0));
+    assert!(run(&mut e, &later).is_empty());
+    let cleared = run(&mut e, &[temp("n1", 0, 620 * S, 60.0)]);
+    assert_eq!(
+        brief(&cleared),
+        [(
+            "overheat".into(),
+            "n1".into(),
+            Some(0),
+            Action::GpuOutOfService,
+            false
+        )]
+    );
+}
+
+#[test]
+fn one_hot_gpu_is_that_gpus_problem_two_are_the_nodes() {
+    let mut e = Engine::new(RuleSet::default());
+    let mut readings = Vec::new();
+    for t in [0, 10, 20, 30] {
+        readings.push(temp("n1", 3, t * S, 89.0));
+        readings.push(temp("n2", 0, t * S, 89.0));
+        readings.push(temp("n2", 1, t * S, 89.0));
+    }
+    let got = brief(&run(&mut e, &readings));
+    assert_eq!(
+        got,
+        [
+            (
+                "overheat".into(),
+                "n1".into(),
+                Some(3),
+                Action::GpuOutOfService,
+                true
+            ),
+            (
+                "overheat".into(),
+                "n2".into(),
+                Some(0),
+                Action::GpuOutOfService,
+                true
+            ),
+            (
+                "overheat".into(),
+                "n2".into(),
+                Some(1),
+                Action::GpuOutOfService,
+                true
+            ),
+            ("overheat".into(), "n2".into(), None, Action::Drain, true),
+        ]
+    );
+}
+
+#[test]
+fn an_operators_cordon_is_kept_remediation_only_alerts_there() {
+    let mut e = Engine::new(RuleSet::default());
+    e.operator_cordon("n1", true);
+    let readings: Vec<Reading> = [0, 10, 20]
+        .into_iter()
+        .flat_map(|t| [temp("n1", 0, t * S, 89.0), temp("n1", 1, t * S, 89.0)])
+        .collect();
+    let got = run(&mut e, &readings);
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert!(got.iter().all(|v| v.action == Action::Alert), "{got:?}");
+    assert!(
+        got.iter()
+            .all(|v| v.note.as_deref().is_some_and(|n| n.contains("operator"))),
+        "{got:?}"
+    );
+    // Healthy long after: nothing is returned to service while the operator holds the node.
+    assert!(
+        run(
+            &mut e,
+            &[
+                temp("n1", 0, 2_000 * S, 50.0),
+                temp("n1", 0, 4_000 * S, 50.0)
+            ]
+        )
+        .is_empty()
+    );
+}
+
+#[test]
+fn a_silent_node_loses_its_heartbeat_and_returns_only_after_beating_for_the_clear_time() {
+    let mut e = Engine::new(RuleSet::default());
+    e.observe(&beat("n1", 0));
+    assert!(e.tick(29 * S).is_empty());
+    let lost = e.tick(30 * S);
+    assert_eq!(
+        brief(&lost),
+        [(
+            "heartbeat-lost".into(),
+            "n1".into(),
+            None,
+            Action::Drain,
+            true
+        )]
+    );
+    assert!(e.tick(60 * S).is_empty(), "fired once");
+    // Back: it must beat for 2 minutes; a second silence on the way starts that over.
+    let back: Vec<Reading> = (0..=6).map(|i| beat("n1", (100 + 10 * i) * S)).collect();
+    assert!(run(&mut e, &back).is_empty());
+    assert!(e.tick(200 * S).is_empty());
+    let again: Vec<Reading> = (0..=12).map(|i| beat("n1", (200 + 10 * i) * S)).collect();
+    let cleared = run(&mut e, &again);
+    assert_eq!(
+        brief(&cleared),
+        [(
+            "heartbeat-lost".into(),
+            "n1".into(),
+            None,
+            Action::Drain,
+            false
+        )]
+    );
+    assert_eq!(cleared[0].at, 320 * S);
+}
+
+#[test]
+fn a_rules_file_with_problems_names_every_one() {
+    let text = "rules:\n\
+        - {name: hot, signal: thermal-margin, for: soon, action: drain}\n\
+        - {name: hot, signal: power-over-limit, threshold: .inf, action: alert}\n\
+        - {signal: heartbeat-lost, action: cordon, nodeWhenGpus: 0}\n";
+    let problems = RuleSet::parse(text).unwrap_err();
+    let want = [
+        "rules[0] (hot).threshold: missing",
+        "rules[0] (hot).for: \"soon\" is not a duration",
+        "rules[1] (hot).name: \"hot\" is used by an earlier rule",
+        "rules[1] (hot).threshold: inf is not a finite number",
+        "rules[2].name: missing",
+        "rules[2].for: a lost heartbeat needs the silence it waits for",
+        "rules[2].nodeWhenGpus: must be at least 1",
+    ];
+    assert_eq!(problems.len(), want.len(), "{problems:#?}");
+    for (got, want) in problems.iter().zip(want) {
+        assert!(got.starts_with(want), "{got:?} vs {want:?}");
+    }
+    assert!(RuleSet::parse(rules::DEFAULT_RULES).is_ok());
+}
+
+#[test]
+fn the_breaker_caps_the_nodes_taken_out_in_any_window() {
+    // 10% of 40 nodes within 10 minutes: 4.
+    let mut b = Breaker::new(0.1, 40, 600 * S);
+    let taken: Vec<bool> = (0..6).map(|i| b.admit(i * S)).collect();
+    assert_eq!(taken, [true, true, true, true, false, false]);
+    // The window slides: the first leaves it at 600 s.
+    assert!(!b.admit(599 * S));
+    assert!(b.admit(600 * S));
+    // A tiny pool still lets one node go.
+    assert!(Breaker::new(0.1, 3, 600 * S).admit(0));
+}
