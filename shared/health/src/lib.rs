@@ -12,13 +12,17 @@
 //!   verdicts become alerts).
 //! - [`breaker`]: how much of a pool remediation may take out of service in a window; past
 //!   it, actions become alerts (NVSentinel's users' top complaint is mass cordons).
+//! - [`idle`]: idle reclaim — a grant under a utilization threshold for a whole window, past
+//!   its warm-up and not opted out, is reclaimed once.
 
 pub mod breaker;
 pub mod engine;
+pub mod idle;
 pub mod rules;
 
 pub use breaker::Breaker;
 pub use engine::{Change, Engine, Verdict};
+pub use idle::{IdlePolicy, IdleWatch, Reclaim};
 pub use rules::{Action, Rule, RuleKind, RuleSet};
 
 /// Milliseconds on the caller's clock.

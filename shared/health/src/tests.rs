@@ -226,3 +226,36 @@ fn the_breaker_caps_the_nodes_taken_out_in_any_window() {
     // A tiny pool still lets one node go.
     assert!(Breaker::new(0.1, 3, 600 * S).admit(0));
 }
+
+#[test]
+fn idle_reclaim_frees_an_idle_grant_and_leaves_a_busy_an_opted_out_and_a_warming_one() {
+    let min = 60 * S;
+    let mut w = IdleWatch::new(IdlePolicy::default()); // under 1% for 10 min, 10 min warm-up
+    w.granted(1, 0, false); // idle from minute 11: reclaimed at minute 21
+    w.granted(2, 0, false); // busy
+    w.granted(3, 0, true); // idle, opted out
+    w.granted(4, 15 * min, false); // idle, but started at minute 15: warm until 25
+    let mut reclaimed = Vec::new();
+    for m in 11..=24 {
+        for (lease, util) in [(1, 0.0), (2, 0.6), (3, 0.0), (4, 0.0)] {
+            if let Some(r) = w.observe(lease, util, m * min) {
+                reclaimed.push((r.lease, r.idle_since / min, r.at / min));
+            }
+        }
+    }
+    assert_eq!(reclaimed, [(1, 11, 21)]);
+    // One busy reading restarts the window; a reclaimed grant is reclaimed once.
+    w.granted(5, 0, false);
+    let got: Vec<bool> = [
+        (11, 0.0),
+        (18, 0.5),
+        (19, 0.0),
+        (28, 0.0),
+        (29, 0.0),
+        (30, 0.0),
+    ]
+    .into_iter()
+    .map(|(m, u)| w.observe(5, u, m * min).is_some())
+    .collect();
+    assert_eq!(got, [false, false, false, false, true, false]);
+}

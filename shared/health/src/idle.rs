@@ -1,0 +1,106 @@
+//! Idle reclaim: a grant whose GPUs stay under a utilization threshold for a whole window is
+//! reclaimed, with notice — unless its task opted out (`idleReclaim: false`) or is still warming
+//! up (loading data, compiling kernels). Run:ai counts 30-second windows at 0%; Avesha EGS calls
+//! it an idle timeout.
+
+use std::collections::BTreeMap;
+
+use crate::Millis;
+
+/// When a grant counts as idle.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct IdlePolicy {
+    /// Utilization (0–1, the mean over the grant's GPUs) under which a reading is idle.
+    pub below: f64,
+    /// How long every reading must be idle before the grant is reclaimed, ms.
+    pub window: Millis,
+    /// How long after its start a grant is never reclaimed, ms.
+    pub warm_up: Millis,
+}
+
+impl Default for IdlePolicy {
+    fn default() -> Self {
+        Self {
+            below: 0.01,
+            window: 10 * 60_000,
+            warm_up: 10 * 60_000,
+        }
+    }
+}
+
+/// A grant as idle reclaim sees it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Grant {
+    started: Millis,
+    opted_out: bool,
+    /// Since when every reading has been idle (`None`: the last one was busy).
+    idle_since: Option<Millis>,
+    reclaimed: bool,
+}
+
+/// Watches grants, by lease.
+#[derive(Debug, Clone, Default)]
+pub struct IdleWatch {
+    policy: IdlePolicy,
+    grants: BTreeMap<u64, Grant>,
+}
+
+/// A grant to reclaim: its lease, and since when it has been idle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reclaim {
+    /// The lease.
+    pub lease: u64,
+    /// Idle since.
+    pub idle_since: Millis,
+    /// Decided at.
+    pub at: Millis,
+}
+
+impl IdleWatch {
+    /// A watch under `policy`.
+    pub fn new(policy: IdlePolicy) -> Self {
+        Self {
+            policy,
+            grants: BTreeMap::new(),
+        }
+    }
+
+    /// Lease `lease` was granted at `started`; `opted_out`: its task said `idleReclaim: false`.
+    pub fn granted(&mut self, lease: u64, started: Millis, opted_out: bool) {
+        self.grants.insert(
+            lease,
+            Grant {
+                started,
+                opted_out,
+                idle_since: None,
+                reclaimed: false,
+            },
+        );
+    }
+
+    /// Lease `lease` ended: forget it.
+    pub fn released(&mut self, lease: u64) {
+        self.grants.remove(&lease);
+    }
+
+    /// The grant's GPUs were `utilization` busy at `at`; the reclaim it decides, once.
+    pub fn observe(&mut self, lease: u64, utilization: f64, at: Millis) -> Option<Reclaim> {
+        let policy = self.policy;
+        let grant = self.grants.get_mut(&lease)?;
+        if utilization >= policy.below {
+            grant.idle_since = None;
+            return None;
+        }
+        let since = *grant.idle_since.get_or_insert(at);
+        let warm = at.saturating_sub(grant.started) < policy.warm_up;
+        if grant.opted_out || grant.reclaimed || warm || at.saturating_sub(since) < policy.window {
+            return None;
+        }
+        grant.reclaimed = true;
+        Some(Reclaim {
+            lease,
+            idle_since: since,
+            at,
+        })
+    }
+}
