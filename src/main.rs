@@ -28,11 +28,7 @@ fn main() -> std::process::ExitCode {
         // The reader went away (`allot status --json | head`): nothing to say to anyone.
         Err(e) if broken_pipe(&e) => std::process::ExitCode::SUCCESS,
         // Bad input: every problem was listed, nothing was started.
-        Err(e)
-            if e.chain().any(|c| {
-                c.is::<cli::settings::InvalidSettings>() || c.is::<cli::sim::BadInput>()
-            }) =>
-        {
+        Err(e) if e.chain().any(|c| c.is::<cli::settings::InvalidSettings>()) => {
             eprintln!("allot: {e:#}");
             std::process::ExitCode::from(2)
         }

@@ -162,7 +162,7 @@ pub async fn costs(args: CostsArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode>
         }
         None => (names::COSTS.to_owned(), args.team.clone()),
     };
-    let connection_team = connection.team.clone();
+    let team_login = connection.team.is_some();
     let client = connection.client;
     let js = jetstream::new(client.clone());
     let filter = match &team {
@@ -173,13 +173,13 @@ pub async fn costs(args: CostsArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode>
     let mut events: Vec<CostAccrued> = Vec::new();
     let stored = read(&js, &stream, &filter)
         .await
-        .with_context(|| match &connection_team {
-            Some(mine) => format!(
+        .with_context(|| match &team {
+            Some(mine) if team_login => format!(
                 "a team's login reads its costs from its own stream {stream}, which the accounts \
              of `allot nats-config` provide; `allot up`'s team logins may submit, follow and \
              abort only — ask an admin for `allot costs --team {mine}`; no report was made"
             ),
-            None => "no report was made".to_owned(),
+            _ => "no report was made".to_owned(),
         })?;
     for m in stored {
         let Ok(envelope) = decode(&m.payload) else {

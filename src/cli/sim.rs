@@ -19,6 +19,15 @@ use allot_sim::pipelines::{self, Params};
 use allot_sim::scenario::{self, PIPELINES, Scenario};
 use allot_sim::{Observer, SimConfig, SimResult};
 
+use super::settings::InvalidSettings;
+
+/// Refuses flags that make no sense: the problem, and exit 2 (as every invalid setting).
+macro_rules! refuse {
+    ($($arg:tt)*) => {
+        return Err(InvalidSettings(vec![format!($($arg)*)]).into())
+    };
+}
+
 /// Flags of `allot sim`.
 #[derive(Debug, Args)]
 pub struct SimArgs {
@@ -470,16 +479,8 @@ fn to_json(scenario: &str, results: &[SimResult], eta_at_submit: bool) -> serde_
 /// The scenario that runs the FGD paper's GPU packing experiment rather than a replay.
 const OPENB_PACKING: &str = "openb-packing";
 
-/// Refuses bad flags: the message, and exit 2 ([`BadInput`]).
-macro_rules! refuse {
-    ($($arg:tt)*) => {
-        return Err(BadInput(vec![format!($($arg)*)]).into())
-    };
-}
-use refuse;
-
 /// The pipelines' parameters from the flags, or every problem with them at once
-/// ([`BadInput`]: exit 2) — before any trace is read.
+/// ([`InvalidSettings`]: exit 2) — before any trace is read.
 fn pipeline_params(args: &SimArgs) -> anyhow::Result<Params> {
     let defaults = Params::default();
     let mut problems = Vec::new();
@@ -511,25 +512,9 @@ fn pipeline_params(args: &SimArgs) -> anyhow::Result<Params> {
     if problems.is_empty() {
         Ok(params)
     } else {
-        Err(BadInput(problems).into())
+        Err(InvalidSettings(problems).into())
     }
 }
-
-/// Flags that make no sense together or alone: every problem, and exit 2.
-#[derive(Debug)]
-pub struct BadInput(pub Vec<String>);
-
-impl std::fmt::Display for BadInput {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} problem(s); nothing was simulated:", self.0.len())?;
-        for p in &self.0 {
-            write!(f, "\n  - {p}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for BadInput {}
 
 /// `--scenario openb-packing`: the packing experiment ([`allot_sim::packing`]) for each policy,
 /// one row each, beside the published results.

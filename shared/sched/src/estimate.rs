@@ -5,6 +5,14 @@ use rustc_hash::FxHashMap as HashMap;
 
 use crate::model::{TaskSpec, Time};
 
+/// How much longer a task estimated to run `estimate` in all is expected to run once it has
+/// run `ran`: the rest of its estimate or — once past it — as long again as it has run so far.
+/// Run times are heavy-tailed: under a Pareto tail of index 1 the median of what is left of a
+/// run that outlived its estimate equals what has run.
+pub fn remaining(estimate: Time, ran: Time) -> Time {
+    if ran < estimate { estimate - ran } else { ran }
+}
+
 /// Estimates how long a task runs in all.
 pub trait DurationEstimator: Send + std::fmt::Debug {
     /// The estimated total run time of `task`.

@@ -29,7 +29,7 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use crate::cluster::{Cluster, Placement};
 use crate::decision::{Decision, WaitReason};
-use crate::estimate::{DurationEstimator, History};
+use crate::estimate::{self, DurationEstimator, History};
 use crate::gang;
 use crate::model::{
     LeaseId, NodeIdx, NodeSpec, RequestShape as Shape, TaskId, TaskSpec, Time, WHOLE_GPU_MILLI,
@@ -498,11 +498,7 @@ impl Scheduler {
             State::Running { .. } => key,
         };
         let reason = if !self.policy.admits(team, unit.demand, &self.quotas) {
-            let why = self
-                .quotas
-                .refusal(team, unit.demand)
-                .unwrap_or_else(|| format!("{} does not admit it", self.policy.name()));
-            WaitReason::Quota { why }
+            self.quota_refusal(team, unit.demand)
         } else if self.policy.when_blocked() == WhenBlocked::Stop
             && let Some((_, head)) = self.queue.range(..key).next()
         {
@@ -522,10 +518,15 @@ impl Scheduler {
     /// Whether `unit`, started at `start` (`None`: no start foreseen), is expected to end
     /// after the earliest deadline of its members; `false` when none has one.
     fn misses_deadline(&self, unit: &Unit, start: Option<Time>) -> bool {
-        let Some(deadline) = unit.specs.iter().filter_map(|s| s.deadline).min() else {
+        let Some(deadline) = Self::deadline(unit) else {
             return false;
         };
         start.is_none_or(|start| start.saturating_add(self.remaining(unit)) > deadline)
+    }
+
+    /// The earliest deadline of `unit`'s members, if any has one.
+    fn deadline(unit: &Unit) -> Option<Time> {
+        unit.specs.iter().filter_map(|s| s.deadline).min()
     }
 
     /// How long `unit` is expected to run from its next start: the longest of its members'
@@ -536,12 +537,7 @@ impl Scheduler {
             .iter()
             .map(|m| {
                 let task = &self.tasks[m];
-                let estimate = self.estimator.estimate(&task.spec);
-                if task.attained < estimate {
-                    estimate - task.attained
-                } else {
-                    task.attained
-                }
+                estimate::remaining(self.estimator.estimate(&task.spec), task.attained)
             })
             .max()
             .unwrap_or(0)
@@ -582,11 +578,7 @@ impl Scheduler {
         for (key, leader) in due {
             let unit = self.unit(leader);
             let remaining = self.remaining(&unit);
-            let feasible = unit
-                .specs
-                .iter()
-                .filter_map(|s| s.deadline)
-                .min()
+            let feasible = Self::deadline(&unit)
                 .is_some_and(|deadline| now.saturating_add(remaining) <= deadline);
             let learned = unit.specs.iter().all(|s| self.estimator.learned(s));
             let before = self.tasks[&leader].risk;
@@ -627,12 +619,7 @@ impl Scheduler {
                     .policy
                     .admits(&unit.specs[0].team, unit.demand, &self.quotas) =>
                 {
-                    WaitReason::Quota {
-                        why: self
-                            .quotas
-                            .refusal(&unit.specs[0].team, unit.demand)
-                            .unwrap_or_else(|| format!("{} does not admit it", self.policy.name())),
-                    }
+                    self.quota_refusal(&unit.specs[0].team, unit.demand)
                 }
                 _ => self.no_capacity(&unit),
             };
@@ -1308,6 +1295,16 @@ impl Scheduler {
         }
     }
 
+    /// Why `team`'s quota (or the policy) does not admit `demand` now.
+    fn quota_refusal(&self, team: &str, demand: Amounts) -> WaitReason {
+        WaitReason::Quota {
+            why: self
+                .quotas
+                .refusal(team, demand)
+                .unwrap_or_else(|| format!("{} does not admit it", self.policy.name())),
+        }
+    }
+
     fn no_capacity(&self, unit: &Unit) -> WaitReason {
         WaitReason::NoCapacity {
             gpus: unit.gpus,
@@ -1404,11 +1401,7 @@ impl Scheduler {
                     } else if admitted {
                         self.no_capacity(&unit)
                     } else {
-                        WaitReason::Quota {
-                            why: self.quotas.refusal(&team, unit.demand).unwrap_or_else(|| {
-                                format!("{} does not admit it", self.policy.name())
-                            }),
-                        }
+                        self.quota_refusal(&team, unit.demand)
                     };
                     blocked = Some((*leader, reason));
                 }
@@ -1987,8 +1980,7 @@ impl Scheduler {
     /// to end "now" would promise the next start every pass, and break it every pass.
     fn expected_end(&self, task: &Task, now: Time) -> Time {
         let estimate = self.estimator.estimate(&task.spec);
-        let ran = task.attained + task.run_time(now);
-        let left = if ran < estimate { estimate - ran } else { ran };
+        let left = estimate::remaining(estimate, task.attained + task.run_time(now));
         now.saturating_add(left).max(now + 1)
     }
 

@@ -118,11 +118,7 @@ impl Allot {
 
     /// Expected remaining run time, ms.
     fn remaining(task: &PendingView<'_>) -> Time {
-        if task.attained < task.estimate {
-            task.estimate - task.attained
-        } else {
-            task.attained.max(1)
-        }
+        crate::estimate::remaining(task.estimate, task.attained).max(1)
     }
 
     /// Whether the key's expected remaining time rests on a learned estimate.
