@@ -26,6 +26,9 @@ pub struct NodeState {
     pub free_memory: u64,
     /// False when cordoned or unhealthy: nothing new is placed here.
     pub schedulable: bool,
+    /// GPUs out of service, by GPU index: such a GPU shows no free capacity, so nothing is
+    /// placed on it, and it counts in no capacity.
+    pub gpu_out: Vec<bool>,
 }
 
 impl NodeState {
@@ -42,7 +45,8 @@ impl NodeState {
 
     /// Whether nothing runs on the node's GPUs.
     pub fn is_idle(&self) -> bool {
-        self.free_whole == self.spec.gpus
+        self.free_whole as usize + self.gpu_out.iter().filter(|out| **out).count()
+            == self.spec.gpus as usize
     }
 
     /// Whether GPU `gpu` has `milli` milli-GPU and `memory_mib` of memory free (memory is only
@@ -137,6 +141,7 @@ impl Cluster {
             free_cpu: spec.cpu_milli,
             free_memory: spec.memory_mib,
             schedulable: true,
+            gpu_out: vec![false; spec.gpus as usize],
             spec,
         };
         let cost = self
@@ -193,7 +198,9 @@ impl Cluster {
             return;
         }
         self.unindex(idx);
-        let gpus = u64::from(self.nodes[idx.0 as usize].spec.gpus) * u64::from(WHOLE_GPU_MILLI);
+        let node = &self.nodes[idx.0 as usize];
+        let in_service = node.gpu_out.iter().filter(|out| !**out).count() as u64;
+        let gpus = in_service * u64::from(WHOLE_GPU_MILLI);
         self.nodes[idx.0 as usize].schedulable = schedulable;
         let free: u64 = self.nodes[idx.0 as usize]
             .gpu_free
@@ -208,6 +215,45 @@ impl Cluster {
             self.free_milli -= free;
         }
         self.index(idx);
+    }
+
+    /// Takes GPU `gpu` of a node out of service (`in_service: false`) or returns it; whether
+    /// anything changed. Out of service, the GPU shows no free capacity (nothing is placed on
+    /// it) and leaves the capacity; the caller first moves off whatever holds it.
+    pub fn set_gpu_in_service(&mut self, idx: NodeIdx, gpu: u32, in_service: bool) -> bool {
+        let node = &self.nodes[idx.0 as usize];
+        let g = gpu as usize;
+        if g >= node.gpu_out.len() || node.gpu_out[g] != in_service {
+            return false;
+        }
+        self.unindex(idx);
+        let node = &mut self.nodes[idx.0 as usize];
+        let whole = u64::from(WHOLE_GPU_MILLI);
+        if in_service {
+            node.gpu_out[g] = false;
+            node.gpu_free[g] = WHOLE_GPU_MILLI;
+            node.gpu_memory_free[g] = node.spec.gpu_memory_mib;
+            node.free_whole += 1;
+            if node.schedulable {
+                self.capacity_milli += whole;
+                self.free_milli += whole;
+            }
+        } else {
+            debug_assert_eq!(node.gpu_free[g], WHOLE_GPU_MILLI, "GPU taken while held");
+            let free = node.gpu_free[g];
+            if free == WHOLE_GPU_MILLI {
+                node.free_whole -= 1;
+            }
+            node.gpu_out[g] = true;
+            node.gpu_free[g] = 0;
+            node.gpu_memory_free[g] = 0;
+            if node.schedulable {
+                self.capacity_milli -= whole;
+                self.free_milli -= u64::from(free);
+            }
+        }
+        self.index(idx);
+        true
     }
 
     /// Schedulable nodes of `model` with exactly `free` entirely free GPUs, lowest index first.
@@ -273,6 +319,11 @@ impl Cluster {
             self.unindex(share.node);
             let node = &mut self.nodes[share.node.0 as usize];
             for (gpu, milli) in &share.gpus {
+                self.allocated_milli -= u64::from(*milli);
+                if node.gpu_out[*gpu as usize] {
+                    // Out of service since: it stays without free capacity.
+                    continue;
+                }
                 let free = &mut node.gpu_free[*gpu as usize];
                 *free += milli;
                 debug_assert!(*free <= WHOLE_GPU_MILLI, "GPU released twice");
@@ -281,7 +332,6 @@ impl Cluster {
                 }
                 let memory = &mut node.gpu_memory_free[*gpu as usize];
                 *memory = (*memory + share.gpu_memory_mib).min(node.spec.gpu_memory_mib);
-                self.allocated_milli -= u64::from(*milli);
                 if node.schedulable {
                     self.free_milli += u64::from(*milli);
                 }

@@ -68,6 +68,8 @@ impl Input {
             | Self::TaskPreloaded { at, .. }
             | Self::TaskWithdrawn { at, .. }
             | Self::TaskPredicted { at, .. }
+            | Self::NodeHeld { at, .. }
+            | Self::GpuService { at, .. }
             | Self::Schedule { at } => Some(*at),
             Self::NodeAdded(_)
             | Self::NodeSchedulable { .. }
@@ -164,6 +166,32 @@ pub fn describe(input: &Input) -> String {
         Input::NodeSchedulable { node, schedulable } => {
             format!("node {node} schedulable={schedulable}")
         }
+        Input::NodeHeld {
+            node,
+            by,
+            held,
+            drain,
+            at,
+            ..
+        } => format!(
+            "node {node} {} by {by:?}{} at {at}",
+            if *held { "held" } else { "released" },
+            if *drain { " and drained" } else { "" }
+        ),
+        Input::GpuService {
+            node,
+            gpu,
+            in_service,
+            at,
+            ..
+        } => format!(
+            "GPU {gpu} of node {node} {} at {at}",
+            if *in_service {
+                "back in service"
+            } else {
+                "out of service"
+            }
+        ),
         Input::TeamQuota { team, .. } => format!("quota of team {team} set"),
         Input::TeamBudget { team, exceeded, .. } => {
             format!("team {team} budget exceeded={exceeded}")

@@ -88,6 +88,40 @@ pub enum Input {
         /// Whether new work may be placed there.
         schedulable: bool,
     },
+    /// An operator or remediation took a node out of service for new work (`held: true`) or
+    /// gave it back. Each holder holds on its own, and so does the inventory's reachability
+    /// ([`Input::NodeSchedulable`]): the node takes new work only when nobody holds it. With
+    /// `drain`, what runs there is stopped now and goes back to the queue, gangs whole (a task
+    /// that checkpoints loses only what followed its last checkpoint).
+    NodeHeld {
+        /// Node name.
+        node: String,
+        /// Who.
+        by: Holder,
+        /// Held (`true`) or given back.
+        held: bool,
+        /// Also stop and requeue what runs there.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        drain: bool,
+        /// Why, for the decision log.
+        reason: String,
+        /// When.
+        at: Time,
+    },
+    /// One GPU of a node was taken out of service (`in_service: false`: whatever holds it is
+    /// stopped and requeued, gangs whole, and nothing is placed on it) or returned to service.
+    GpuService {
+        /// Node name.
+        node: String,
+        /// The GPU's index on the node.
+        gpu: u32,
+        /// In service again (`true`) or out of it.
+        in_service: bool,
+        /// Why, for the decision log.
+        reason: String,
+        /// When.
+        at: Time,
+    },
     /// A team's budget standing changed (from billing). Over budget with `block_below`, its
     /// new work of a priority under that floor waits (what runs keeps running); over budget
     /// without one, its work is still granted, each grant flagged. Within budget again: no
@@ -153,6 +187,30 @@ pub enum Input {
     },
 }
 
+/// Who holds a node out of service (see [`Input::NodeHeld`]).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Holder {
+    /// The inventory: the node stopped sending heartbeats ([`Input::NodeSchedulable`]).
+    Unreachable,
+    /// An operator (`allot cordon`); remediation never lifts it.
+    Operator,
+    /// The remediation service, by one of its rules.
+    Remediation,
+}
+
 /// An input the scheduler cannot apply.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ApplyError {
@@ -169,6 +227,14 @@ pub enum ApplyError {
     /// An input named a node the scheduler does not know.
     #[error("unknown node {0:?}")]
     UnknownNode(String),
+    /// An input named a GPU its node does not have.
+    #[error("node {node:?} has no GPU {gpu}")]
+    UnknownGpu {
+        /// The node.
+        node: String,
+        /// The GPU index named.
+        gpu: u32,
+    },
     /// A request no node could ever satisfy.
     #[error("{task} can never be placed: {why}")]
     Unplaceable {
@@ -332,6 +398,8 @@ pub struct Scheduler {
     /// Teams over budget, with the priority floor their new work must reach (`None`: allowed
     /// and flagged).
     over_budget: BTreeMap<String, Option<i32>>,
+    /// Nodes held out of service, and by whom.
+    holds: BTreeMap<NodeIdx, BTreeSet<Holder>>,
 }
 
 /// How many moments (running tasks' ends) an ETA looks through before it gives up.
@@ -405,6 +473,7 @@ impl Scheduler {
             next_lease: 1,
             preloads: BTreeMap::new(),
             over_budget: BTreeMap::new(),
+            holds: BTreeMap::new(),
         }
     }
 
@@ -690,7 +759,49 @@ impl Scheduler {
                     .cluster
                     .find(&node)
                     .ok_or(ApplyError::UnknownNode(node))?;
-                self.cluster.set_schedulable(idx, schedulable);
+                self.hold_node(idx, Holder::Unreachable, !schedulable);
+            }
+            Input::NodeHeld {
+                node,
+                by,
+                held,
+                drain,
+                reason,
+                at,
+            } => {
+                let idx = self
+                    .cluster
+                    .find(&node)
+                    .ok_or(ApplyError::UnknownNode(node))?;
+                self.hold_node(idx, by, held);
+                if drain {
+                    let on_node = self.running_on(idx, None);
+                    for leader in on_node {
+                        self.requeue(leader, &reason, at, out)?;
+                    }
+                }
+            }
+            Input::GpuService {
+                node,
+                gpu,
+                in_service,
+                reason,
+                at,
+            } => {
+                let idx = self
+                    .cluster
+                    .find(&node)
+                    .ok_or_else(|| ApplyError::UnknownNode(node.clone()))?;
+                if gpu >= self.cluster.node(idx).spec.gpus {
+                    return Err(ApplyError::UnknownGpu { node, gpu });
+                }
+                if !in_service {
+                    let on_gpu = self.running_on(idx, Some(gpu));
+                    for leader in on_gpu {
+                        self.requeue(leader, &reason, at, out)?;
+                    }
+                }
+                self.cluster.set_gpu_in_service(idx, gpu, in_service);
                 self.no_room.clear();
             }
             Input::TaskPreloaded {
@@ -1168,6 +1279,47 @@ impl Scheduler {
             });
         }
         Ok(())
+    }
+
+    /// `by` holds node `idx` out of service (or no longer does): the node takes new work only
+    /// while nobody holds it.
+    fn hold_node(&mut self, idx: NodeIdx, by: Holder, held: bool) {
+        let holders = self.holds.entry(idx).or_default();
+        if held {
+            holders.insert(by);
+        } else {
+            holders.remove(&by);
+        }
+        let free = holders.is_empty();
+        if free {
+            self.holds.remove(&idx);
+        }
+        self.cluster.set_schedulable(idx, free);
+        self.no_room.clear();
+    }
+
+    /// Who holds node `idx` out of service, if anyone.
+    pub fn holders(&self, idx: NodeIdx) -> impl Iterator<Item = Holder> + '_ {
+        self.holds.get(&idx).into_iter().flatten().copied()
+    }
+
+    /// The leaders of the units running on node `idx` (on its GPU `gpu` only, if given), in
+    /// task order.
+    fn running_on(&self, idx: NodeIdx, gpu: Option<u32>) -> Vec<TaskId> {
+        let mut leaders: Vec<TaskId> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| match &t.state {
+                State::Running { placement, .. } => placement.shares.iter().any(|s| {
+                    s.node == idx && gpu.is_none_or(|g| s.gpus.iter().any(|(i, _)| *i == g))
+                }),
+                _ => false,
+            })
+            .map(|(id, _)| self.leader(*id))
+            .collect();
+        leaders.sort_unstable();
+        leaders.dedup();
+        leaders
     }
 
     /// Stops a running task (its whole gang) and puts it back in the queue.

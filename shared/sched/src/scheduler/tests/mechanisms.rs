@@ -696,3 +696,5 @@ fn a_prediction_that_arrives_later_moves_a_queued_task() {
         ApplyError::UnknownTask(TaskId(7))
     );
 }
+
+mod holds;
