@@ -123,6 +123,10 @@ pub const WORKLOADS_DUPLICATE_WINDOW: Duration = Duration::from_secs(3600);
 /// stores it once, so a team is never charged twice for one period of one lease.
 pub const COSTS_DUPLICATE_WINDOW: Duration = Duration::from_secs(3600);
 
+/// How long the REMEDIATION stream remembers message ids: remediation publishes each action
+/// under an id derived from its rule state, so one re-published after a crash is stored once.
+pub const REMEDIATION_DUPLICATE_WINDOW: Duration = Duration::from_secs(3600);
+
 /// Stream names, for consumers and tools.
 pub mod names {
     /// Node registrations and heartbeats.
@@ -141,6 +145,9 @@ pub mod names {
     /// Each team reads its own share through a stream in its own NATS account (see
     /// [`crate::accounts`]), never this one.
     pub const COSTS: &str = "COSTS";
+    /// Remediation's actions and operators' cordons (`allot.remediation.<event>.<node>`);
+    /// append-only: the allocator's journal points into it.
+    pub const REMEDIATION: &str = "REMEDIATION";
 }
 
 /// Every stream Allot uses, with `replicas` copies each (1 on one server, 3 on a cluster).
@@ -206,6 +213,18 @@ pub fn catalog(replicas: usize) -> Vec<StreamSpec> {
                 names::COSTS,
                 "Cost events per team and workload, from billing; each team reads its own share",
                 &[subject::COST_ALL],
+            )
+        },
+        // Why capacity left and came back: the allocator journals these actions, so they are
+        // part of the durable record too.
+        StreamSpec {
+            deny_delete: true,
+            deny_purge: true,
+            duplicate_window: REMEDIATION_DUPLICATE_WINDOW,
+            ..StreamSpec::new(
+                names::REMEDIATION,
+                "Remediation's actions on nodes, GPUs and tasks, and operators' cordons",
+                &[subject::REMEDIATION_ALL],
             )
         },
     ];

@@ -17,6 +17,7 @@
 //! | `inventory` | `allot.inventory.>`, replies to the status queries it receives |
 //! | `predictor` | `allot.task.predicted.*` |
 //! | `billing` | `allot.cost.>` |
+//! | `remediation` | `allot.remediation.action_taken.*` (operators' cordons are `admin`'s) |
 //! | `archiver` | nothing of its own |
 //! | `team-<team>` | `allot.workload.{submitted,aborted}.<team>`, inventory status queries, the planner's queries about its own team (`allot.query.planner.*.<team>`) |
 //! | `admin` | everything (creates the streams; the operator's CLI) |
@@ -106,6 +107,8 @@ pub enum Role {
     Billing,
     /// The audit archiver.
     Archiver,
+    /// The remediation service.
+    Remediation,
     /// The collector of one node.
     Collector(String),
     /// One team's submitters.
@@ -123,6 +126,7 @@ impl Role {
             Self::Predictor => "predictor".to_owned(),
             Self::Billing => "billing".to_owned(),
             Self::Archiver => "archiver".to_owned(),
+            Self::Remediation => "remediation".to_owned(),
             Self::Collector(node) => format!("collector-{node}"),
             Self::Team(team) => crate::accounts::team_user(team),
         }
@@ -175,6 +179,7 @@ impl Role {
             Self::Predictor => service(vec![subject::task("predicted", "*")]),
             Self::Billing => service(vec![subject::COST_ALL.to_owned()]),
             Self::Archiver => service(Vec::new()),
+            Self::Remediation => service(vec![subject::remediation("action_taken", "*")]),
             Self::Collector(node) => service(
                 [
                     subject::node_registered(node),
@@ -271,6 +276,7 @@ impl Users {
             Role::Predictor,
             Role::Billing,
             Role::Archiver,
+            Role::Remediation,
         ];
         roles.extend(named("node", nodes)?.into_iter().map(Role::Collector));
         roles.extend(named("team", teams)?.into_iter().map(Role::Team));

@@ -22,9 +22,12 @@ use allot_bus::streams::names;
 use allot_bus::users::{Role, Users};
 use allot_bus::{catalog, ensure_streams};
 use allot_events::alloc::LeaderElected;
+use allot_events::remediation::{ActionTaken, OperatorCordon};
 use allot_events::task::{TaskCompleted, TaskPredicted};
 use allot_events::workload::{WorkloadAborted, WorkloadFinished};
-use allot_events::{AllocEvent, AnyEvent, Envelope, NodeEvent, TaskEvent, WorkloadEvent, subject};
+use allot_events::{
+    AllocEvent, AnyEvent, Envelope, NodeEvent, RemediationEvent, TaskEvent, WorkloadEvent, subject,
+};
 use allot_testkit::{NatsServer, node};
 
 /// How long a publish waits for its PubAck: a refused one never gets it.
@@ -197,6 +200,26 @@ fn predicted() -> TaskEvent {
     )
 }
 
+fn remediation_action() -> RemediationEvent {
+    RemediationEvent::ActionTaken(
+        serde_json::from_value::<ActionTaken>(json!({
+            "node": "node-1", "action": "drain", "rule": "overheat", "reason": "hot",
+            "since": "2026-11-24T10:00:00Z"
+        }))
+        .expect("a valid ActionTaken"),
+    )
+}
+
+fn operator_cordon() -> RemediationEvent {
+    RemediationEvent::OperatorCordon(OperatorCordon {
+        node: "node-1".into(),
+        cordoned: true,
+        drain: false,
+        reason: "forged".into(),
+        by: "someone".into(),
+    })
+}
+
 fn journal_entry() -> AllocEvent {
     AllocEvent::LeaderElected(LeaderElected {
         pool: "default".into(),
@@ -310,6 +333,41 @@ async fn a_prediction_comes_only_from_the_predictor() -> anyhow::Result<()> {
         .publish(predicted())
         .await?;
     ensure!(bus.held(names::WORKLOADS).await? == before + 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn capacity_is_taken_out_only_by_remediation_or_an_operator() -> anyhow::Result<()> {
+    let bus = Bus::start().await?;
+    for role in [
+        collector("node-1"),
+        team("A"),
+        Role::Inventory,
+        Role::Allocator,
+        Role::Predictor,
+    ] {
+        bus.login(&role)
+            .await?
+            .refused(remediation_action())
+            .await?;
+    }
+    // Remediation acts, but an operator's cordon is the operator's (`admin`) alone.
+    for role in [Role::Remediation, collector("node-1"), team("A")] {
+        bus.login(&role).await?.refused(operator_cordon()).await?;
+    }
+    ensure!(
+        bus.held(names::REMEDIATION).await? == 0,
+        "a forged action was stored"
+    );
+    bus.login(&Role::Remediation)
+        .await?
+        .publish(remediation_action())
+        .await?;
+    bus.login(&Role::Admin)
+        .await?
+        .publish(operator_cordon())
+        .await?;
+    ensure!(bus.held(names::REMEDIATION).await? == 2);
     Ok(())
 }
 

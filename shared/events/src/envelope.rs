@@ -6,8 +6,8 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::{
-    AllocEvent, CostEvent, InventoryEvent, NodeEvent, TYPE_PREFIX, TaskEvent, TelemetryEvent,
-    WorkloadEvent,
+    AllocEvent, CostEvent, InventoryEvent, NodeEvent, RemediationEvent, TYPE_PREFIX, TaskEvent,
+    TelemetryEvent, WorkloadEvent,
 };
 
 /// The CloudEvents spec version Allot writes and accepts.
@@ -77,6 +77,8 @@ pub enum AnyEvent {
     Alloc(AllocEvent),
     /// Costs and budgets.
     Cost(CostEvent),
+    /// Remediation's actions and operators' cordons.
+    Remediation(RemediationEvent),
 }
 
 impl From<NodeEvent> for AnyEvent {
@@ -114,6 +116,11 @@ impl From<CostEvent> for AnyEvent {
         Self::Cost(e)
     }
 }
+impl From<RemediationEvent> for AnyEvent {
+    fn from(e: RemediationEvent) -> Self {
+        Self::Remediation(e)
+    }
+}
 
 impl EventKind for AnyEvent {
     fn event_type(&self) -> String {
@@ -125,6 +132,7 @@ impl EventKind for AnyEvent {
             Self::Task(e) => e.event_type(),
             Self::Alloc(e) => e.event_type(),
             Self::Cost(e) => e.event_type(),
+            Self::Remediation(e) => e.event_type(),
         }
     }
     fn nats_subject(&self) -> String {
@@ -136,6 +144,7 @@ impl EventKind for AnyEvent {
             Self::Task(e) => e.nats_subject(),
             Self::Alloc(e) => e.nats_subject(),
             Self::Cost(e) => e.nats_subject(),
+            Self::Remediation(e) => e.nats_subject(),
         }
     }
     fn entity(&self) -> String {
@@ -147,6 +156,7 @@ impl EventKind for AnyEvent {
             Self::Task(e) => e.entity(),
             Self::Alloc(e) => e.entity(),
             Self::Cost(e) => e.entity(),
+            Self::Remediation(e) => e.entity(),
         }
     }
     fn team(&self) -> Option<&str> {
@@ -158,6 +168,7 @@ impl EventKind for AnyEvent {
             Self::Task(e) => e.team(),
             Self::Alloc(e) => e.team(),
             Self::Cost(e) => e.team(),
+            Self::Remediation(e) => e.team(),
         }
     }
 }
@@ -251,6 +262,7 @@ pub fn decode(bytes: &[u8]) -> Result<Envelope<AnyEvent>, DecodeError> {
         TaskEvent::DOMAIN => TaskEvent::VERSION,
         AllocEvent::DOMAIN => AllocEvent::VERSION,
         CostEvent::DOMAIN => CostEvent::VERSION,
+        RemediationEvent::DOMAIN => RemediationEvent::VERSION,
         _ => return Err(DecodeError::UnknownType(raw.ty)),
     };
     if version > supported {
@@ -278,6 +290,9 @@ pub fn decode(bytes: &[u8]) -> Result<Envelope<AnyEvent>, DecodeError> {
             AllocEvent::decode_data(name, raw.data).map(|r| r.map(AnyEvent::Alloc))
         }
         CostEvent::DOMAIN => CostEvent::decode_data(name, raw.data).map(|r| r.map(AnyEvent::Cost)),
+        RemediationEvent::DOMAIN => {
+            RemediationEvent::decode_data(name, raw.data).map(|r| r.map(AnyEvent::Remediation))
+        }
         _ => None,
     };
     let data = match data {

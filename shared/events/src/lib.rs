@@ -11,6 +11,8 @@
 //!   tasks, resources, dependencies, gangs, retries, checkpoints), kept as written, and the
 //!   `WorkloadEvent`s about it (submitted, aborted). Parsing and validation are `allot-workload`'s.
 //! - [`cost`]: billing's cost and budget events, in integer micro-units.
+//! - [`remediation`]: remediation's actions (each naming its rule, readings and tasks) and
+//!   operators' cordons.
 //! - [`subject`]: subject builders (`allot.<domain>.<event>.<key…>`) and validation of the
 //!   tokens (node names, teams) that go into them.
 //! - [`schema`]: JSON Schema generation for every event type and for the workload spec;
@@ -29,6 +31,7 @@ pub mod envelope;
 pub mod inventory;
 pub mod node;
 pub mod query;
+pub mod remediation;
 pub mod schema;
 pub mod subject;
 pub mod task;
@@ -40,6 +43,7 @@ pub use cost::CostEvent;
 pub use envelope::{AnyEvent, DecodeError, Envelope, EventKind, decode};
 pub use inventory::InventoryEvent;
 pub use node::NodeEvent;
+pub use remediation::RemediationEvent;
 pub use task::TaskEvent;
 pub use telemetry::TelemetryEvent;
 pub use workload::WorkloadEvent;

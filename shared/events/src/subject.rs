@@ -46,6 +46,8 @@ pub const WORKLOAD_ALL: &str = "allot.workload.>";
 pub const TASK_ALL: &str = "allot.task.>";
 /// Every allocator journal entry and decision: `allot.alloc.>`.
 pub const ALLOC_ALL: &str = "allot.alloc.>";
+/// Every remediation action and operator cordon: `allot.remediation.>`.
+pub const REMEDIATION_ALL: &str = "allot.remediation.>";
 /// Every cost event, of every team: `allot.cost.>`.
 pub const COST_ALL: &str = "allot.cost.>";
 /// Dead letters: `allot.deadletter.<original subject>`.
@@ -54,6 +56,11 @@ pub const DEAD_LETTER_PREFIX: &str = "allot.deadletter";
 pub const INVENTORY_QUERY: &str = "allot.query.inventory";
 /// The planner's request/reply query endpoints (core NATS, not a stream).
 pub const PLANNER_QUERY: &str = "allot.query.planner";
+
+/// `allot.remediation.<event>.<node>`
+pub fn remediation(event: &str, node: &str) -> String {
+    format!("allot.remediation.{event}.{node}")
+}
 
 /// `allot.node.registered.<node>`
 pub fn node_registered(node: &str) -> String {

@@ -8,6 +8,9 @@ use allot_events::alloc::{Applied, Dispatch, Launch, LeaderElected, NodeGrant, S
 use allot_events::cost::{BudgetCrossed, BudgetLevel, CostAccrued, CostLine, IdleCost};
 use allot_events::inventory::{GpuHealth, GpuHealthChanged, NodeRecovered, NodeUnreachable};
 use allot_events::node::{GpuInfo, GpuSourceKind, HeartbeatSent, NodeRegistered};
+use allot_events::remediation::{
+    Action as RemediationAction, ActionTaken, Evidence, OperatorCordon,
+};
 use allot_events::task::{
     RunSpec, StopCause, TaskCancelled, TaskCheckpointed, TaskCompleted, TaskFailed, TaskPredicted,
     TaskPreload, TaskReady, TaskStarted, TaskStopped,
@@ -319,6 +322,33 @@ fn samples() -> Vec<AnyEvent> {
             budget: 10_000_000_000,
             currency: "EUR".into(),
             block_below: Some(100),
+        }
+        .into(),
+        ActionTaken {
+            node: "gpu-node-3".into(),
+            gpu: None,
+            action: RemediationAction::Drain,
+            rule: "overheat".into(),
+            reason: "2 GPUs within 3 °C of slowdown for 10 s".into(),
+            evidence: vec![Evidence {
+                signal: "thermal_margin_c".into(),
+                gpu: Some(0),
+                value: 1.0,
+                threshold: Some(3.0),
+                at,
+            }],
+            since: at,
+            tasks: vec![allot_sched::TaskId(7)],
+            team: None,
+            downgraded: None,
+        }
+        .into(),
+        OperatorCordon {
+            node: "gpu-node-3".into(),
+            cordoned: true,
+            drain: false,
+            reason: "fan replacement".into(),
+            by: "admin".into(),
         }
         .into(),
         LeaderElected {

@@ -37,6 +37,7 @@ fn one_user_per_role_with_a_distinct_password_each() {
             "predictor",
             "billing",
             "archiver",
+            "remediation",
             "collector-node-1",
             "collector-node-2",
             "team-vision"
