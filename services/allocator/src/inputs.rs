@@ -11,6 +11,10 @@
 //! | task completed / failed | task finished |
 //! | task cancelled (a task the scheduler holds, or parked) | task withdrawn: queued, it leaves the queue; running, its lease is released |
 //! | budget exceeded / within again (billing, any pool) | team budget: its new work below the floor waits, or is flagged |
+//! | remediation: soft-cordon, cordon / drain / return to service (known node) | node held by remediation / held and drained / let go |
+//! | remediation: GPU out of service / returned (known node) | GPU out of service (its tasks requeued) / in service |
+//! | remediation: idle reclaim (a running task of the pool) | task requeued |
+//! | operator cordon / uncordon (known node) | node held by the operator (drained with `--drain`) / let go |
 //!
 //! A cancellation (the planner gave the task up: its workload was aborted or failed) withdraws
 //! the task: a queued one (its gang whole) leaves the queue at once, so it never takes GPUs or
@@ -24,10 +28,13 @@
 
 use allot_events::cost::BudgetLevel;
 use allot_events::node::NodeRegistered;
-use allot_events::{AnyEvent, CostEvent, InventoryEvent, NodeEvent, TaskEvent};
+use allot_events::remediation::{Action, ActionTaken};
+use allot_events::{
+    AnyEvent, CostEvent, EventKind, InventoryEvent, NodeEvent, RemediationEvent, TaskEvent,
+};
 use std::collections::BTreeMap;
 
-use allot_sched::{Input, LeaseId, NodeSpec, Scheduler, TaskId, TaskSpec, Time};
+use allot_sched::{Holder, Input, LeaseId, NodeSpec, Scheduler, TaskId, TaskSpec, Time};
 
 /// The input `event` means for `pool`'s scheduler at `at`, if any; `parked` are the tasks
 /// waiting outside the scheduler for the pool to grow (a cancellation withdraws them too).
@@ -96,6 +103,24 @@ pub fn input(
                 at,
             })
         }
+        AnyEvent::Remediation(RemediationEvent::ActionTaken(a)) if known(&a.node) => {
+            remediation(scheduler, a, at)
+        }
+        AnyEvent::Remediation(RemediationEvent::OperatorCordon(c)) if known(&c.node) => {
+            Some(Input::NodeHeld {
+                node: c.node.clone(),
+                by: Holder::Operator,
+                held: c.cordoned,
+                drain: c.drain && c.cordoned,
+                reason: format!(
+                    "{} by {}: {}",
+                    if c.cordoned { "cordoned" } else { "uncordoned" },
+                    c.by,
+                    c.reason
+                ),
+                at,
+            })
+        }
         AnyEvent::Task(TaskEvent::Cancelled(t))
             if t.pool == pool && (scheduler.holds(t.task) || parked.contains_key(&t.task)) =>
         {
@@ -107,6 +132,57 @@ pub fn input(
         }
         _ => None,
     }
+}
+
+/// The input a remediation action means, if any: alerts and requests to an actuator change
+/// nothing here.
+fn remediation(scheduler: &Scheduler, a: &ActionTaken, at: Time) -> Option<Input> {
+    let reason = format!("remediation rule {}: {}", a.rule, a.reason);
+    let held = |held: bool, drain: bool| Input::NodeHeld {
+        node: a.node.clone(),
+        by: Holder::Remediation,
+        held,
+        drain,
+        reason: reason.clone(),
+        at,
+    };
+    let gpu = |in_service: bool| {
+        a.gpu.map(|gpu| Input::GpuService {
+            node: a.node.clone(),
+            gpu,
+            in_service,
+            reason: reason.clone(),
+            at,
+        })
+    };
+    match a.action {
+        Action::SoftCordon | Action::Cordon => Some(held(true, false)),
+        Action::Drain => Some(held(true, true)),
+        Action::ReturnToService => Some(held(false, false)),
+        Action::GpuOutOfService => gpu(false),
+        Action::GpuReturnToService => gpu(true),
+        Action::IdleReclaim => a
+            .tasks
+            .iter()
+            .find_map(|t| scheduler.task_of_lease(t.lease))
+            .map(|task| Input::TaskRequeued { task, reason, at }),
+        Action::Alert | Action::ResetRequest | Action::RebootRequest => None,
+    }
+}
+
+/// Why an event must not be believed because of where it was published, if it must not: a
+/// remediation event about one node published under another's subject.
+pub fn misaddressed(subject: &str, event: &AnyEvent) -> Option<String> {
+    let AnyEvent::Remediation(r) = event else {
+        return None;
+    };
+    let expected = r.nats_subject();
+    (subject != expected).then(|| {
+        format!(
+            "a remediation event about node {} arrived on {subject}, not {expected}",
+            r.entity()
+        )
+    })
 }
 
 /// Whether a report of lease `lease` on `node` is about the task's run that was stopped (and

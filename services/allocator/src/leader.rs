@@ -270,7 +270,7 @@ async fn term(
 }
 
 /// The input streams of `pool`'s allocator and the subjects read from each.
-fn sources(pool: &str) -> [(&'static str, Vec<String>); 4] {
+fn sources(pool: &str) -> [(&'static str, Vec<String>); 5] {
     [
         (names::FLEET, vec!["allot.node.registered.>".into()]),
         (names::INVENTORY, Vec::new()),
@@ -282,6 +282,7 @@ fn sources(pool: &str) -> [(&'static str, Vec<String>); 4] {
                 allot_events::cost::BUDGET_TOKEN,
             )],
         ),
+        (names::REMEDIATION, Vec::new()),
     ]
 }
 
@@ -417,7 +418,10 @@ impl Leading<'_> {
             if arrival.sequence <= done {
                 continue;
             }
-            if let Some(why) = self.refuse(&arrival.event.data) {
+            if let Some(why) = self
+                .refuse(&arrival.event.data)
+                .or_else(|| inputs::misaddressed(&arrival.subject, &arrival.event.data))
+            {
                 self.dead_letter(&arrival, &why).await;
             } else {
                 changed |= self.apply(&arrival).await?;

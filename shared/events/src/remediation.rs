@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use allot_sched::TaskId;
+use allot_sched::LeaseId;
 
 use crate::envelope::EventKind;
 use crate::subject;
@@ -112,6 +112,21 @@ pub struct Evidence {
     pub at: DateTime<Utc>,
 }
 
+/// A run an action affected.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Affected {
+    /// The lease it runs under.
+    pub lease: LeaseId,
+    /// Its workload.
+    pub workload: String,
+    /// The task's name in the workload.
+    pub task: String,
+    /// Its team (empty when the grant did not say).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub team: String,
+}
+
 /// Remediation acted.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -132,9 +147,9 @@ pub struct ActionTaken {
     pub evidence: Vec<Evidence>,
     /// When the breach (or the healthy spell, for a return to service) began.
     pub since: DateTime<Utc>,
-    /// The tasks running on the node (or GPU) when it acted.
+    /// The runs on the node (or GPU) when it acted, as its last telemetry showed them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tasks: Vec<TaskId>,
+    pub tasks: Vec<Affected>,
     /// The team concerned, for an alert about its task (an application fault) or a reclaim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub team: Option<String>,

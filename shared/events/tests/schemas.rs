@@ -9,7 +9,7 @@ use allot_events::cost::{BudgetCrossed, BudgetLevel, CostAccrued, CostLine, Idle
 use allot_events::inventory::{GpuHealth, GpuHealthChanged, NodeRecovered, NodeUnreachable};
 use allot_events::node::{GpuInfo, GpuSourceKind, HeartbeatSent, NodeRegistered};
 use allot_events::remediation::{
-    Action as RemediationAction, ActionTaken, Evidence, OperatorCordon,
+    Action as RemediationAction, ActionTaken, Affected, Evidence, OperatorCordon,
 };
 use allot_events::task::{
     RunSpec, StopCause, TaskCancelled, TaskCheckpointed, TaskCompleted, TaskFailed, TaskPredicted,
@@ -338,7 +338,12 @@ fn samples() -> Vec<AnyEvent> {
                 at,
             }],
             since: at,
-            tasks: vec![allot_sched::TaskId(7)],
+            tasks: vec![Affected {
+                lease: allot_sched::LeaseId(12),
+                workload: "train-0123456789".into(),
+                task: "train".into(),
+                team: "vision".into(),
+            }],
             team: None,
             downgraded: None,
         }

@@ -1167,6 +1167,14 @@ impl Scheduler {
         }
     }
 
+    /// The task running under `lease`, if one does.
+    pub fn task_of_lease(&self, lease: LeaseId) -> Option<TaskId> {
+        self.tasks
+            .iter()
+            .find(|(_, t)| matches!(t.state, State::Running { lease: l, .. } if l == lease))
+            .map(|(id, _)| *id)
+    }
+
     /// For a task waiting to run again after its run was stopped (preempted or requeued), and
     /// not part of a gang: the lease and nodes of that run. A report that this run ended — it
     /// completed or failed just as it was stopped — means the task needs no second run.
