@@ -2,10 +2,15 @@
 //! (health must last `clear_after`) → healthy. A breach that ends before its hold-down — a
 //! single spike — never fires; a firing rule that sees one bad reading while recovering starts
 //! its healthy spell over. Each firing and each clearing is one [`Verdict`].
+//!
+//! XIDs are events, not levels: an XID reading decides its verdict at once, by its class in
+//! NVIDIA's catalog ([`crate::xid`]), with no hold-down. What an XID took out of service
+//! returns after `xid.clearAfter` with no further XID there.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::rules::{Action, RuleKind, RuleSet};
+use crate::xid::{self, XID_RULE};
 use crate::{Millis, Reading, Signal};
 
 /// A rule fired, or cleared.
@@ -15,6 +20,27 @@ pub enum Change {
     Fire,
     /// Undo: health lasted `clear_after` (return to service).
     Clear,
+}
+
+/// Who must hear of a verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Audience {
+    /// The operators of the pool: capacity changes, hardware, anything unexplained.
+    Operators,
+    /// The team whose task runs on the verdict's GPU: its application faulted, the hardware is
+    /// fine. The engine knows GPUs, not tasks — remediation finds the task.
+    Team,
+}
+
+/// What a verdict asks an external actuator to do, besides the capacity change its
+/// [`Action`] makes. Kept apart from the action so that what is out of service (and comes
+/// back with [`Change::Clear`]) stays one thing: a reset is asked for once, never undone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Request {
+    /// Reset the verdict's GPU (its action takes that GPU out of service meanwhile).
+    ResetGpu,
+    /// Reboot the verdict's node (its action drains the node first).
+    RebootNode,
 }
 
 /// What remediation should do, and why.
@@ -30,14 +56,23 @@ pub struct Verdict {
     pub action: Action,
     /// Fire or clear.
     pub change: Change,
-    /// The reading that decided it (the silence in ms, for a lost heartbeat).
+    /// The reading that decided it (the silence in ms, for a lost heartbeat; the code, for an
+    /// XID).
     pub value: f64,
     /// When the breach (or the healthy spell) began.
     pub since: Millis,
     /// When it was decided.
     pub at: Millis,
-    /// Why the action is milder than the rule's, if it is (an operator's cordon is kept).
+    /// Why the action is milder than it would be, if it is (an operator's cordon is kept; an
+    /// XID is not in the catalog table; an XID named no GPU).
     pub note: Option<String>,
+    /// Who must hear of it.
+    pub audience: Audience,
+    /// What an actuator is asked to do (only ever on [`Change::Fire`]).
+    pub request: Option<Request>,
+    /// The XID code, for a verdict an XID decided (its rule is [`XID_RULE`]; its class is
+    /// [`xid::class`]); for a [`Change::Clear`], the last XID seen there.
+    pub xid: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -47,6 +82,17 @@ enum State {
 }
 
 type Key = (usize, String, Option<u32>);
+
+/// Capacity an XID took: a node's GPU, or the node (`None`).
+type XidKey = (String, Option<u32>);
+
+/// Capacity an XID took, and the last XID there: the healthy spell runs from it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct XidHold {
+    action: Action,
+    last_at: Millis,
+    last_code: u64,
+}
 
 /// The rules' state over every node and GPU seen.
 #[derive(Debug, Clone)]
@@ -59,6 +105,8 @@ pub struct Engine {
     escalated: BTreeSet<(usize, String)>,
     /// Nodes an operator cordoned: remediation leaves them alone.
     operator: BTreeSet<String>,
+    /// GPUs and nodes out of service because of an XID.
+    xid_held: BTreeMap<XidKey, XidHold>,
 }
 
 impl Engine {
@@ -70,6 +118,7 @@ impl Engine {
             heartbeats: BTreeMap::new(),
             escalated: BTreeSet::new(),
             operator: BTreeSet::new(),
+            xid_held: BTreeMap::new(),
         }
     }
 
@@ -86,6 +135,11 @@ impl Engine {
     /// Weighs one reading; the verdicts it decides.
     pub fn observe(&mut self, r: &Reading) -> Vec<Verdict> {
         let mut out = Vec::new();
+        self.xid_return(r.at, Some(&r.node), &mut out);
+        if let Signal::Xid(code) = r.signal {
+            self.xid(r, code, &mut out);
+            return out;
+        }
         if r.signal == Signal::Heartbeat {
             self.heartbeats.insert(r.node.clone(), r.at);
         }
@@ -113,9 +167,10 @@ impl Engine {
     }
 
     /// Lets time pass to `now` with no reading: nodes silent for a heartbeat rule's hold-down
-    /// lose their heartbeat.
+    /// lose their heartbeat; what an XID took out returns once its healthy spell is over.
     pub fn tick(&mut self, now: Millis) -> Vec<Verdict> {
         let mut out = Vec::new();
+        self.xid_return(now, None, &mut out);
         let silent: Vec<(String, Millis)> = self
             .heartbeats
             .iter()
@@ -152,6 +207,103 @@ impl Engine {
             }
         }
         out
+    }
+
+    /// One XID on `r`'s GPU: its class's remedy, at once. Capacity already out because of an
+    /// XID is not taken again; the new XID restarts its healthy spell.
+    fn xid(&mut self, r: &Reading, code: u64, out: &mut Vec<Verdict>) {
+        for gpu in [r.gpu, None] {
+            if let Some(hold) = self.xid_held.get_mut(&(r.node.clone(), gpu)) {
+                hold.last_at = r.at;
+                hold.last_code = code;
+            }
+        }
+        let remedy = xid::remedy(code);
+        let mut v = Verdict {
+            rule: XID_RULE.to_owned(),
+            node: r.node.clone(),
+            gpu: if remedy.action.takes_node() {
+                None
+            } else {
+                r.gpu
+            },
+            action: remedy.action,
+            change: Change::Fire,
+            value: code as f64,
+            since: r.at,
+            at: r.at,
+            note: None,
+            audience: remedy.audience,
+            request: remedy.request,
+            xid: Some(code),
+        };
+        if xid::class(code).is_none() {
+            v.note = Some(format!(
+                "XID {code} is not in the catalog table: alert only"
+            ));
+        } else if v.action == Action::GpuOutOfService && v.gpu.is_none() {
+            // Which GPU to take is unknown: taking none is the safe guess.
+            v.note = Some(format!(
+                "XID {code} named no GPU: {:?} not taken, alert only",
+                v.action
+            ));
+            v.action = Action::Alert;
+            v.request = None;
+        }
+        if v.action == Action::Alert {
+            out.push(v);
+            return;
+        }
+        let key = (v.node.clone(), v.gpu);
+        if self.xid_held.contains_key(&key) {
+            return;
+        }
+        self.hold_back(&mut v);
+        // Held back by an operator's cordon: nothing was taken, so nothing is to come back.
+        if v.action != Action::Alert {
+            self.xid_held.insert(
+                key,
+                XidHold {
+                    action: v.action,
+                    last_at: r.at,
+                    last_code: code,
+                },
+            );
+        }
+        out.push(v);
+    }
+
+    /// Returns to service what an XID took out, where `clear_after` has passed with no further
+    /// XID (only on `node`, if given) — but nothing on a node an operator holds.
+    fn xid_return(&mut self, now: Millis, node: Option<&str>, out: &mut Vec<Verdict>) {
+        let clear = self.rules.xid.clear_after;
+        let due: Vec<(XidKey, XidHold)> = self
+            .xid_held
+            .iter()
+            .filter(|((n, _), hold)| {
+                node.is_none_or(|want| want == n)
+                    && now.saturating_sub(hold.last_at) >= clear
+                    && !self.operator.contains(n)
+            })
+            .map(|(k, h)| (k.clone(), *h))
+            .collect();
+        for ((node, gpu), hold) in due {
+            self.xid_held.remove(&(node.clone(), gpu));
+            out.push(Verdict {
+                rule: XID_RULE.to_owned(),
+                node,
+                gpu,
+                action: hold.action,
+                change: Change::Clear,
+                value: hold.last_code as f64,
+                since: hold.last_at,
+                at: now,
+                note: None,
+                audience: Audience::Operators,
+                request: None,
+                xid: Some(hold.last_code),
+            });
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -260,6 +412,9 @@ impl Engine {
             since,
             at,
             note: None,
+            audience: Audience::Operators,
+            request: None,
+            xid: None,
         };
         if change == Change::Fire {
             self.hold_back(&mut v);
@@ -267,11 +422,16 @@ impl Engine {
         v
     }
 
-    /// An operator's cordon is theirs: on such a node, remediation only alerts.
+    /// An operator's cordon is theirs: on such a node, remediation only alerts (and asks no
+    /// actuator for anything).
     fn hold_back(&self, v: &mut Verdict) {
         if v.action != Action::Alert && self.operator.contains(&v.node) {
+            let request = v
+                .request
+                .take()
+                .map_or(String::new(), |r| format!(" nor {r:?} asked for"));
             v.note = Some(format!(
-                "node {} is cordoned by an operator: {:?} not taken, alert only",
+                "node {} is cordoned by an operator: {:?} not taken{request}, alert only",
                 v.node, v.action
             ));
             v.action = Action::Alert;

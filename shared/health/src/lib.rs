@@ -14,26 +14,35 @@
 //!   it, actions become alerts (NVSentinel's users' top complaint is mass cordons).
 //! - [`idle`]: idle reclaim — a grant under a utilization threshold for a whole window, past
 //!   its warm-up and not opted out, is reclaimed once.
+//! - [`xid`]: XIDs by meaning — each driver error code's resolution bucket in NVIDIA's Xid
+//!   Catalog, and what remediation does about it: an application fault alerts the task's team
+//!   and touches nothing, a reset-the-GPU code takes that one GPU out and asks for a reset,
+//!   79 (fallen off the bus) drains the node and asks for a reboot, an unknown code only
+//!   alerts. The engine acts on an XID at once (an event, not a level) and returns what it
+//!   took after a spell with no further XID.
 
 pub mod breaker;
 pub mod engine;
 pub mod idle;
 pub mod rules;
+pub mod xid;
 
 pub use breaker::Breaker;
-pub use engine::{Change, Engine, Verdict};
+pub use engine::{Audience, Change, Engine, Request, Verdict};
 pub use idle::{IdlePolicy, IdleWatch, Reclaim};
-pub use rules::{Action, Rule, RuleKind, RuleSet};
+pub use rules::{Action, Rule, RuleKind, RuleSet, XidPolicy};
+pub use xid::{Remedy, XidClass};
 
 /// Milliseconds on the caller's clock.
 pub type Millis = u64;
 
-/// What one GPU (or a node, for heartbeats) reported at one moment.
+/// What one GPU (or a node, for heartbeats) reported at one moment — or, for an XID, what
+/// happened to it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Reading {
     /// The node.
     pub node: String,
-    /// The GPU's index on it; `None` for node-wide signals (heartbeats).
+    /// The GPU's index on it; `None` for node-wide signals (heartbeats). An XID names its GPU.
     pub gpu: Option<u32>,
     /// When.
     pub at: Millis,
@@ -73,6 +82,9 @@ pub enum Signal {
     NvlinkErrors(u64),
     /// The node's collector is alive.
     Heartbeat,
+    /// The driver logged this XID on the reading's GPU: one event, acted on at once (see
+    /// [`xid`]).
+    Xid(u64),
 }
 
 #[cfg(test)]

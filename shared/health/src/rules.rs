@@ -4,6 +4,7 @@
 
 use serde::Deserialize;
 
+use crate::xid::XID_RULE;
 use crate::{Millis, Signal};
 
 /// What a rule watches, and which way is bad.
@@ -110,11 +111,30 @@ pub struct Rule {
     pub node_action: Action,
 }
 
+/// How XIDs are handled where the catalog leaves a choice ([`crate::xid`] has what each XID
+/// class does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct XidPolicy {
+    /// How long a GPU (or node) an XID took out must go without another XID before it returns
+    /// to service, ms.
+    pub clear_after: Millis,
+}
+
+impl Default for XidPolicy {
+    fn default() -> Self {
+        Self {
+            clear_after: 10 * 60_000,
+        }
+    }
+}
+
 /// The rules in force.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RuleSet {
     /// In file order.
     pub rules: Vec<Rule>,
+    /// XIDs (the file's `xid` section).
+    pub xid: XidPolicy,
 }
 
 /// A rule as written in the file.
@@ -132,14 +152,29 @@ struct RuleFile {
     node_action: Option<Action>,
 }
 
+/// The `xid` section as written in the file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct XidFile {
+    clear_after: Option<String>,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {
     rules: Vec<RuleFile>,
+    #[serde(default)]
+    xid: XidFile,
+}
+
+/// `text` as a duration in ms.
+fn millis(text: &str) -> Result<Millis, humantime::DurationError> {
+    humantime::parse_duration(text).map(|d| d.as_millis().min(u128::from(Millis::MAX)) as Millis)
 }
 
 impl RuleSet {
-    /// Reads rules from YAML; every problem at once, each naming its rule and field.
+    /// Reads rules (and the optional `xid` section) from YAML; every problem at once, each
+    /// naming its rule and field.
     pub fn parse(text: &str) -> Result<Self, Vec<String>> {
         let file: File = yaml_serde::from_str(text).map_err(|e| vec![e.to_string()])?;
         let mut problems = Vec::new();
@@ -155,6 +190,11 @@ impl RuleSet {
             let name = r.name.clone().unwrap_or_default();
             if name.is_empty() {
                 problem("name", "missing".into());
+            } else if name == XID_RULE {
+                problem(
+                    "name",
+                    format!("{name:?} is reserved for the verdicts XIDs decide"),
+                );
             } else if !names.insert(name.clone()) {
                 problem("name", format!("{name:?} is used by an earlier rule"));
             }
@@ -176,8 +216,8 @@ impl RuleSet {
             };
             let mut duration = |field: &str, text: Option<&str>, default: Millis| match text {
                 None => default,
-                Some(t) => match humantime::parse_duration(t) {
-                    Ok(d) => d.as_millis().min(u128::from(Millis::MAX)) as Millis,
+                Some(t) => match millis(t) {
+                    Ok(ms) => ms,
                     Err(e) => {
                         problems.push(format!("{at}.{field}: {t:?} is not a duration ({e})"));
                         default
@@ -212,8 +252,18 @@ impl RuleSet {
                 node_action: r.node_action.unwrap_or(Action::Drain),
             });
         }
+        let mut xid = XidPolicy::default();
+        if let Some(t) = file.xid.clear_after.as_deref() {
+            match millis(t) {
+                Ok(0) => problems.push(
+                    "xid.clearAfter: must be longer than 0 (a GPU would return at once)".into(),
+                ),
+                Ok(ms) => xid.clear_after = ms,
+                Err(e) => problems.push(format!("xid.clearAfter: {t:?} is not a duration ({e})")),
+            }
+        }
         if problems.is_empty() {
-            Ok(Self { rules })
+            Ok(Self { rules, xid })
         } else {
             Err(problems)
         }
@@ -237,4 +287,5 @@ rules:
   - {name: row-remap-failure, signal: row-remap-failures, threshold: 0, action: gpu-out-of-service, clearAfter: 24h}
   - {name: nvlink-errors, signal: nvlink-errors, threshold: 100, for: 5m, clearAfter: 30m, action: alert}
   - {name: heartbeat-lost, signal: heartbeat-lost, for: 30s, clearAfter: 2m, action: drain}
+xid: {clearAfter: 10m}
 "#;

@@ -259,3 +259,196 @@ fn idle_reclaim_frees_an_idle_grant_and_leaves_a_busy_an_opted_out_and_a_warming
     .collect();
     assert_eq!(got, [false, false, false, false, true, false]);
 }
+
+fn xid(node: &str, gpu: u32, at: Millis, code: u64) -> Reading {
+    Reading {
+        node: node.into(),
+        gpu: Some(gpu),
+        at,
+        signal: Signal::Xid(code),
+    }
+}
+
+/// `(node, gpu, action, audience, request, fire?)` of each XID verdict.
+type XidBrief = (String, Option<u32>, Action, Audience, Option<Request>, bool);
+
+fn brief_xid(v: &[Verdict]) -> Vec<XidBrief> {
+    v.iter()
+        .map(|v| {
+            assert_eq!(v.rule, xid::XID_RULE, "{v:?}");
+            (
+                v.node.clone(),
+                v.gpu,
+                v.action,
+                v.audience,
+                v.request,
+                v.change == Change::Fire,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn an_application_fault_xid_alerts_the_tasks_team_and_touches_nothing() {
+    let mut e = Engine::new(RuleSet::default());
+    for (at, code) in [(0, 13), (S, 31), (2 * S, 43)] {
+        let got = e.observe(&xid("n1", 2, at, code));
+        assert_eq!(
+            brief_xid(&got),
+            [(
+                "n1".into(),
+                Some(2),
+                Action::Alert,
+                Audience::Team,
+                None,
+                true
+            )],
+            "XID {code}"
+        );
+        assert_eq!(got[0].xid, Some(code));
+    }
+    // Nothing was taken, so nothing comes back.
+    assert!(e.tick(3_600 * S).is_empty());
+}
+
+#[test]
+fn a_reset_class_xid_takes_out_its_gpu_alone_and_returns_it_after_a_spell_without_xids() {
+    let mut e = Engine::new(RuleSet::default()); // xid: {clearAfter: 10m}
+    let min = 60 * S;
+    let taken = e.observe(&xid("n1", 3, 0, 95));
+    assert_eq!(
+        brief_xid(&taken),
+        [(
+            "n1".into(),
+            Some(3),
+            Action::GpuOutOfService,
+            Audience::Operators,
+            Some(Request::ResetGpu),
+            true
+        )]
+    );
+    // Out already: a second XID there asks for nothing more but starts the spell over.
+    assert!(e.observe(&xid("n1", 3, 4 * min, 95)).is_empty());
+    // The node's other GPUs are untouched, and time passing on them does not return GPU 3.
+    assert!(e.observe(&temp("n1", 0, 13 * min, 60.0)).is_empty());
+    assert!(e.tick(13 * min).is_empty());
+    let back = e.tick(14 * min);
+    assert_eq!(
+        brief_xid(&back),
+        [(
+            "n1".into(),
+            Some(3),
+            Action::GpuOutOfService,
+            Audience::Operators,
+            None,
+            false
+        )]
+    );
+    assert_eq!((back[0].since, back[0].xid), (4 * min, Some(95)));
+}
+
+#[test]
+fn xid_79_drains_the_node_asks_for_a_reboot_once_and_returns_it_after_a_spell_without_xids() {
+    let mut e = Engine::new(RuleSet::default());
+    let got = run(&mut e, &[xid("n1", 0, 0, 79), xid("n1", 5, S, 79)]);
+    assert_eq!(
+        brief_xid(&got),
+        [(
+            "n1".into(),
+            None,
+            Action::Drain,
+            Audience::Operators,
+            Some(Request::RebootNode),
+            true
+        )]
+    );
+    // The second 79 started the spell over: the node comes back 10 minutes after it.
+    let min = 60 * S;
+    assert!(e.tick(S + 10 * min - 1).is_empty());
+    assert_eq!(
+        brief_xid(&e.tick(S + 10 * min)),
+        [(
+            "n1".into(),
+            None,
+            Action::Drain,
+            Audience::Operators,
+            None,
+            false
+        )]
+    );
+}
+
+#[test]
+fn an_unknown_xid_only_alerts_the_operators() {
+    let mut e = Engine::new(RuleSet::default());
+    let got = e.observe(&xid("n1", 1, 0, 999));
+    assert_eq!(
+        brief_xid(&got),
+        [(
+            "n1".into(),
+            Some(1),
+            Action::Alert,
+            Audience::Operators,
+            None,
+            true
+        )]
+    );
+    assert!(
+        got[0]
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("not in the catalog")),
+        "{got:?}"
+    );
+}
+
+#[test]
+fn an_operators_cordoned_node_gets_an_alert_for_xid_79_and_no_reboot() {
+    let mut e = Engine::new(RuleSet::default());
+    e.operator_cordon("n1", true);
+    let got = e.observe(&xid("n1", 0, 0, 79));
+    assert_eq!(
+        brief_xid(&got),
+        [(
+            "n1".into(),
+            None,
+            Action::Alert,
+            Audience::Operators,
+            None,
+            true
+        )]
+    );
+    assert!(
+        got[0]
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("operator")),
+        "{got:?}"
+    );
+    // Nothing was taken: nothing to return once the operator lets go.
+    e.operator_cordon("n1", false);
+    assert!(e.tick(3_600 * S).is_empty());
+}
+
+#[test]
+fn the_xid_section_sets_the_healthy_spell_and_its_problems_come_with_the_rest() {
+    let ok = RuleSet::parse("rules: []\nxid: {clearAfter: 90s}\n").unwrap();
+    assert_eq!(ok.xid.clear_after, 90 * S);
+    assert_eq!(
+        RuleSet::parse("rules: []\n").unwrap().xid,
+        XidPolicy::default()
+    );
+    let problems = RuleSet::parse(
+        "rules:\n  - {name: xid, signal: ecc-uncorrectable, threshold: 0, action: alert}\n\
+         xid: {clearAfter: soon}\n",
+    )
+    .unwrap_err();
+    let want = [
+        "rules[0] (xid).name: \"xid\" is reserved",
+        "xid.clearAfter: \"soon\" is not a duration",
+    ];
+    assert_eq!(problems.len(), want.len(), "{problems:#?}");
+    for (got, want) in problems.iter().zip(want) {
+        assert!(got.starts_with(want), "{got:?} vs {want:?}");
+    }
+}
