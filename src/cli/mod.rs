@@ -35,6 +35,7 @@ pub mod nats_config;
 pub mod plots;
 pub mod predict;
 pub mod queue;
+pub mod remediation;
 pub mod replay;
 pub mod run;
 pub mod settings;
@@ -92,6 +93,13 @@ pub enum Command {
     Explain(replay::ExplainArgs),
     /// The pool's waiting tasks in order: position, why each waits, when it should start.
     Queue(queue::QueueArgs),
+    /// Take a node out of service for new work (an operator's cordon; remediation keeps it).
+    Cordon(remediation::CordonArgs),
+    /// Lift an operator's cordon.
+    Uncordon(remediation::UncordonArgs),
+    /// Remediation's record: `allot remediation log` lists every action and cordon.
+    #[command(subcommand)]
+    Remediation(remediation::RemediationCommand),
     /// The hash-chained archive of the decision log: copy it, verify it.
     #[command(subcommand)]
     Audit(audit::AuditCommand),
@@ -187,6 +195,9 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Replay(args) => replay::replay(args, &env).await,
         Command::Explain(args) => replay::explain(args, &env).await,
         Command::Queue(args) => queue::queue(args, &env).await,
+        Command::Cordon(args) => remediation::cordon(args, &env).await,
+        Command::Uncordon(args) => remediation::uncordon(args, &env).await,
+        Command::Remediation(cmd) => remediation::remediation(cmd, &env).await,
         Command::NatsConfig(args) => nats_config::nats_config(args).await,
         Command::Schemas { out, spec_out } => {
             allot_events::schema::write_all(&out)?;

@@ -46,6 +46,21 @@ pub enum Service {
     /// The predictor: learns run times from finished tasks and publishes a prediction for
     /// every task that becomes ready.
     Predictor(PredictorArgs),
+    /// Remediation: GPU health rules over telemetry and heartbeats; alerts, GPUs out of
+    /// service, cordons, drains and returns to service, each an event.
+    Remediation(RemediationArgs),
+}
+
+/// Flags of `allot run remediation`.
+#[derive(Debug, Args)]
+pub struct RemediationArgs {
+    /// Folder for remediation.db (ALLOT_DATA_DIR; default: .allot/remediation).
+    #[arg(long)]
+    pub data_dir: Option<String>,
+    /// The health rules (ALLOT_HEALTH_RULES; default: the built-in set, spelled out in
+    /// examples/health-rules.yaml).
+    #[arg(long)]
+    pub rules: Option<String>,
 }
 
 /// Flags of `allot run predictor`.
@@ -229,6 +244,18 @@ pub async fn run(args: RunArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
                 .and_then(|path| read_prices(&path, &mut s));
             Configured::Predictor(config)
         }
+        Service::Remediation(a) => {
+            let data_dir = s.string(
+                a.data_dir.as_deref(),
+                "ALLOT_DATA_DIR",
+                ".allot/remediation",
+            );
+            let mut config = allot_remediation::Config::new(url.clone(), data_dir);
+            if let Some(rules) = health_rules(a.rules.as_deref(), "--rules", &mut s) {
+                config.rules = rules;
+            }
+            Configured::Remediation(config)
+        }
     };
     s.finish()?;
     tracing::info!(nats = %allot_bus::users::without_credentials(&url), from = %origin, "using NATS");
@@ -254,6 +281,7 @@ pub async fn run(args: RunArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
         Configured::Planner(config) => allot_planner::run(config, shutdown).await?,
         Configured::Billing(config) => allot_billing::run(*config, shutdown).await?,
         Configured::Predictor(config) => allot_predictor::run(config, shutdown).await?,
+        Configured::Remediation(config) => allot_remediation::run(config, shutdown).await?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -267,6 +295,7 @@ enum Configured {
     Planner(allot_planner::Config),
     Billing(Box<allot_billing::Config>),
     Predictor(allot_predictor::Config),
+    Remediation(allot_remediation::Config),
 }
 
 fn billing_config(a: &BillingArgs, url: &str, s: &mut Settings<'_>) -> allot_billing::Config {
@@ -291,6 +320,31 @@ fn billing_config(a: &BillingArgs, url: &str, s: &mut Settings<'_>) -> allot_bil
         config.budgets = allot_billing::budget::from_teams(&teams);
     }
     config
+}
+
+/// The health rules file named by `flag` (spelled `name`) or ALLOT_HEALTH_RULES, if any, read
+/// and checked: every problem in it is reported.
+pub(super) fn health_rules(
+    flag: Option<&str>,
+    name: &str,
+    s: &mut Settings<'_>,
+) -> Option<allot_health::RuleSet> {
+    let path = s.optional(flag, "ALLOT_HEALTH_RULES")?;
+    match std::fs::read_to_string(&path) {
+        Ok(text) => match allot_health::RuleSet::parse(&text) {
+            Ok(rules) => Some(rules),
+            Err(problems) => {
+                for p in problems {
+                    s.problem(format!("{name} / ALLOT_HEALTH_RULES: {path}: {p}"));
+                }
+                None
+            }
+        },
+        Err(e) => {
+            s.problem(format!("{name} / ALLOT_HEALTH_RULES: reading {path}: {e}"));
+            None
+        }
+    }
 }
 
 /// The teams file named by `flag` or ALLOT_TEAMS_FILE, if any, read and checked.

@@ -132,10 +132,10 @@ pub fn render(status: &ClusterStatus) -> String {
     ]);
     for n in &status.nodes {
         for g in &n.gpus {
-            let health = if g.health_reason.is_empty() {
-                g.health.clone()
-            } else {
-                format!("{} ({})", g.health, g.health_reason)
+            let health = match (&g.out_of_service, g.health_reason.is_empty()) {
+                (Some(why), _) => format!("out of service ({why})"),
+                (None, true) => g.health.clone(),
+                (None, false) => format!("{} ({})", g.health, g.health_reason),
             };
             gpus.add_row([
                 n.name.clone(),
@@ -167,8 +167,20 @@ pub fn render(status: &ClusterStatus) -> String {
         .flat_map(|n| &n.gpus)
         .filter(|g| g.health == "healthy")
         .count();
+    // Why each node that is not ready is held: the operator's words or remediation's rule.
+    let held: Vec<String> = status
+        .nodes
+        .iter()
+        .filter(|n| !n.reason.is_empty())
+        .map(|n| format!("  {} {}: {}", n.name, n.state, n.reason))
+        .collect();
+    let held = if held.is_empty() {
+        String::new()
+    } else {
+        format!("\n\nnot ready:\n{}", held.join("\n"))
+    };
     format!(
-        "{} nodes, {total} GPUs ({healthy} healthy)\n\n{nodes}\n\n{gpus}\n",
+        "{} nodes, {total} GPUs ({healthy} healthy)\n\n{nodes}{held}\n\n{gpus}\n",
         status.nodes.len()
     )
 }

@@ -67,6 +67,10 @@ pub struct UpArgs {
     /// (ALLOT_TEAMS_FILE; default: none).
     #[arg(long)]
     pub teams: Option<String>,
+    /// Health rules for remediation (ALLOT_HEALTH_RULES; default: the built-in set, spelled
+    /// out in examples/health-rules.yaml).
+    #[arg(long)]
+    pub health_rules: Option<String>,
     /// Restarts of the embedded nats-server allowed within a minute before `allot up` gives
     /// up and stops (ALLOT_NATS_RESTARTS; default 5). For tests.
     #[arg(long, hide = true)]
@@ -104,6 +108,8 @@ pub struct UpConfig {
     pub teams_file: Option<String>,
     /// Restarts of the embedded nats-server allowed within a minute.
     pub nats_restarts: u32,
+    /// Remediation's health rules.
+    pub health_rules: allot_health::RuleSet,
 }
 
 impl UpConfig {
@@ -189,6 +195,9 @@ impl UpConfig {
         let teams = super::run::teams_file(args.teams.as_deref(), &mut s);
         let teams_file = args.teams.clone().or_else(|| env("ALLOT_TEAMS_FILE"));
         let nats_restarts = s.parse(args.nats_restarts.as_deref(), "ALLOT_NATS_RESTARTS", 5u32);
+        let health_rules =
+            super::run::health_rules(args.health_rules.as_deref(), "--health-rules", &mut s)
+                .unwrap_or_default();
         if missed_heartbeats == 0 {
             s.problem("--missed-heartbeats / ALLOT_MISSED_HEARTBEATS: must be at least 1");
         }
@@ -208,6 +217,7 @@ impl UpConfig {
             teams,
             teams_file,
             nats_restarts,
+            health_rules,
         })
     }
 }
@@ -467,6 +477,16 @@ async fn run_services(
     services.spawn("archiver", async move {
         Ok(allot_archiver::run(archiver, stop).await?)
     });
+    // Remediation: the health rules over every node's telemetry and heartbeats.
+    let mut remediation = allot_remediation::Config::new(
+        urls.of(Role::Remediation),
+        config.data_dir.join("remediation"),
+    );
+    remediation.rules = config.health_rules.clone();
+    let stop = shutdown.clone();
+    services.spawn("remediation", async move {
+        Ok(allot_remediation::run(remediation, stop).await?)
+    });
     for i in 1..=config.sim_nodes {
         let node = format!("node-{i}");
         let model = config.sim_models[(i as usize - 1) % config.sim_models.len()];
@@ -607,6 +627,7 @@ mod tests {
             prices: None,
             teams: None,
             nats_restarts: None,
+            health_rules: None,
         }
     }
 

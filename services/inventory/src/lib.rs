@@ -10,7 +10,8 @@
 //!   health changed) once each.
 //! - [`query`]: the `allot-inventory` NATS micro-service answering `allot status`.
 //!
-//! [`run`] wires them together: two durable consumers (FLEET and TELEMETRY), the reporter and
+//! [`run`] wires them together: three durable consumers (FLEET, TELEMETRY, and REMEDIATION for
+//! operators' cordons and remediation's actions, which `allot status` shows), the reporter and
 //! the query endpoint, each with its own SQLite connection (WAL lets them read side by side).
 
 use std::future::Future;
@@ -107,6 +108,7 @@ pub async fn run(
     let open = || allot_store::open(&config.db_path(), projection::MIGRATIONS);
     let fleet_conn = open()?;
     let telemetry_conn = open()?;
+    let remediation_conn = open()?;
     let reporter_conn = open()?;
     let query_conn = open()?;
     tracing::info!(db = %config.db_path().display(), "inventory started");
@@ -132,6 +134,14 @@ pub async fn run(
             format!("{}-telemetry", config.consumer_prefix),
         ),
     );
+    let holds = ConsumerRunner::new(
+        client.clone(),
+        consumer(names::REMEDIATION, "remediation"),
+        Projector::new(
+            remediation_conn,
+            format!("{}-remediation", config.consumer_prefix),
+        ),
+    );
     let reporter = reporter::Reporter {
         conn: reporter_conn,
         publisher: Publisher::new(client.clone(), "/allot/inventory"),
@@ -149,6 +159,12 @@ pub async fn run(
     service.spawn(
         format!("consumer {}", names::TELEMETRY),
         telemetry
+            .run(shutdown.clone())
+            .map(|r| r.map(drop).map_err(Error::from)),
+    );
+    service.spawn(
+        format!("consumer {}", names::REMEDIATION),
+        holds
             .run(shutdown.clone())
             .map(|r| r.map(drop).map_err(Error::from)),
     );

@@ -1,4 +1,5 @@
-//! The inventory's tables and how each collector event changes them.
+//! The inventory's tables and how each collector event — and each operator's cordon and
+//! remediation action — changes them.
 //!
 //! Applying holds no decisions beyond the pure health rules in [`crate::health`]; what the
 //! inventory *publishes* about these rows is the reporter's job. Telemetry and registrations
@@ -7,8 +8,9 @@
 
 use allot_bus::Delivery;
 use allot_events::node::{HeartbeatSent, NodeEvent, NodeRegistered};
+use allot_events::remediation::Action;
 use allot_events::telemetry::{GpuHeld, GpuSample, GpusSampled, TelemetryEvent};
-use allot_events::{AnyEvent, subject};
+use allot_events::{AnyEvent, EventKind, RemediationEvent, subject};
 use allot_store::rusqlite::{self, Connection, params};
 
 use crate::health;
@@ -63,6 +65,22 @@ CREATE INDEX gpus_by_node ON gpus (node, idx);
 -- What holds each GPU, as its node's executor last reported it (JSON array of GpuHeld).
 ALTER TABLE gpus ADD COLUMN held_by TEXT NOT NULL DEFAULT '[]';
 ",
+    "
+-- Who holds a node out of service, and why: an operator's cordon, remediation's action.
+CREATE TABLE node_holds (
+    node            TEXT PRIMARY KEY,
+    operator_reason TEXT,
+    action          TEXT,
+    action_reason   TEXT
+) STRICT;
+-- GPUs remediation took out of service.
+CREATE TABLE gpus_out (
+    node   TEXT NOT NULL,
+    idx    INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    PRIMARY KEY (node, idx)
+) STRICT;
+",
 ];
 
 /// Why an event cannot be applied (it is dead-lettered with this reason).
@@ -83,6 +101,17 @@ pub fn check(delivery: &Delivery) -> Result<(), ApplyError> {
         AnyEvent::Node(NodeEvent::Registered(e)) => &e.node,
         AnyEvent::Node(NodeEvent::HeartbeatSent(e)) => &e.node,
         AnyEvent::Telemetry(TelemetryEvent::GpusSampled(e)) => &e.node,
+        AnyEvent::Remediation(r) => {
+            let expected = r.nats_subject();
+            if delivery.subject != expected {
+                return Err(ApplyError::Rejected(format!(
+                    "a remediation event about node {} arrived on {}, not {expected}",
+                    r.entity(),
+                    delivery.subject
+                )));
+            }
+            return valid_node(&r.entity());
+        }
         _ => {
             return Err(ApplyError::Rejected(format!(
                 "inventory does not consume {}",
@@ -118,10 +147,62 @@ pub fn apply_all(conn: &Connection, deliveries: &[&Delivery]) -> Result<(), Appl
                     NodeEvent::HeartbeatSent(e) => heartbeat(conn, e, &at)?,
                 }
             }
-            _ => unreachable!("check() admits only node and telemetry events"),
+            AnyEvent::Remediation(event) => {
+                telemetry.flush(conn)?;
+                remediation(conn, event)?;
+            }
+            _ => unreachable!("check() admits only node, telemetry and remediation events"),
         }
     }
     telemetry.flush(conn)
+}
+
+/// An operator's cordon, or remediation's action on a node or a GPU.
+fn remediation(conn: &Connection, event: &RemediationEvent) -> Result<(), ApplyError> {
+    match event {
+        RemediationEvent::OperatorCordon(c) => {
+            let reason = c
+                .cordoned
+                .then(|| format!("cordoned by {}: {}", c.by, c.reason));
+            conn.execute(
+                "INSERT INTO node_holds (node, operator_reason) VALUES (?1, ?2)
+                 ON CONFLICT (node) DO UPDATE SET operator_reason = excluded.operator_reason",
+                params![c.node, reason],
+            )?;
+        }
+        RemediationEvent::ActionTaken(a) => {
+            let hold = |action: Option<&str>| {
+                conn.execute(
+                    "INSERT INTO node_holds (node, action, action_reason) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (node) DO UPDATE SET
+                        action = excluded.action, action_reason = excluded.action_reason",
+                    params![a.node, action, action.map(|_| a.reason.as_str())],
+                )
+            };
+            match (a.action, a.gpu) {
+                (Action::SoftCordon | Action::Cordon | Action::Drain, _) => {
+                    hold(Some(a.action.as_str()))?;
+                }
+                (Action::ReturnToService, _) => {
+                    hold(None)?;
+                }
+                (Action::GpuOutOfService, Some(gpu)) => {
+                    conn.execute(
+                        "INSERT OR REPLACE INTO gpus_out (node, idx, reason) VALUES (?1, ?2, ?3)",
+                        params![a.node, gpu, a.reason],
+                    )?;
+                }
+                (Action::GpuReturnToService, Some(gpu)) => {
+                    conn.execute(
+                        "DELETE FROM gpus_out WHERE node = ?1 AND idx = ?2",
+                        params![a.node, gpu],
+                    )?;
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
 }
 
 fn valid_node(node: &str) -> Result<(), ApplyError> {

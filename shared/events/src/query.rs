@@ -32,8 +32,12 @@ pub struct NodeStatus {
     pub pool: String,
     /// Rack, when known.
     pub rack: Option<String>,
-    /// `ready` or `unreachable`.
+    /// `ready`, `unreachable`, `cordoned` (by an operator, or by remediation), `soft-cordoned`
+    /// or `drained` (by remediation).
     pub state: String,
+    /// Why it is not `ready`: who holds it and the rule or the operator's words.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
     /// `nvml`, `simulated`, or `unknown` before the registration is seen.
     pub gpu_source: String,
     /// Allocatable CPU, millicores.
@@ -59,6 +63,9 @@ pub struct GpuStatus {
     pub health: String,
     /// Why, when not healthy.
     pub health_reason: String,
+    /// Why remediation took it out of service, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub out_of_service: Option<String>,
     /// Utilization at the last sample, percent.
     pub utilization_pct: Option<u8>,
     /// Memory used at the last sample, MiB.

@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use crate::Millis;
 
 /// Caps the nodes taken out in any window.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Breaker {
     /// The most nodes taken out within `window`.
     pub max_nodes: usize,
@@ -30,6 +30,15 @@ impl Breaker {
 
     /// Whether one more node may be taken out at `at` (and counts it if so).
     pub fn admit(&mut self, at: Millis) -> bool {
+        if !self.would_admit(at) {
+            return false;
+        }
+        self.taken.push_back(at);
+        true
+    }
+
+    /// Whether one more node could be taken out at `at` (counts nothing).
+    pub fn would_admit(&mut self, at: Millis) -> bool {
         while self
             .taken
             .front()
@@ -37,10 +46,11 @@ impl Breaker {
         {
             self.taken.pop_front();
         }
-        if self.taken.len() >= self.max_nodes {
-            return false;
-        }
-        self.taken.push_back(at);
-        true
+        self.taken.len() < self.max_nodes
+    }
+
+    /// The pool now has `pool_nodes` nodes: the cap follows (what was taken stays counted).
+    pub fn resize(&mut self, share: f64, pool_nodes: usize) {
+        self.max_nodes = ((pool_nodes as f64 * share).floor() as usize).max(1);
     }
 }

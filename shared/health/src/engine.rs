@@ -9,6 +9,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use serde::{Deserialize, Serialize};
+
 use crate::rules::{Action, RuleKind, RuleSet};
 use crate::xid::{self, XID_RULE};
 use crate::{Millis, Reading, Signal};
@@ -75,7 +77,7 @@ pub struct Verdict {
     pub xid: Option<u64>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 enum State {
     Breaching { since: Millis },
     Firing { healthy_since: Option<Millis> },
@@ -87,7 +89,7 @@ type Key = (usize, String, Option<u32>);
 type XidKey = (String, Option<u32>);
 
 /// Capacity an XID took, and the last XID there: the healthy spell runs from it.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 struct XidHold {
     action: Action,
     last_at: Millis,
@@ -109,7 +111,57 @@ pub struct Engine {
     xid_held: BTreeMap<XidKey, XidHold>,
 }
 
+/// What an [`Engine`] has seen, to be stored and restored (its rules are configuration, not
+/// state: they are named so state is kept only for the rules it was made under).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// The names of the rules the state's rule indices refer to, in order.
+    rules: Vec<String>,
+    state: Vec<(Key, State)>,
+    heartbeats: Vec<(String, Millis)>,
+    escalated: Vec<(usize, String)>,
+    operator: Vec<String>,
+    xid_held: Vec<(XidKey, XidHold)>,
+}
+
 impl Engine {
+    /// What it has seen, to store.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            rules: self.rules.rules.iter().map(|r| r.name.clone()).collect(),
+            state: self.state.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+            heartbeats: self
+                .heartbeats
+                .iter()
+                .map(|(k, v)| (k.clone(), *v))
+                .collect(),
+            escalated: self.escalated.iter().cloned().collect(),
+            operator: self.operator.iter().cloned().collect(),
+            xid_held: self.xid_held.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+        }
+    }
+
+    /// An engine under `rules` that has seen what `snapshot` says. Rule states are kept only
+    /// if the rules are the same ones, in the same order; otherwise they start over (the
+    /// heartbeats, operators' cordons and XID holds are kept either way).
+    pub fn restore(rules: RuleSet, snapshot: Snapshot) -> Self {
+        let same = snapshot.rules.len() == rules.rules.len()
+            && snapshot
+                .rules
+                .iter()
+                .zip(&rules.rules)
+                .all(|(a, b)| *a == b.name);
+        let mut engine = Self::new(rules);
+        if same {
+            engine.state = snapshot.state.into_iter().collect();
+            engine.escalated = snapshot.escalated.into_iter().collect();
+        }
+        engine.heartbeats = snapshot.heartbeats.into_iter().collect();
+        engine.operator = snapshot.operator.into_iter().collect();
+        engine.xid_held = snapshot.xid_held.into_iter().collect();
+        engine
+    }
+
     /// An engine with nothing seen yet.
     pub fn new(rules: RuleSet) -> Self {
         Self {

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use crate::Millis;
 
 /// When a grant counts as idle.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct IdlePolicy {
     /// Utilization (0–1, the mean over the grant's GPUs) under which a reading is idle.
     pub below: f64,
@@ -29,7 +29,7 @@ impl Default for IdlePolicy {
 }
 
 /// A grant as idle reclaim sees it.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 struct Grant {
     started: Millis,
     opted_out: bool,
@@ -39,7 +39,7 @@ struct Grant {
 }
 
 /// Watches grants, by lease.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct IdleWatch {
     policy: IdlePolicy,
     grants: BTreeMap<u64, Grant>,

@@ -2,7 +2,7 @@
 //! (hold-down: a single spike never acts) and how long health must last before it clears (a
 //! node that wobbles around the threshold is not returned to service and taken out again).
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::xid::XID_RULE;
 use crate::{Millis, Signal};
@@ -66,7 +66,7 @@ impl RuleKind {
 }
 
 /// What a firing rule asks for, mildest first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Action {
     /// Tell the people concerned; touch nothing.
@@ -280,7 +280,7 @@ impl Default for RuleSet {
 /// The built-in rules.
 pub const DEFAULT_RULES: &str = r#"
 rules:
-  - {name: overheat, signal: thermal-margin, threshold: 3, for: 20s, clearAfter: 5m, action: gpu-out-of-service, nodeWhenGpus: 2, nodeAction: drain}
+  - {name: overheat, signal: thermal-margin, threshold: 3, for: 5s, clearAfter: 5m, action: gpu-out-of-service, nodeWhenGpus: 2, nodeAction: drain}
   - {name: power-over-limit, signal: power-over-limit, threshold: 1.05, for: 60s, clearAfter: 5m, action: alert}
   - {name: memory-near-full, signal: memory-near-full, threshold: 0.97, for: 60s, clearAfter: 1m, action: alert}
   - {name: ecc-uncorrectable, signal: ecc-uncorrectable, threshold: 0, action: gpu-out-of-service, clearAfter: 1h, nodeWhenGpus: 2, nodeAction: drain}

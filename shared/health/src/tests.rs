@@ -45,13 +45,13 @@ fn run(engine: &mut Engine, readings: &[Reading]) -> Vec<Verdict> {
 #[test]
 fn a_spike_never_fires_a_sustained_breach_fires_once_and_clears_only_after_a_healthy_spell() {
     let mut e = Engine::new(RuleSet::default());
-    // overheat: margin under 3 °C for 20 s. One hot reading, then normal: nothing.
+    // overheat: margin under 3 °C for 5 s. One hot reading, then normal: nothing.
     let spike = run(
         &mut e,
         &[temp("n1", 0, 0, 89.0), temp("n1", 0, 5 * S, 70.0)],
     );
     assert!(spike.is_empty(), "{spike:?}");
-    // Hot from 10 s on: fires at the first reading 20 s into the breach, once.
+    // Hot from 10 s on: fires at the first reading 5 s into the breach, once.
     let hot: Vec<Reading> = (0..=6)
         .map(|i| temp("n1", 0, (10 + 5 * i) * S, 88.5))
         .collect();
@@ -66,7 +66,7 @@ fn a_spike_never_fires_a_sustained_breach_fires_once_and_clears_only_after_a_hea
             true
         )]
     );
-    assert_eq!((fired[0].since, fired[0].at), (10 * S, 30 * S));
+    assert_eq!((fired[0].since, fired[0].at), (10 * S, 15 * S));
     // Healthy for 4 minutes, one hot reading, then healthy again: the 5-minute spell starts
     // over, so it clears 5 minutes after the hot reading, not after the first healthy one.
     let mut later = vec![temp("n1", 0, 60 * S, 60.0), temp("n1", 0, 300 * S, 60.0)];

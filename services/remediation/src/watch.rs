@@ -1,0 +1,382 @@
+//! What remediation knows and decides, pure: collector events go in, [`ActionTaken`]s come
+//! out. It drives the health rules ([`allot_health::Engine`]) with readings taken from
+//! telemetry and heartbeats, and turns their verdicts into actions:
+//!
+//! - which runs an action affects (from the node's last telemetry: what held each GPU);
+//! - the circuit breaker: a node action past its cap becomes an alert, and that node is not
+//!   held (so its clearing returns nothing);
+//! - who holds what: a node is held while any of remediation's rules holds it, and returned
+//!   to service when the last one clears; a GPU likewise;
+//! - requests to an actuator (reset the GPU, reboot the node) as actions of their own.
+//!
+//! Everything it knows is one serializable [`State`], stored with the stream positions in
+//! one transaction, so a restart resumes exactly where the last commit left it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::{DateTime, TimeZone, Utc};
+use serde::{Deserialize, Serialize};
+
+use allot_events::remediation::{Action, ActionTaken, Affected, Evidence};
+use allot_events::telemetry::{GpuSample, GpusSampled};
+use allot_health::{
+    Action as RuleAction, Audience, Breaker, Change, Engine, Millis, Reading, Request, RuleKind,
+    RuleSet, Signal, Snapshot, Verdict,
+};
+
+/// The slowdown temperature assumed for a GPU whose telemetry does not report its own, °C.
+pub const DEFAULT_SLOWDOWN_C: u32 = 90;
+
+/// The circuit breaker's settings: at most `share` of the nodes within `window`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct BreakerPolicy {
+    /// Share of the registered nodes (at least one node).
+    pub share: f64,
+    /// The window, ms.
+    pub window: Millis,
+}
+
+impl Default for BreakerPolicy {
+    /// A tenth of the nodes per ten minutes.
+    fn default() -> Self {
+        Self {
+            share: 0.1,
+            window: 10 * 60_000,
+        }
+    }
+}
+
+/// Everything remediation knows, as stored.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct State {
+    engine: Snapshot,
+    breaker: Breaker,
+    /// Registered nodes.
+    nodes: BTreeSet<String>,
+    /// Per node, the runs its last telemetry showed: (GPU, run).
+    runs: BTreeMap<String, Vec<(u32, Affected)>>,
+    /// Per node, the rules of remediation's holding it out of service.
+    held: BTreeMap<String, BTreeSet<String>>,
+    /// Per node and GPU, the rules holding that GPU out of service.
+    gpus_out: BTreeMap<String, BTreeMap<u32, BTreeSet<String>>>,
+}
+
+/// The rules' engine and what remediation did with its verdicts.
+#[derive(Debug, Clone)]
+pub struct Watch {
+    rules: RuleSet,
+    policy: BreakerPolicy,
+    engine: Engine,
+    breaker: Breaker,
+    nodes: BTreeSet<String>,
+    runs: BTreeMap<String, Vec<(u32, Affected)>>,
+    held: BTreeMap<String, BTreeSet<String>>,
+    gpus_out: BTreeMap<String, BTreeMap<u32, BTreeSet<String>>>,
+}
+
+impl Watch {
+    /// A watch under `rules` that has seen nothing.
+    pub fn new(rules: RuleSet, policy: BreakerPolicy) -> Self {
+        Self {
+            engine: Engine::new(rules.clone()),
+            breaker: Breaker::new(policy.share, 0, policy.window),
+            rules,
+            policy,
+            nodes: BTreeSet::new(),
+            runs: BTreeMap::new(),
+            held: BTreeMap::new(),
+            gpus_out: BTreeMap::new(),
+        }
+    }
+
+    /// A watch under `rules` that has seen what `state` says.
+    pub fn restore(rules: RuleSet, policy: BreakerPolicy, state: State) -> Self {
+        let mut breaker = state.breaker;
+        breaker.window = policy.window;
+        breaker.resize(policy.share, state.nodes.len());
+        Self {
+            engine: Engine::restore(rules.clone(), state.engine),
+            breaker,
+            rules,
+            policy,
+            nodes: state.nodes,
+            runs: state.runs,
+            held: state.held,
+            gpus_out: state.gpus_out,
+        }
+    }
+
+    /// What it knows, to store.
+    pub fn state(&self) -> State {
+        State {
+            engine: self.engine.snapshot(),
+            breaker: self.breaker.clone(),
+            nodes: self.nodes.clone(),
+            runs: self.runs.clone(),
+            held: self.held.clone(),
+            gpus_out: self.gpus_out.clone(),
+        }
+    }
+
+    /// The nodes remediation holds out of service, with the rules holding each.
+    pub fn held(&self) -> &BTreeMap<String, BTreeSet<String>> {
+        &self.held
+    }
+
+    /// A node registered (again).
+    pub fn registered(&mut self, node: &str) {
+        if self.nodes.insert(node.to_owned()) {
+            self.breaker.resize(self.policy.share, self.nodes.len());
+        }
+    }
+
+    /// A node's heartbeat, stored by the bus at `at`.
+    pub fn heartbeat(&mut self, node: &str, at: Millis) -> Vec<ActionTaken> {
+        let verdicts = self.engine.observe(&Reading {
+            node: node.to_owned(),
+            gpu: None,
+            at,
+            signal: Signal::Heartbeat,
+        });
+        self.act(verdicts)
+    }
+
+    /// A node's GPU samples, stored by the bus at `at`.
+    pub fn sampled(&mut self, sampled: &GpusSampled, at: Millis) -> Vec<ActionTaken> {
+        let runs: Vec<(u32, Affected)> = sampled
+            .held
+            .iter()
+            .map(|h| {
+                (
+                    h.index,
+                    Affected {
+                        lease: h.lease,
+                        workload: h.workload.clone(),
+                        task: h.task.clone(),
+                        team: h.team.clone(),
+                    },
+                )
+            })
+            .collect();
+        self.runs.insert(sampled.node.clone(), runs);
+        let mut verdicts = Vec::new();
+        for sample in &sampled.samples {
+            for signal in signals(sample) {
+                verdicts.extend(self.engine.observe(&Reading {
+                    node: sampled.node.clone(),
+                    gpu: Some(sample.index),
+                    at,
+                    signal,
+                }));
+            }
+        }
+        self.act(verdicts)
+    }
+
+    /// An operator cordoned or uncordoned `node`.
+    pub fn operator(&mut self, node: &str, cordoned: bool) {
+        self.engine.operator_cordon(node, cordoned);
+    }
+
+    /// Time passed to `now` (lost heartbeats, healthy spells that end with no reading).
+    pub fn tick(&mut self, now: Millis) -> Vec<ActionTaken> {
+        let verdicts = self.engine.tick(now);
+        self.act(verdicts)
+    }
+
+    /// The actions `verdicts` mean.
+    fn act(&mut self, verdicts: Vec<Verdict>) -> Vec<ActionTaken> {
+        let mut out = Vec::new();
+        for v in verdicts {
+            self.act_on(&v, &mut out);
+        }
+        out
+    }
+
+    fn act_on(&mut self, v: &Verdict, out: &mut Vec<ActionTaken>) {
+        let node = v.node.clone();
+        match (v.change, v.action) {
+            (Change::Fire, RuleAction::Alert) => out.push(self.action(v, Action::Alert, None)),
+            (Change::Fire, RuleAction::GpuOutOfService) => {
+                let Some(gpu) = v.gpu else {
+                    out.push(self.action(v, Action::Alert, Some("no GPU named".into())));
+                    return;
+                };
+                let rules = self
+                    .gpus_out
+                    .entry(node)
+                    .or_default()
+                    .entry(gpu)
+                    .or_default();
+                let first = rules.is_empty();
+                rules.insert(v.rule.clone());
+                if first {
+                    out.push(self.action(v, Action::GpuOutOfService, None));
+                }
+            }
+            (
+                Change::Fire,
+                a @ (RuleAction::SoftCordon | RuleAction::Cordon | RuleAction::Drain),
+            ) => {
+                let already = self.held.get(&node).is_some_and(|r| !r.is_empty());
+                if !already && !self.breaker.admit(v.at) {
+                    let why = format!(
+                        "circuit breaker: at most {} node(s) out per {} s",
+                        self.breaker.max_nodes,
+                        self.breaker.window / 1000
+                    );
+                    out.push(self.action(v, Action::Alert, Some(why)));
+                    return;
+                }
+                self.held.entry(node).or_default().insert(v.rule.clone());
+                let action = match a {
+                    RuleAction::SoftCordon => Action::SoftCordon,
+                    RuleAction::Cordon => Action::Cordon,
+                    _ => Action::Drain,
+                };
+                out.push(self.action(v, action, None));
+            }
+            (Change::Clear, RuleAction::GpuOutOfService) => {
+                let Some(gpu) = v.gpu else { return };
+                let Some(rules) = self.gpus_out.get_mut(&node).and_then(|g| g.get_mut(&gpu)) else {
+                    return;
+                };
+                if rules.remove(&v.rule) && rules.is_empty() {
+                    if let Some(g) = self.gpus_out.get_mut(&node) {
+                        g.remove(&gpu);
+                        if g.is_empty() {
+                            self.gpus_out.remove(&node);
+                        }
+                    }
+                    out.push(self.action(v, Action::GpuReturnToService, None));
+                }
+            }
+            (Change::Clear, RuleAction::SoftCordon | RuleAction::Cordon | RuleAction::Drain) => {
+                let Some(rules) = self.held.get_mut(&node) else {
+                    return;
+                };
+                if rules.remove(&v.rule) && rules.is_empty() {
+                    self.held.remove(&node);
+                    out.push(self.action(v, Action::ReturnToService, None));
+                }
+            }
+            (Change::Clear, RuleAction::Alert) => {}
+        }
+        if v.change == Change::Fire {
+            match v.request {
+                Some(Request::ResetGpu) => out.push(self.action(v, Action::ResetRequest, None)),
+                Some(Request::RebootNode) => out.push(self.action(v, Action::RebootRequest, None)),
+                None => {}
+            }
+        }
+    }
+
+    /// The event for `action` taken on verdict `v`.
+    fn action(&self, v: &Verdict, action: Action, downgraded: Option<String>) -> ActionTaken {
+        let (signal, threshold) = self.measured(&v.rule);
+        let on_gpu = |g: &u32| v.gpu.is_none_or(|want| want == *g);
+        let mut tasks: Vec<Affected> = self
+            .runs
+            .get(&v.node)
+            .into_iter()
+            .flatten()
+            .filter(|(g, _)| on_gpu(g))
+            .map(|(_, run)| run.clone())
+            .collect();
+        tasks.sort();
+        tasks.dedup();
+        let team = (v.audience == Audience::Team)
+            .then(|| tasks.iter().map(|t| t.team.clone()).find(|t| !t.is_empty()))
+            .flatten();
+        let what = match v.gpu {
+            Some(g) => format!("GPU {g} of {}", v.node),
+            None => v.node.clone(),
+        };
+        let reading = match (v.change, threshold) {
+            (Change::Clear, _) => format!("healthy since {}", time(v.since).to_rfc3339()),
+            (Change::Fire, Some(t)) => format!("{signal} {} (threshold {t})", v.value),
+            (Change::Fire, None) => format!("{signal} {}", v.value),
+        };
+        let mut reason = format!("{}: {what}: {reading}", v.rule);
+        if let Some(note) = v.note.as_ref().or(downgraded.as_ref()) {
+            reason.push_str(&format!(" ({note})"));
+        }
+        ActionTaken {
+            node: v.node.clone(),
+            gpu: v.gpu,
+            action,
+            rule: v.rule.clone(),
+            reason,
+            evidence: vec![Evidence {
+                signal: signal.to_owned(),
+                gpu: v.gpu,
+                value: v.value,
+                threshold,
+                at: time(v.at),
+            }],
+            since: time(v.since),
+            tasks,
+            team,
+            downgraded: downgraded.or_else(|| v.note.clone()),
+        }
+    }
+
+    /// What rule `name` measures, and its threshold.
+    fn measured(&self, name: &str) -> (&'static str, Option<f64>) {
+        let Some(rule) = self.rules.rules.iter().find(|r| r.name == name) else {
+            return ("xid", None);
+        };
+        let signal = match rule.kind {
+            RuleKind::ThermalMargin => "thermal_margin_c",
+            RuleKind::PowerOverLimit => "power_over_limit",
+            RuleKind::MemoryNearFull => "memory_used_share",
+            RuleKind::EccUncorrectable => "ecc_uncorrectable",
+            RuleKind::RowRemapFailures => "row_remap_failures",
+            RuleKind::NvlinkErrors => "nvlink_errors",
+            RuleKind::HeartbeatLost => return ("heartbeat_silence_ms", None),
+        };
+        (signal, Some(rule.threshold))
+    }
+}
+
+/// The health signals in one GPU sample (absent readings give none).
+pub fn signals(s: &GpuSample) -> Vec<Signal> {
+    let mut out = Vec::new();
+    if let Some(t) = s.temperature_c {
+        out.push(Signal::Temperature {
+            celsius: f64::from(t),
+            slowdown_celsius: f64::from(DEFAULT_SLOWDOWN_C),
+        });
+    }
+    if let (Some(p), Some(limit)) = (s.power_mw, s.power_limit_mw) {
+        out.push(Signal::Power {
+            watts: p as f64 / 1000.0,
+            limit_watts: limit as f64 / 1000.0,
+        });
+    }
+    if s.memory_total_mib > 0 {
+        out.push(Signal::Memory {
+            used_mib: s.memory_used_mib as f64,
+            total_mib: s.memory_total_mib as f64,
+        });
+    }
+    if let Some(n) = s.ecc_uncorrected {
+        out.push(Signal::EccUncorrectable(n));
+    }
+    out
+}
+
+/// Milliseconds since the epoch as a time.
+pub fn time(ms: Millis) -> DateTime<Utc> {
+    Utc.timestamp_millis_opt(ms as i64)
+        .single()
+        .unwrap_or_default()
+}
+
+/// A time as milliseconds since the epoch.
+pub fn millis(t: DateTime<Utc>) -> Millis {
+    t.timestamp_millis().max(0) as Millis
+}
+
+#[cfg(test)]
+mod tests;

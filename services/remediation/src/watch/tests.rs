@@ -1,0 +1,209 @@
+use serde_json::json;
+
+use super::*;
+
+const S: Millis = 1_000;
+
+/// Samples of `gpus` GPUs on `node`, each at `temps[i]` °C (GPUs past the list at 60 °C);
+/// GPU 0 runs lease 7 of team `vision`.
+fn sampled(node: &str, gpus: u32, temps: &[u32]) -> GpusSampled {
+    let samples: Vec<serde_json::Value> = (0..gpus)
+        .map(|i| {
+            json!({
+                "index": i, "uuid": format!("GPU-{node}-{i}"), "utilization_pct": 90,
+                "memory_used_mib": 1000, "memory_total_mib": 80_000,
+                "temperature_c": temps.get(i as usize).copied().unwrap_or(60),
+                "power_mw": 300_000, "power_limit_mw": 700_000, "ecc_uncorrected": 0
+            })
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "node": node,
+        "samples": samples,
+        "held": [{"index": 0, "lease": 7, "workload": "train-1", "task": "train",
+                  "team": "vision", "milli": 1000}]
+    }))
+    .unwrap()
+}
+
+fn watch(nodes: u32) -> Watch {
+    let mut w = Watch::new(RuleSet::default(), BreakerPolicy::default());
+    for i in 1..=nodes {
+        w.registered(&format!("n{i}"));
+    }
+    w
+}
+
+/// `(node, gpu, action)` of each action.
+fn brief(actions: &[ActionTaken]) -> Vec<(String, Option<u32>, Action)> {
+    actions
+        .iter()
+        .map(|a| (a.node.clone(), a.gpu, a.action))
+        .collect()
+}
+
+/// Feeds `n1` the same samples every 5 s from `from` to `to` (inclusive); the actions.
+fn feed(w: &mut Watch, node: &str, temps: &[u32], from: Millis, to: Millis) -> Vec<ActionTaken> {
+    let mut out = Vec::new();
+    let mut at = from;
+    while at <= to {
+        out.extend(w.sampled(&sampled(node, 8, temps), at));
+        at += 5 * S;
+    }
+    out
+}
+
+#[test]
+fn a_hot_node_is_drained_once_with_its_evidence_and_runs_and_returns_after_a_healthy_spell() {
+    let mut w = watch(10);
+    // Two GPUs within 3 °C of the 90 °C slowdown: the node's problem (cooling), not a GPU's.
+    let hot = feed(&mut w, "n1", &[89, 88], 0, 30 * S);
+    let drains: Vec<&ActionTaken> = hot.iter().filter(|a| a.action == Action::Drain).collect();
+    assert_eq!(drains.len(), 1, "{:?}", brief(&hot));
+    let drain = drains[0];
+    assert_eq!(drain.rule, "overheat");
+    assert_eq!(drain.gpu, None);
+    assert_eq!(drain.tasks.len(), 1);
+    assert_eq!(drain.tasks[0].lease, allot_sched::LeaseId(7));
+    assert_eq!(drain.evidence[0].signal, "thermal_margin_c");
+    assert_eq!(drain.evidence[0].threshold, Some(3.0));
+    assert!(drain.reason.contains("overheat"), "{}", drain.reason);
+    // Cool again: nothing until the rule's five healthy minutes have passed, then one return.
+    let cool = feed(&mut w, "n1", &[], 35 * S, 35 * S + 4 * 60 * S);
+    assert!(
+        !cool.iter().any(|a| a.action == Action::ReturnToService),
+        "{:?}",
+        brief(&cool)
+    );
+    let back = feed(&mut w, "n1", &[], 35 * S + 5 * 60 * S, 35 * S + 6 * 60 * S);
+    assert_eq!(
+        back.iter()
+            .filter(|a| a.action == Action::ReturnToService)
+            .count(),
+        1,
+        "{:?}",
+        brief(&back)
+    );
+    assert!(w.held().is_empty());
+}
+
+#[test]
+fn one_hot_gpu_goes_out_of_service_alone_and_a_single_spike_does_nothing() {
+    let mut w = watch(10);
+    let spike = w.sampled(&sampled("n1", 8, &[95]), 0);
+    let after = w.sampled(&sampled("n1", 8, &[]), 5 * S);
+    assert!(spike.is_empty() && after.is_empty(), "{spike:?} {after:?}");
+    let hot = feed(&mut w, "n1", &[95], 10 * S, 40 * S);
+    assert_eq!(
+        brief(&hot),
+        [("n1".to_owned(), Some(0), Action::GpuOutOfService)]
+    );
+    assert!(w.held().is_empty(), "the node itself is not held");
+}
+
+#[test]
+fn past_the_circuit_breaker_node_actions_become_alerts_and_their_clearing_returns_nothing() {
+    // Ten nodes, a tenth per window: one node may be taken; three overheat at once.
+    let mut w = watch(10);
+    let mut actions = Vec::new();
+    for node in ["n1", "n2", "n3"] {
+        actions.extend(feed(&mut w, node, &[89, 88], 0, 30 * S));
+    }
+    let drained: Vec<String> = actions
+        .iter()
+        .filter(|a| a.action == Action::Drain)
+        .map(|a| a.node.clone())
+        .collect();
+    assert_eq!(drained, ["n1"]);
+    let held_back: Vec<&ActionTaken> = actions
+        .iter()
+        .filter(|a| {
+            a.action == Action::Alert
+                && a.downgraded
+                    .as_deref()
+                    .is_some_and(|d| d.contains("circuit breaker"))
+        })
+        .collect();
+    assert_eq!(held_back.len(), 2, "{:?}", brief(&actions));
+    let mut back = Vec::new();
+    for node in ["n1", "n2", "n3"] {
+        back.extend(feed(&mut w, node, &[], 35 * S, 35 * S + 6 * 60 * S));
+    }
+    let returned: Vec<String> = back
+        .iter()
+        .filter(|a| a.action == Action::ReturnToService)
+        .map(|a| a.node.clone())
+        .collect();
+    assert_eq!(returned, ["n1"]);
+}
+
+#[test]
+fn an_operators_cordon_is_kept_remediation_only_alerts_there() {
+    let mut w = watch(10);
+    w.operator("n1", true);
+    let hot = feed(&mut w, "n1", &[89, 88], 0, 30 * S);
+    assert!(!hot.is_empty());
+    assert!(
+        hot.iter().all(|a| a.action == Action::Alert),
+        "{:?}",
+        brief(&hot)
+    );
+    assert!(w.held().is_empty());
+    let cool = feed(&mut w, "n1", &[], 35 * S, 35 * S + 6 * 60 * S);
+    assert!(
+        !cool.iter().any(|a| a.action == Action::ReturnToService),
+        "remediation never lifts an operator's cordon: {:?}",
+        brief(&cool)
+    );
+}
+
+#[test]
+fn a_restored_watch_goes_on_where_the_stored_one_stopped() {
+    let mut w = watch(10);
+    // The breach began before the restart: the first reading after it, 5 s in, fires.
+    let before = feed(&mut w, "n1", &[89, 88], 0, 0);
+    assert!(before.is_empty());
+    let stored = serde_json::to_string(&w.state()).unwrap();
+    let mut restored = Watch::restore(
+        RuleSet::default(),
+        BreakerPolicy::default(),
+        serde_json::from_str(&stored).unwrap(),
+    );
+    let after = feed(&mut restored, "n1", &[89, 88], 5 * S, 5 * S);
+    assert_eq!(
+        after.iter().filter(|a| a.action == Action::Drain).count(),
+        1,
+        "{:?}",
+        brief(&after)
+    );
+    // And once only.
+    let later = feed(&mut restored, "n1", &[89, 88], 10 * S, 30 * S);
+    assert!(
+        !later.iter().any(|a| a.action == Action::Drain),
+        "{:?}",
+        brief(&later)
+    );
+}
+
+#[test]
+fn a_silent_node_is_drained_and_returns_only_after_beating_again_for_a_while() {
+    let mut w = watch(10);
+    assert!(w.heartbeat("n1", 0).is_empty());
+    assert!(w.tick(20 * S).is_empty());
+    let lost = w.tick(31 * S);
+    assert_eq!(brief(&lost), [("n1".to_owned(), None, Action::Drain)]);
+    assert_eq!(lost[0].rule, "heartbeat-lost");
+    // Beating again: not back until two healthy minutes have passed.
+    let mut back = Vec::new();
+    for s in (40..=200).step_by(2) {
+        back.extend(w.heartbeat("n1", s * S));
+        back.extend(w.tick(s * S + 1));
+    }
+    let returned: Vec<Millis> = back
+        .iter()
+        .filter(|a| a.action == Action::ReturnToService)
+        .map(|a| millis(a.evidence[0].at))
+        .collect();
+    assert_eq!(returned.len(), 1, "{:?}", brief(&back));
+    assert!(returned[0] >= 40 * S + 120 * S, "{returned:?}");
+}
