@@ -12,6 +12,7 @@ mod predict;
 mod quickstart;
 mod quotas;
 mod readme;
+mod remediation;
 mod replay;
 mod replicas;
 mod stress;

@@ -11,10 +11,10 @@
 //! | task completed / failed | task finished |
 //! | task cancelled (a task the scheduler holds, or parked) | task withdrawn: queued, it leaves the queue; running, its lease is released |
 //! | budget exceeded / within again (billing, any pool) | team budget: its new work below the floor waits, or is flagged |
-//! | remediation: soft-cordon, cordon / drain / return to service (known node) | node held by remediation / held and drained / let go |
+//! | remediation: soft-cordon, cordon / drain / return to service (any node: one not yet joined joins held) | node held by remediation / held and drained / let go |
 //! | remediation: GPU out of service / returned (known node) | GPU out of service (its tasks requeued) / in service |
 //! | remediation: idle reclaim (a running task of the pool) | task requeued |
-//! | operator cordon / uncordon (known node) | node held by the operator (drained with `--drain`) / let go |
+//! | operator cordon / uncordon (any node) | node held by the operator (drained with `--drain`) / let go |
 //!
 //! A cancellation (the planner gave the task up: its workload was aborted or failed) withdraws
 //! the task: a queued one (its gang whole) leaves the queue at once, so it never takes GPUs or
@@ -103,24 +103,24 @@ pub fn input(
                 at,
             })
         }
-        AnyEvent::Remediation(RemediationEvent::ActionTaken(a)) if known(&a.node) => {
-            remediation(scheduler, a, at)
+        // A node may be held before it joins (an operator cordons it ahead of its first
+        // registration): it then joins held.
+        AnyEvent::Remediation(RemediationEvent::ActionTaken(a)) => {
+            remediation(scheduler, a, known(&a.node), at)
         }
-        AnyEvent::Remediation(RemediationEvent::OperatorCordon(c)) if known(&c.node) => {
-            Some(Input::NodeHeld {
-                node: c.node.clone(),
-                by: Holder::Operator,
-                held: c.cordoned,
-                drain: c.drain && c.cordoned,
-                reason: format!(
-                    "{} by {}: {}",
-                    if c.cordoned { "cordoned" } else { "uncordoned" },
-                    c.by,
-                    c.reason
-                ),
-                at,
-            })
-        }
+        AnyEvent::Remediation(RemediationEvent::OperatorCordon(c)) => Some(Input::NodeHeld {
+            node: c.node.clone(),
+            by: Holder::Operator,
+            held: c.cordoned,
+            drain: c.drain && c.cordoned,
+            reason: format!(
+                "{} by {}: {}",
+                if c.cordoned { "cordoned" } else { "uncordoned" },
+                c.by,
+                c.reason
+            ),
+            at,
+        }),
         AnyEvent::Task(TaskEvent::Cancelled(t))
             if t.pool == pool && (scheduler.holds(t.task) || parked.contains_key(&t.task)) =>
         {
@@ -136,7 +136,7 @@ pub fn input(
 
 /// The input a remediation action means, if any: alerts and requests to an actuator change
 /// nothing here.
-fn remediation(scheduler: &Scheduler, a: &ActionTaken, at: Time) -> Option<Input> {
+fn remediation(scheduler: &Scheduler, a: &ActionTaken, known: bool, at: Time) -> Option<Input> {
     let reason = format!("remediation rule {}: {}", a.rule, a.reason);
     let held = |held: bool, drain: bool| Input::NodeHeld {
         node: a.node.clone(),
@@ -147,7 +147,7 @@ fn remediation(scheduler: &Scheduler, a: &ActionTaken, at: Time) -> Option<Input
         at,
     };
     let gpu = |in_service: bool| {
-        a.gpu.map(|gpu| Input::GpuService {
+        a.gpu.filter(|_| known).map(|gpu| Input::GpuService {
             node: a.node.clone(),
             gpu,
             in_service,

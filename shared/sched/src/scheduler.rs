@@ -90,7 +90,8 @@ pub enum Input {
     },
     /// An operator or remediation took a node out of service for new work (`held: true`) or
     /// gave it back. Each holder holds on its own, and so does the inventory's reachability
-    /// ([`Input::NodeSchedulable`]): the node takes new work only when nobody holds it. With
+    /// ([`Input::NodeSchedulable`]): the node takes new work only when nobody holds it; one
+    /// held before it joins joins held. With
     /// `drain`, what runs there is stopped now and goes back to the queue, gangs whole (a task
     /// that checkpoints loses only what followed its last checkpoint).
     NodeHeld {
@@ -398,8 +399,9 @@ pub struct Scheduler {
     /// Teams over budget, with the priority floor their new work must reach (`None`: allowed
     /// and flagged).
     over_budget: BTreeMap<String, Option<i32>>,
-    /// Nodes held out of service, and by whom.
-    holds: BTreeMap<NodeIdx, BTreeSet<Holder>>,
+    /// Nodes held out of service, by name (a node may be held before it joins: it then joins
+    /// held), and by whom.
+    holds: BTreeMap<String, BTreeSet<Holder>>,
 }
 
 /// How many moments (running tasks' ends) an ETA looks through before it gives up.
@@ -722,7 +724,11 @@ impl Scheduler {
         match input {
             Input::NodeAdded(spec) => {
                 self.pristine.add_node(spec.clone());
-                self.cluster.add_node(spec);
+                let held = self.holds.contains_key(&spec.name);
+                let idx = self.cluster.add_node(spec);
+                if held {
+                    self.cluster.set_schedulable(idx, false);
+                }
                 self.fits_empty.clear();
                 self.no_room.clear();
             }
@@ -755,11 +761,10 @@ impl Scheduler {
                 self.no_room.clear();
             }
             Input::NodeSchedulable { node, schedulable } => {
-                let idx = self
-                    .cluster
-                    .find(&node)
-                    .ok_or(ApplyError::UnknownNode(node))?;
-                self.hold_node(idx, Holder::Unreachable, !schedulable);
+                if self.cluster.find(&node).is_none() {
+                    return Err(ApplyError::UnknownNode(node));
+                }
+                self.hold_node(&node, Holder::Unreachable, !schedulable);
             }
             Input::NodeHeld {
                 node,
@@ -769,12 +774,8 @@ impl Scheduler {
                 reason,
                 at,
             } => {
-                let idx = self
-                    .cluster
-                    .find(&node)
-                    .ok_or(ApplyError::UnknownNode(node))?;
-                self.hold_node(idx, by, held);
-                if drain {
+                self.hold_node(&node, by, held);
+                if drain && let Some(idx) = self.cluster.find(&node) {
                     let on_node = self.running_on(idx, None);
                     for leader in on_node {
                         self.requeue(leader, &reason, at, out)?;
@@ -1289,10 +1290,10 @@ impl Scheduler {
         Ok(())
     }
 
-    /// `by` holds node `idx` out of service (or no longer does): the node takes new work only
-    /// while nobody holds it.
-    fn hold_node(&mut self, idx: NodeIdx, by: Holder, held: bool) {
-        let holders = self.holds.entry(idx).or_default();
+    /// `by` holds `node` out of service (or no longer does): the node takes new work only
+    /// while nobody holds it. A node not yet joined keeps the hold until it joins.
+    fn hold_node(&mut self, node: &str, by: Holder, held: bool) {
+        let holders = self.holds.entry(node.to_owned()).or_default();
         if held {
             holders.insert(by);
         } else {
@@ -1300,15 +1301,17 @@ impl Scheduler {
         }
         let free = holders.is_empty();
         if free {
-            self.holds.remove(&idx);
+            self.holds.remove(node);
         }
-        self.cluster.set_schedulable(idx, free);
-        self.no_room.clear();
+        if let Some(idx) = self.cluster.find(node) {
+            self.cluster.set_schedulable(idx, free);
+            self.no_room.clear();
+        }
     }
 
-    /// Who holds node `idx` out of service, if anyone.
-    pub fn holders(&self, idx: NodeIdx) -> impl Iterator<Item = Holder> + '_ {
-        self.holds.get(&idx).into_iter().flatten().copied()
+    /// Who holds `node` out of service, if anyone.
+    pub fn holders(&self, node: &str) -> impl Iterator<Item = Holder> + '_ {
+        self.holds.get(node).into_iter().flatten().copied()
     }
 
     /// The leaders of the units running on node `idx` (on its GPU `gpu` only, if given), in

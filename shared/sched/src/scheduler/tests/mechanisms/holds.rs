@@ -176,3 +176,18 @@ fn a_gpu_out_of_service_stops_only_its_task_and_takes_nothing_until_it_returns()
         .unwrap();
     assert_eq!(s.cluster().capacity_milli(), 7_000);
 }
+
+#[test]
+fn a_node_cordoned_before_it_joins_joins_cordoned() {
+    let mut s = scheduler(crate::policy::by_name("fifo").unwrap(), vec![]);
+    s.apply(held("n1", Holder::Operator, true, false, 0))
+        .unwrap();
+    s.apply(Input::NodeAdded(node("n1").0)).unwrap();
+    s.apply(submit(task(1), 0)).unwrap();
+    let decisions = s.apply(pass(0)).unwrap();
+    assert!(granted(&s, decisions).is_empty(), "it joined held");
+    s.apply(held("n1", Holder::Operator, false, false, 1))
+        .unwrap();
+    let decisions = s.apply(pass(1)).unwrap();
+    assert_eq!(granted(&s, decisions).len(), 1);
+}

@@ -1,0 +1,214 @@
+//! Remediation live: an operator's cordon keeps work off a node until it is lifted, and a node
+//! that stops heartbeating (its collector SIGSTOPped) has its tasks requeued and run elsewhere,
+//! and takes no work again until it has been healthy for the rule's time — all through the
+//! real services on a real nats-server, each action an event `allot remediation log` shows.
+
+use std::time::{Duration, Instant};
+
+use allot_events::{AnyEvent, RemediationEvent, TaskEvent};
+use allot_sched::Decision;
+
+use crate::cluster::Cluster;
+use crate::support::{allot, wait_for};
+
+/// One GPU for `estimate`, checkpointing every `every`.
+fn spec(name: &str, estimate: &str) -> String {
+    format!(
+        "apiVersion: allot/v1\nkind: Workload\nmetadata: {{name: {name}, team: vision}}\nspec:\n  \
+         tasks:\n    - {{name: run, command: [run], resources: {{gpus: 1}}, durationEstimate: \
+         {estimate}, checkpoint: {{supported: true, interval: 1m}}}}\n"
+    )
+}
+
+/// The node each grant in the journal went to, in order: (workload, node).
+fn grants(cluster: &Cluster) -> Vec<(String, String)> {
+    let mut names = std::collections::BTreeMap::new();
+    for e in cluster.workloads() {
+        if let AnyEvent::Task(TaskEvent::Ready(r)) = e {
+            names.insert(r.task.id, r.workload.clone());
+        }
+    }
+    let mut out = Vec::new();
+    for a in cluster.journal() {
+        for d in &a.entry.decisions {
+            if let Decision::Granted { task, .. } = d {
+                let node = a
+                    .dispatch
+                    .iter()
+                    .find(|x| x.task == *task)
+                    .and_then(|x| x.nodes.first())
+                    .map(|s| s.node.clone())
+                    .unwrap_or_default();
+                out.push((names.get(task).cloned().unwrap_or_default(), node));
+            }
+        }
+    }
+    out
+}
+
+/// Sends SIG`name` to process `pid`.
+fn signal(pid: u32, name: &str) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{name} {pid}");
+}
+
+fn run_cli(cluster: &Cluster, args: &[&str]) -> std::process::Output {
+    allot(cluster.dir.path())
+        .args(args)
+        .args(["--nats", &cluster.server.url()])
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn an_operators_cordon_keeps_new_work_off_a_node_until_it_is_lifted() {
+    let mut cluster = Cluster::start_simulated(&[("n1", 1), ("n2", 1)], 5);
+    let inventory = cluster.path("inventory");
+    cluster.spawn(
+        "inventory",
+        &["inventory", "--data-dir", inventory.to_str().unwrap()],
+    );
+    let out = run_cli(&cluster, &["cordon", "n1", "--reason", "fan swap"]);
+    assert!(out.status.success(), "{out:?}");
+    // Both nodes are free; the cordoned one gets nothing.
+    let first = cluster.submit("first", &spec("first", "600s"));
+    let second = cluster.submit("second", &spec("second", "600s"));
+    cluster.started(&first, "run", 1);
+    let status = wait_for(Duration::from_secs(30), || {
+        let out = run_cli(&cluster, &["status", "--json"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.contains("fan swap").then_some(text)
+    })
+    .unwrap_or_else(|| panic!("allot status never showed the cordon\n{}", cluster.logs()));
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let n1 = status["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "n1")
+        .unwrap();
+    assert_eq!(n1["state"], "cordoned", "{n1}");
+    std::thread::sleep(Duration::from_secs(3));
+    let before: Vec<(String, String)> = grants(&cluster);
+    assert_eq!(
+        before.len(),
+        1,
+        "one task waits for the cordoned node: {before:?}"
+    );
+    assert_eq!(before[0].1, "n2");
+
+    let out = run_cli(&cluster, &["uncordon", "n1"]);
+    assert!(out.status.success(), "{out:?}");
+    let after = wait_for(Duration::from_secs(30), || {
+        let g = grants(&cluster);
+        (g.len() == 2).then_some(g)
+    })
+    .unwrap_or_else(|| panic!("uncordoned, n1 took no work\n{}", cluster.logs()));
+    assert_eq!(after[1].1, "n1", "{after:?}");
+    let _ = second;
+
+    let log = run_cli(&cluster, &["remediation", "log"]);
+    let log = String::from_utf8_lossy(&log.stdout);
+    assert!(
+        log.contains("operator cordon") && log.contains("fan swap"),
+        "{log}"
+    );
+    assert!(log.contains("operator uncordon"), "{log}");
+    cluster.assert_replay_verifies();
+}
+
+#[test]
+fn a_node_that_stops_heartbeating_has_its_task_moved_and_gets_work_only_after_a_healthy_spell() {
+    let mut cluster = Cluster::start_simulated(&[("n1", 1), ("n2", 1)], 5);
+    let rules = cluster.path("rules.yaml");
+    std::fs::write(
+        &rules,
+        "rules:\n  - {name: heartbeat-lost, signal: heartbeat-lost, for: 4s, clearAfter: 15s, \
+         action: drain}\n",
+    )
+    .unwrap();
+    let data = cluster.path("remediation");
+    cluster.spawn(
+        "remediation",
+        &[
+            "remediation",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--rules",
+            rules.to_str().unwrap(),
+        ],
+    );
+    // Long enough to outlive the test; n1 takes it (lowest index first).
+    let long = cluster.submit("long", &spec("long", "3000s"));
+    cluster.started(&long, "run", 1);
+    let first = grants(&cluster);
+    assert_eq!(first.len(), 1);
+    let (stopped, other) = if first[0].1 == "n1" {
+        ("n1", "n2")
+    } else {
+        ("n2", "n1")
+    };
+    let pid = cluster.pid(&format!("collector-{stopped}"));
+    signal(pid, "STOP");
+    let stopped_at = Instant::now();
+    let moved = wait_for(Duration::from_secs(60), || {
+        let g = grants(&cluster);
+        (g.len() >= 2).then_some(g)
+    });
+    signal(pid, "CONT");
+    let moved =
+        moved.unwrap_or_else(|| panic!("the silent node's task was not moved\n{}", cluster.logs()));
+    assert_eq!(moved[1], (long.clone(), other.to_owned()), "{moved:?}");
+
+    // The drain is remediation's, naming its rule, and the run was stopped as preempted.
+    let actions: Vec<_> = cluster
+        .events("REMEDIATION")
+        .into_iter()
+        .filter_map(|e| match e {
+            AnyEvent::Remediation(RemediationEvent::ActionTaken(a)) => Some(a),
+            _ => None,
+        })
+        .collect();
+    let drain = actions
+        .iter()
+        .find(|a| a.node == stopped && a.rule == "heartbeat-lost")
+        .unwrap_or_else(|| panic!("no drain of {stopped}: {actions:?}"));
+    assert_eq!(drain.action.as_str(), "drain");
+    let preempted = cluster.journal().into_iter().any(|a| {
+        a.entry.decisions.iter().any(|d| {
+            matches!(d, Decision::Preempted { reason, for_task: None, .. }
+                if reason.contains("heartbeat-lost"))
+        })
+    });
+    assert!(preempted, "the journal names the rule that moved the task");
+
+    // Beating again, the node takes no work until fifteen healthy seconds have passed.
+    // Longer than what `long` has left: it never preempts it by gain.
+    let waiting = cluster.submit("waiting", &spec("waiting", "6000s"));
+    let returned = wait_for(Duration::from_secs(60), || {
+        cluster
+            .events("REMEDIATION")
+            .into_iter()
+            .any(|e| {
+                matches!(e, AnyEvent::Remediation(RemediationEvent::ActionTaken(a))
+                    if a.node == stopped && a.action.as_str() == "return_to_service")
+            })
+            .then(Instant::now)
+    })
+    .unwrap_or_else(|| panic!("{stopped} never returned to service\n{}", cluster.logs()));
+    assert!(
+        returned.duration_since(stopped_at) >= Duration::from_secs(15),
+        "returned {:?} after the stop",
+        returned.duration_since(stopped_at)
+    );
+    let granted = wait_for(Duration::from_secs(30), || {
+        grants(&cluster).into_iter().find(|(w, _)| *w == waiting)
+    })
+    .unwrap_or_else(|| panic!("nothing granted after the return\n{}", cluster.logs()));
+    assert_eq!(granted.1, stopped);
+    // Nothing ran twice at once: the old run on the stopped node ended as preempted.
+    cluster.assert_replay_verifies();
+}
