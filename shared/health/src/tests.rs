@@ -452,3 +452,9 @@ fn the_xid_section_sets_the_healthy_spell_and_its_problems_come_with_the_rest() 
         assert!(got.starts_with(want), "{got:?} vs {want:?}");
     }
 }
+
+#[test]
+fn the_example_rules_file_is_the_built_in_set() {
+    let example = include_str!("../../../examples/health-rules.yaml");
+    assert_eq!(RuleSet::parse(example), Ok(RuleSet::default()));
+}
