@@ -184,6 +184,12 @@ fn a_node_that_stops_heartbeating_has_its_task_moved_and_gets_work_only_after_a_
         })
     });
     assert!(preempted, "the journal names the rule that moved the task");
+    let explained = run_cli(&cluster, &["explain", &long, "run"]);
+    let explained = String::from_utf8_lossy(&explained.stdout);
+    assert!(
+        explained.contains("preempted: remediation rule heartbeat-lost"),
+        "allot explain says why it moved:\n{explained}"
+    );
 
     // Beating again, the node takes no work until fifteen healthy seconds have passed.
     // Longer than what `long` has left: it never preempts it by gain.
