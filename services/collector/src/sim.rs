@@ -541,6 +541,12 @@ impl GpuSource for SimulatedSource {
                 ecc_uncorrected: Some(state.ecc_uncorrected),
                 xid_errors: Some(state.xid_errors),
                 last_xid: state.last_xid,
+                xids: Vec::new(),
+                slowdown_temperature_c: None,
+                throttle_reasons: Vec::new(),
+                rows_remapped_uncorrectable: None,
+                row_remap_failed: None,
+                nvlink_errors: None,
             });
         }
         Ok(samples)
