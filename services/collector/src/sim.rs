@@ -8,6 +8,11 @@
 //! same samples. The health signals NVML gives are simulated too: the model's slowdown
 //! temperature, throttle reasons that follow heat and power, row remapping on the models that
 //! have it, NVLink error counters on the models with NVLink, and each XID listed once.
+//!
+//! [`inject`] applies a schedule of faults (`allot up --inject KIND:NODE@TIME`) to simulated
+//! nodes through their [`SimLoad`] handles.
+
+pub mod inject;
 
 use std::fmt;
 use std::str::FromStr;
