@@ -3,7 +3,7 @@
 //! Each service gets its own NATS connection and talks to the others only through JetStream,
 //! exactly as when they run as separate pods; only the process boundary is missing.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -15,6 +15,7 @@ use clap::Args;
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
+use allot_collector::Injection;
 use allot_collector::sim::{GpuModel, SimSpec};
 
 use super::settings::{Lookup, Settings};
@@ -75,6 +76,11 @@ pub struct UpArgs {
     /// up and stops (ALLOT_NATS_RESTARTS; default 5). For tests.
     #[arg(long, hide = true)]
     pub nats_restarts: Option<String>,
+    /// Inject a fault into a simulated node at a time after the start, e.g. `xid79:node-2@90s`;
+    /// repeatable. Kinds: overheat, spike, xid<N>, ecc, power, partition, idle, rowremap,
+    /// nvlink (ALLOT_INJECT, comma-separated).
+    #[arg(long, value_name = "KIND:NODE@TIME")]
+    pub inject: Vec<String>,
 }
 
 /// How `allot up`'s nodes run tasks.
@@ -110,6 +116,8 @@ pub struct UpConfig {
     pub nats_restarts: u32,
     /// Remediation's health rules.
     pub health_rules: allot_health::RuleSet,
+    /// Faults to inject into the simulated nodes.
+    pub inject: Vec<Injection>,
 }
 
 impl UpConfig {
@@ -201,6 +209,7 @@ impl UpConfig {
         if missed_heartbeats == 0 {
             s.problem("--missed-heartbeats / ALLOT_MISSED_HEARTBEATS: must be at least 1");
         }
+        let inject = injections(&args.inject, env, sim_nodes, &sim_models, &mut s);
         s.finish()?;
         Ok(Self {
             nats,
@@ -218,8 +227,51 @@ impl UpConfig {
             teams_file,
             nats_restarts,
             health_rules,
+            inject,
         })
     }
+}
+
+/// The faults of `--inject` (repeatable) or `ALLOT_INJECT` (comma-separated), each checked
+/// against the simulated nodes `node-1` … `node-N` and their models.
+fn injections(
+    flags: &[String],
+    env: Lookup<'_>,
+    sim_nodes: u32,
+    sim_models: &[GpuModel],
+    s: &mut Settings<'_>,
+) -> Vec<Injection> {
+    let given: Vec<String> = if flags.is_empty() {
+        let var = env("ALLOT_INJECT").unwrap_or_default();
+        var.split(',')
+            .map(str::trim)
+            .filter(|i| !i.is_empty())
+            .map(str::to_owned)
+            .collect()
+    } else {
+        flags.to_vec()
+    };
+    let mut schedule = Vec::new();
+    for text in &given {
+        match text.parse::<Injection>() {
+            Ok(injection) => schedule.push(injection),
+            Err(e) => s.problem(format!("--inject / ALLOT_INJECT: {e}")),
+        }
+    }
+    // Without a valid model the nodes are unknown; that problem is reported already.
+    if !sim_models.is_empty() {
+        // As run_services names them and hands out the models.
+        let model = |i: u32| sim_models[(i as usize - 1) % sim_models.len()];
+        let nodes: BTreeMap<String, GpuModel> = (1..=sim_nodes)
+            .map(|i| (format!("node-{i}"), model(i)))
+            .collect();
+        if let Err(e) = allot_collector::sim::inject::check(&schedule, &nodes) {
+            for problem in e.0 {
+                s.problem(format!("--inject / ALLOT_INJECT: {problem}"));
+            }
+        }
+    }
+    schedule
 }
 
 /// Runs `allot up` until SIGINT/SIGTERM, or until a service or the embedded nats-server fails
@@ -416,6 +468,8 @@ async fn run_services(
     nats_failed: &mut oneshot::Receiver<anyhow::Error>,
 ) -> anyhow::Result<()> {
     use allot_bus::Role;
+    // Injected faults are timed from here.
+    let start = tokio::time::Instant::now();
     let mut services = Services::default();
     let mut inventory =
         allot_inventory::Config::new(urls.of(Role::Inventory), config.data_dir.join("inventory"));
@@ -487,6 +541,7 @@ async fn run_services(
     services.spawn("remediation", async move {
         Ok(allot_remediation::run(remediation, stop).await?)
     });
+    let mut sim_loads = BTreeMap::new();
     for i in 1..=config.sim_nodes {
         let node = format!("node-{i}");
         let model = config.sim_models[(i as usize - 1) % config.sim_models.len()];
@@ -507,9 +562,20 @@ async fn run_services(
             telemetry_interval: config.telemetry_interval,
             executor: executor_config(config, &node),
         };
+        // Opened here, not by the collector, to keep the handle faults are injected through.
+        let source = allot_collector::SimulatedSource::new(&node, collector.sim.clone());
+        sim_loads.insert(node.clone(), source.load());
         let stop = shutdown.clone();
         services.spawn(format!("collector {node}"), async move {
-            Ok(allot_collector::run(collector, stop).await?)
+            Ok(allot_collector::run_with_source(collector, Box::new(source), stop).await?)
+        });
+    }
+    if !config.inject.is_empty() {
+        let injector = allot_collector::Injector::new(config.inject.clone(), sim_loads)?;
+        let stop = shutdown.clone();
+        services.spawn("fault injection", async move {
+            injector.run(start, stop).await;
+            Ok(())
         });
     }
     if let ExecutorKind::Simulated { speedup } = config.executor {
@@ -628,6 +694,7 @@ mod tests {
             teams: None,
             nats_restarts: None,
             health_rules: None,
+            inject: Vec::new(),
         }
     }
 
@@ -671,5 +738,39 @@ mod tests {
             assert!(text.contains(want), "missing {want:?} in:\n{text}");
         }
         assert_eq!(err.0.len(), 4, "{text}");
+    }
+
+    #[test]
+    fn injections_are_checked_against_the_simulated_nodes_every_problem_at_once() {
+        let bad = UpArgs {
+            sim_nodes: Some("3".into()),
+            sim_models: Some("H100,L4".into()),
+            inject: vec![
+                "overheat:node-1@30s".into(),
+                "xid79:node-4@1m".into(),
+                "boom:node-1@soon".into(),
+                "nvlink:node-2@10s".into(),
+                "partition:node-3@2m".into(),
+            ],
+            ..args()
+        };
+        let err = UpConfig::resolve(&bad, &|_| None).unwrap_err();
+        let text = err.to_string();
+        for want in [
+            "--inject / ALLOT_INJECT: injection \"boom:node-1@soon\": unknown kind \"boom\"",
+            "bad time \"soon\"",
+            "no simulated node \"node-4\" (the nodes are node-1, node-2, node-3)",
+            "node-2's L4 GPUs have no NVLink",
+        ] {
+            assert!(text.contains(want), "missing {want:?} in:\n{text}");
+        }
+        assert_eq!(err.0.len(), 3, "{text}");
+
+        let env = |k: &str| {
+            (k == "ALLOT_INJECT").then(|| "overheat:node-1@30s, partition:node-2@2m".into())
+        };
+        let config = UpConfig::resolve(&args(), &env).unwrap();
+        let written: Vec<String> = config.inject.iter().map(ToString::to_string).collect();
+        assert_eq!(written, ["overheat:node-1@30s", "partition:node-2@2m"]);
     }
 }

@@ -12,7 +12,9 @@
 //!   to local indices by PCI bus id, XIDs are counted from NVML events — is tested without a GPU.
 //! - [`sim`]: a simulated node of M GPUs of one real model, whose telemetry follows the load
 //!   and faults set through its [`SimLoad`] handle (so `allot up` can drive it), with seeded
-//!   noise and UUIDs stable across restarts.
+//!   noise and UUIDs stable across restarts; [`sim::inject`] applies a schedule of faults
+//!   ([`Injection`]s, `KIND:NODE@TIME`) to simulated nodes, including a network partition
+//!   that this file's loop honours by publishing nothing more.
 //! - [`host`]: the machine itself: host name, CPU count and memory, reported for NVML nodes.
 //! - This file: the service. [`Config`], [`Error`], [`run`] and [`run_with_source`]: connect
 //!   to NATS, register the node (retrying until it is stored), then heartbeat and sample until
@@ -45,6 +47,7 @@ use allot_runtime::{Service, Stopping};
 pub use executor::{ExecutorConfig, ProcessRuns, Runs, SimulatedRuns};
 pub use host::HostCapacity;
 pub use nvml::NvmlSource;
+pub use sim::inject::{InjectKind, Injection, Injector};
 pub use sim::{GpuModel, SimFault, SimLoad, SimSpec, SimulatedSource};
 pub use source::{GpuInventory, GpuSource, SourceChoice, SourceError, select_source};
 
@@ -242,6 +245,7 @@ async fn serve(
     service.drain_on_stop(client.clone());
     let publisher = Publisher::new(client.clone(), format!("/allot/collector/{}", config.node));
     let load = source.sim_load();
+    let partition = load.clone();
     let holdings = executor::Holdings::default();
     let (stop_executor, executor_stopped) = tokio::sync::watch::channel(false);
     let stopping = service.stopping();
@@ -276,6 +280,7 @@ async fn serve(
             telemetry_interval: config.telemetry_interval,
             started,
             holdings,
+            partition,
             shutdown: service.stopping(),
         }
         .run()
@@ -294,6 +299,9 @@ struct Collector {
     started: Instant,
     /// What the executor runs on each GPU, reported with every sample.
     holdings: executor::Holdings,
+    /// A simulated node's handle, through which it can be cut off the network (`None` for
+    /// real GPUs).
+    partition: Option<sim::SimLoad>,
     shutdown: Stopping,
 }
 
@@ -322,6 +330,7 @@ impl Collector {
         let mut telemetry_failures = Failures::new("telemetry");
         let node = self.registration.node.clone();
         let mut source = Some(self.source);
+        let mut silent = false;
 
         loop {
             // A tick that started is finished (its publish is bounded by the ack timeout)
@@ -330,6 +339,9 @@ impl Collector {
                 biased;
                 () = &mut self.shutdown => break,
                 _ = heartbeat.tick() => {
+                    if cut_off(self.partition.as_ref(), &mut silent) {
+                        continue;
+                    }
                     seq += 1;
                     let event = HeartbeatSent {
                         node: node.clone(),
@@ -339,6 +351,9 @@ impl Collector {
                     heartbeat_failures.record(self.publisher.publish(event).await);
                 }
                 _ = telemetry.tick() => {
+                    if cut_off(self.partition.as_ref(), &mut silent) {
+                        continue;
+                    }
                     let Some(taken) = source.take() else { break };
                     let (back, samples) = on_blocking_thread(taken, |s| s.sample()).await;
                     source = Some(back);
@@ -399,6 +414,16 @@ impl Collector {
             }
         }
     }
+}
+
+/// Whether a simulated partition cut the node off, so that it must publish nothing (its
+/// executor goes on running what it runs). Says so once, when it sets `silent`.
+fn cut_off(partition: Option<&sim::SimLoad>, silent: &mut bool) -> bool {
+    if !*silent && partition.is_some_and(sim::SimLoad::is_partitioned) {
+        *silent = true;
+        tracing::info!("the simulated node is cut off: no more heartbeats or telemetry from it");
+    }
+    *silent
 }
 
 /// Runs `f` on the source on a blocking thread (NVML calls block, sometimes for seconds on a

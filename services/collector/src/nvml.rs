@@ -9,7 +9,10 @@
 //!   makes the two peers, and GPUs whose links end at the same non-GPU device (an NVSwitch)
 //!   are all peers of each other;
 //! - XID errors are counted from NVML's critical-XID events on GPUs that support them, and are
-//!   absent on GPUs that do not.
+//!   absent on GPUs that do not; each sample also lists the codes that arrived since the last;
+//! - the health signals — the slowdown temperature (for the thermal margin), the clocks event
+//!   (throttle) reasons by name, row remapping, and NVLink error counters summed over the
+//!   active links — are read every sample, each absent where the GPU does not support it.
 
 mod real;
 
@@ -17,6 +20,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use allot_events::node::{GpuInfo, GpuSourceKind};
 use allot_events::telemetry::GpuSample;
+use nvml_wrapper::bitmasks::device::ThrottleReasons;
 use nvml_wrapper::error::NvmlError;
 
 use crate::source::{GpuInventory, GpuSource, SourceError};
@@ -77,6 +81,23 @@ pub(crate) struct DeviceReadings {
     /// Volatile (since driver load) totals.
     pub ecc_corrected: Reading<u64>,
     pub ecc_uncorrected: Reading<u64>,
+    /// The `Slowdown` temperature threshold, °C.
+    pub slowdown_temperature_c: Reading<u32>,
+    /// The current clocks event (throttle) reasons.
+    pub throttle_reasons: Reading<ThrottleReasons>,
+    /// Row remapping, on GPUs that remap rows (Ampere and later).
+    pub row_remapping: Reading<RowRemapping>,
+    /// Every error counter of every active NVLink: one reading per link and counter.
+    pub nvlink_error_counters: Vec<Reading<u64>>,
+}
+
+/// What NVML's remapped-rows query reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RowRemapping {
+    /// Rows remapped because of uncorrectable errors.
+    pub uncorrectable_rows: u64,
+    /// A remapping failed: no spare row was left.
+    pub failure_occurred: bool,
 }
 
 /// Framebuffer memory, bytes.
@@ -100,6 +121,43 @@ pub(crate) struct XidEvent {
 struct XidTally {
     count: u64,
     last: Option<u64>,
+}
+
+/// The clocks event reasons a sample reports, and their names. `GPU_IDLE` and the
+/// applications (user-defined) clocks setting are left out: they are the GPU resting and the
+/// operator's choice, not trouble.
+const THROTTLE_REASONS: [(ThrottleReasons, &str); 7] = [
+    (ThrottleReasons::SW_POWER_CAP, "sw_power_cap"),
+    (ThrottleReasons::HW_SLOWDOWN, "hw_slowdown"),
+    (ThrottleReasons::HW_THERMAL_SLOWDOWN, "hw_thermal_slowdown"),
+    (ThrottleReasons::SW_THERMAL_SLOWDOWN, "sw_thermal_slowdown"),
+    (ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN, "hw_power_brake"),
+    (ThrottleReasons::SYNC_BOOST, "sync_boost"),
+    (
+        ThrottleReasons::DISPLAY_CLOCK_SETTING,
+        "display_clock_setting",
+    ),
+];
+
+/// The names of the reasons in `reasons` that a sample reports, in [`THROTTLE_REASONS`] order.
+fn throttle_reason_names(reasons: ThrottleReasons) -> Vec<String> {
+    THROTTLE_REASONS
+        .iter()
+        .filter(|(flag, _)| reasons.contains(*flag))
+        .map(|(_, name)| (*name).to_owned())
+        .collect()
+}
+
+/// The sum of the NVLink error counters the GPU supports; `None` when it supports none (or has
+/// no active link).
+fn nvlink_errors(counters: Vec<Reading<u64>>, index: u32) -> Result<Option<u64>, SourceError> {
+    let mut total: Option<u64> = None;
+    for counter in counters {
+        if let Some(count) = optional(counter, index, "NVLink error counters")? {
+            total = Some(total.unwrap_or(0).saturating_add(count));
+        }
+    }
+    Ok(total)
 }
 
 /// A [`GpuSource`] reading the node's real GPUs through NVML.
@@ -140,21 +198,26 @@ impl NvmlSource {
         })
     }
 
-    /// Folds the XID events that arrived since the last sample into the per-GPU tallies.
-    fn tally_xids(&mut self, count: u32) {
+    /// Folds the XID events that arrived since the last sample into the per-GPU tallies, and
+    /// returns each GPU's new codes (by index, oldest first).
+    fn tally_xids(&mut self, count: u32) -> Vec<Vec<u64>> {
         if self.xids.len() < count as usize {
             self.xids.resize(count as usize, XidTally::default());
         }
+        let mut new = vec![Vec::new(); self.xids.len()];
         for event in self.api.take_xid_events() {
             if let Some(tally) = self.xids.get_mut(event.index as usize) {
                 tally.count += 1;
                 tally.last = event.xid.or(tally.last);
+                new[event.index as usize].extend(event.xid);
             }
         }
+        new
     }
 }
 
-/// A reading the device may legitimately lack: `NotSupported` makes it absent.
+/// A reading the device may legitimately lack: `NotSupported` makes it absent, and so does a
+/// driver too old to have the call at all (the symbol or the function is missing).
 fn optional<T>(
     reading: Reading<T>,
     index: u32,
@@ -162,7 +225,11 @@ fn optional<T>(
 ) -> Result<Option<T>, SourceError> {
     match reading {
         Ok(value) => Ok(Some(value)),
-        Err(NvmlError::NotSupported) => Ok(None),
+        Err(
+            NvmlError::NotSupported
+            | NvmlError::FunctionNotFound
+            | NvmlError::FailedToLoadSymbol(_),
+        ) => Ok(None),
         Err(source) => Err(SourceError::Gpu {
             index,
             query,
@@ -295,12 +362,13 @@ impl GpuSource for NvmlSource {
 
     fn sample(&mut self) -> Result<Vec<GpuSample>, SourceError> {
         let count = self.device_count()?;
-        self.tally_xids(count);
+        let mut new_xids = self.tally_xids(count);
         (0..count)
             .map(|index| {
                 let r = required(self.api.device_readings(index), index, "device handle")?;
                 let memory = required(r.memory, index, "memory usage")?;
                 let xids = self.xids[index as usize];
+                let row_remapping = optional(r.row_remapping, index, "remapped rows")?;
                 Ok(GpuSample {
                     index,
                     uuid: required(r.uuid, index, "uuid")?,
@@ -318,6 +386,18 @@ impl GpuSource for NvmlSource {
                     ecc_uncorrected: optional(r.ecc_uncorrected, index, "uncorrected ECC errors")?,
                     xid_errors: self.api.counts_xids(index).then_some(xids.count),
                     last_xid: xids.last,
+                    xids: std::mem::take(&mut new_xids[index as usize]),
+                    slowdown_temperature_c: optional(
+                        r.slowdown_temperature_c,
+                        index,
+                        "slowdown temperature threshold",
+                    )?,
+                    throttle_reasons: optional(r.throttle_reasons, index, "throttle reasons")?
+                        .map(throttle_reason_names)
+                        .unwrap_or_default(),
+                    rows_remapped_uncorrectable: row_remapping.map(|r| r.uncorrectable_rows),
+                    row_remap_failed: row_remapping.map(|r| r.failure_occurred),
+                    nvlink_errors: nvlink_errors(r.nvlink_error_counters, index)?,
                 })
             })
             .collect()

@@ -5,7 +5,14 @@
 //! idle to the model's TDP with utilization, temperature rises with power from a 30 °C
 //! ambient, and a loaded GPU holds a few hundred MiB of CUDA context on top of its
 //! allocations. Noise comes from a seeded generator, so the same seed, node and load give the
-//! same samples.
+//! same samples. The health signals NVML gives are simulated too: the model's slowdown
+//! temperature, throttle reasons that follow heat and power, row remapping on the models that
+//! have it, NVLink error counters on the models with NVLink, and each XID listed once.
+//!
+//! [`inject`] applies a schedule of faults (`allot up --inject KIND:NODE@TIME`) to simulated
+//! nodes through their [`SimLoad`] handles.
+
+pub mod inject;
 
 use std::fmt;
 use std::str::FromStr;
@@ -50,6 +57,11 @@ struct ModelSpec {
     tdp_w: f64,
     idle_w: f64,
     nvlink: bool,
+    /// NVML's `Slowdown` temperature threshold, °C (about what the real part reports).
+    slowdown_c: u32,
+    /// Whether the part remaps rows on memory errors (Ampere and later) rather than retiring
+    /// pages.
+    remaps_rows: bool,
 }
 
 const MODELS: &[ModelSpec] = &[
@@ -61,6 +73,8 @@ const MODELS: &[ModelSpec] = &[
         tdp_w: 700.0,
         idle_w: 70.0,
         nvlink: true,
+        slowdown_c: 87,
+        remaps_rows: true,
     },
     ModelSpec {
         model: GpuModel::A100Sxm80,
@@ -70,6 +84,8 @@ const MODELS: &[ModelSpec] = &[
         tdp_w: 400.0,
         idle_w: 60.0,
         nvlink: true,
+        slowdown_c: 89,
+        remaps_rows: true,
     },
     ModelSpec {
         model: GpuModel::A100Sxm40,
@@ -79,6 +95,8 @@ const MODELS: &[ModelSpec] = &[
         tdp_w: 400.0,
         idle_w: 55.0,
         nvlink: true,
+        slowdown_c: 89,
+        remaps_rows: true,
     },
     ModelSpec {
         model: GpuModel::V100,
@@ -88,6 +106,8 @@ const MODELS: &[ModelSpec] = &[
         tdp_w: 300.0,
         idle_w: 40.0,
         nvlink: true,
+        slowdown_c: 87,
+        remaps_rows: false,
     },
     ModelSpec {
         model: GpuModel::L4,
@@ -97,6 +117,8 @@ const MODELS: &[ModelSpec] = &[
         tdp_w: 72.0,
         idle_w: 16.0,
         nvlink: false,
+        slowdown_c: 92,
+        remaps_rows: true,
     },
     ModelSpec {
         model: GpuModel::T4,
@@ -106,6 +128,8 @@ const MODELS: &[ModelSpec] = &[
         tdp_w: 70.0,
         idle_w: 10.0,
         nvlink: false,
+        slowdown_c: 93,
+        remaps_rows: false,
     },
     ModelSpec {
         model: GpuModel::A10,
@@ -115,6 +139,8 @@ const MODELS: &[ModelSpec] = &[
         tdp_w: 150.0,
         idle_w: 25.0,
         nvlink: false,
+        slowdown_c: 93,
+        remaps_rows: true,
     },
 ];
 
@@ -160,6 +186,16 @@ impl GpuModel {
     /// Whether the model's SXM boards sit in an all-to-all NVLink domain.
     pub fn has_nvlink(self) -> bool {
         self.spec().nvlink
+    }
+
+    /// The temperature at which the GPU starts to slow itself down, °C.
+    pub fn slowdown_temperature_c(self) -> u32 {
+        self.spec().slowdown_c
+    }
+
+    /// Whether the model remaps memory rows (and so reports remapped rows and failures).
+    pub fn remaps_rows(self) -> bool {
+        self.spec().remaps_rows
     }
 }
 
@@ -245,10 +281,21 @@ impl Default for SimSpec {
 pub enum SimFault {
     /// One more volatile uncorrected ECC error.
     EccUncorrected,
-    /// One XID error with this code (e.g. 79: GPU has fallen off the bus).
+    /// One XID error with this code (e.g. 79: GPU has fallen off the bus), counted from then on
+    /// and listed in the next sample only.
     Xid(u64),
-    /// The GPU runs at or above 95 °C until its faults are cleared.
+    /// The GPU runs at 97 °C or hotter — above its slowdown temperature, so it reports
+    /// `hw_thermal_slowdown` — until its faults are cleared.
     Overheat,
+    /// The next sample only reads as [`SimFault::Overheat`] does; the one after is normal.
+    Spike,
+    /// The GPU draws 15% above its power limit (and reports `sw_power_cap`) until its faults
+    /// are cleared.
+    PowerOverLimit,
+    /// A row remapping failed: the GPU is out of spare rows, for good (a reset does not fix it).
+    RowRemapFailure,
+    /// This many more NVLink errors (ignored by models without NVLink).
+    NvLinkErrors(u64),
 }
 
 /// A GPU index beyond the simulated node's GPUs.
@@ -269,15 +316,32 @@ struct GpuState {
     ecc_uncorrected: u64,
     xid_errors: u64,
     last_xid: Option<u64>,
+    /// XIDs not yet reported in a sample.
+    new_xids: Vec<u64>,
     overheating: bool,
+    /// The next sample reads hot, once.
+    spike: bool,
+    over_power_limit: bool,
+    rows_remapped_uncorrectable: u64,
+    row_remap_failed: bool,
+    nvlink_errors: u64,
+}
+
+/// A simulated node's GPUs, and what went wrong with the node as a whole.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct NodeState {
+    gpus: Vec<GpuState>,
+    /// The node is cut off: its collector publishes no more heartbeats or telemetry.
+    partitioned: bool,
+    /// The work on the node stopped using its GPUs: loaded GPUs read 0% busy.
+    stalled: bool,
 }
 
 /// A handle that drives a simulated node's load and faults. Clones share the node.
 #[derive(Debug, Clone)]
 pub struct SimLoad {
-    gpus: Arc<Mutex<Vec<GpuState>>>,
-    /// Each GPU's memory, MiB (for [`SimLoad::occupy`]).
-    memory_mib: u64,
+    state: Arc<Mutex<NodeState>>,
+    model: GpuModel,
 }
 
 /// Utilization of a GPU whose whole share is granted, percent (work is never quite 100%).
@@ -286,11 +350,24 @@ const BUSY_PCT: u64 = 95;
 const BUSY_MEMORY_PCT: u64 = 80;
 
 impl SimLoad {
-    fn new(gpus: u32, memory_mib: u64) -> Self {
+    fn new(gpus: u32, model: GpuModel) -> Self {
         Self {
-            gpus: Arc::new(Mutex::new(vec![GpuState::default(); gpus as usize])),
-            memory_mib,
+            state: Arc::new(Mutex::new(NodeState {
+                gpus: vec![GpuState::default(); gpus as usize],
+                ..NodeState::default()
+            })),
+            model,
         }
+    }
+
+    /// The model of the node's GPUs.
+    pub fn model(&self) -> GpuModel {
+        self.model
+    }
+
+    /// How many GPUs the node has.
+    pub fn gpus(&self) -> u32 {
+        self.lock().gpus.len() as u32
     }
 
     /// Makes the node's load follow the work granted on it: each GPU in `granted` (index →
@@ -298,27 +375,29 @@ impl SimLoad {
     /// busy with 80% of its memory held — and every other GPU is idle. The executor calls it
     /// as runs start and end, so simulated telemetry (and billing's idle cost) means something.
     pub fn occupy(&self, granted: &std::collections::BTreeMap<u32, u32>) {
-        let mut gpus = self.lock();
-        for (index, gpu) in gpus.iter_mut().enumerate() {
+        let memory_mib = self.model.memory_mib();
+        let mut node = self.lock();
+        for (index, gpu) in node.gpus.iter_mut().enumerate() {
             gpu.load = granted.get(&(index as u32)).map(|&milli| {
                 let milli = u64::from(milli.min(1000));
                 let pct = (milli * BUSY_PCT / 1000) as u8;
-                let memory = self.memory_mib * milli / 1000 * BUSY_MEMORY_PCT / 100;
+                let memory = memory_mib * milli / 1000 * BUSY_MEMORY_PCT / 100;
                 (pct, memory)
             });
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Vec<GpuState>> {
+    fn lock(&self) -> MutexGuard<'_, NodeState> {
         // The state is plain data that every writer leaves consistent, so a panic elsewhere
         // while holding the lock does not make it unusable.
-        self.gpus.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn with_gpu(&self, index: u32, f: impl FnOnce(&mut GpuState)) -> Result<(), UnknownGpu> {
-        let mut gpus = self.lock();
-        let count = gpus.len() as u32;
-        let gpu = gpus
+        let mut node = self.lock();
+        let count = node.gpus.len() as u32;
+        let gpu = node
+            .gpus
             .get_mut(index as usize)
             .ok_or(UnknownGpu { index, gpus: count })?;
         f(gpu);
@@ -350,23 +429,60 @@ impl SimLoad {
             SimFault::Xid(code) => {
                 gpu.xid_errors += 1;
                 gpu.last_xid = Some(code);
+                gpu.new_xids.push(code);
             }
             SimFault::Overheat => gpu.overheating = true,
+            SimFault::Spike => gpu.spike = true,
+            SimFault::PowerOverLimit => gpu.over_power_limit = true,
+            SimFault::RowRemapFailure => {
+                gpu.rows_remapped_uncorrectable += 1;
+                gpu.row_remap_failed = true;
+            }
+            SimFault::NvLinkErrors(count) => {
+                gpu.nvlink_errors = gpu.nvlink_errors.saturating_add(count);
+            }
         })
     }
 
-    /// Repairs GPU `index` as a GPU reset would: it stops overheating and its volatile ECC
-    /// counter returns to 0. XID history stays, because the collector counts XIDs since it
-    /// started, not since the last reset.
+    /// Repairs GPU `index` as a GPU reset would: it stops overheating and drawing too much
+    /// power, and its volatile ECC counter returns to 0. XID history stays, because the
+    /// collector counts XIDs since it started, not since the last reset; so do remapped rows
+    /// (kept on the board) and NVLink errors (counted since the driver loaded).
     pub fn clear_faults(&self, index: u32) -> Result<(), UnknownGpu> {
         self.with_gpu(index, |gpu| {
             gpu.overheating = false;
+            gpu.spike = false;
+            gpu.over_power_limit = false;
             gpu.ecc_uncorrected = 0;
         })
     }
 
-    fn snapshot(&self) -> Vec<GpuState> {
-        self.lock().clone()
+    /// Cuts the node off the network, for good: its collector publishes no more heartbeats
+    /// or telemetry, while its executor goes on running what it runs.
+    pub fn partition(&self) {
+        self.lock().partitioned = true;
+    }
+
+    /// Whether [`SimLoad::partition`] cut the node off.
+    pub fn is_partitioned(&self) -> bool {
+        self.lock().partitioned
+    }
+
+    /// The work on the node stops using its GPUs, for good, as a hung job would: the GPUs that
+    /// runs hold read 0% busy and idle power, and keep their memory.
+    pub fn stall(&self) {
+        self.lock().stalled = true;
+    }
+
+    /// The state to sample: one-shot faults (a spike, new XIDs) are handed over once.
+    fn take_snapshot(&self) -> NodeState {
+        let mut node = self.lock();
+        let snapshot = node.clone();
+        for gpu in &mut node.gpus {
+            gpu.spike = false;
+            gpu.new_xids.clear();
+        }
+        snapshot
     }
 }
 
@@ -374,8 +490,10 @@ impl SimLoad {
 const AMBIENT_C: f64 = 30.0;
 /// Temperature rise at full board power, °C (so readings run from ~35 to ~85 °C).
 const RISE_AT_TDP_C: f64 = 55.0;
-/// The temperature an overheating GPU reports at least, °C.
+/// The temperature an overheating GPU reports at least, °C: above every model's slowdown.
 const OVERHEAT_C: u32 = 97;
+/// Power an over-limit GPU draws, as a multiple of its limit.
+const OVER_LIMIT_POWER: f64 = 1.15;
 /// CUDA context memory a busy GPU holds on top of its allocations, MiB.
 const CONTEXT_MIB: u64 = 400;
 /// Largest step of the background random walk per sample, percentage points.
@@ -406,7 +524,7 @@ impl SimulatedSource {
         Self {
             node: node.to_owned(),
             background_pct: vec![spec.background_load * 100.0; spec.gpus as usize],
-            load: SimLoad::new(spec.gpus, spec.model.memory_mib()),
+            load: SimLoad::new(spec.gpus, spec.model),
             spec,
             rng,
         }
@@ -503,31 +621,49 @@ impl GpuSource for SimulatedSource {
     fn sample(&mut self) -> Result<Vec<GpuSample>, SourceError> {
         let model = self.spec.model;
         let (tdp_w, idle_w, total_mib) = (model.tdp_w(), model.idle_w(), model.memory_mib());
-        let states = self.load.snapshot();
-        let mut samples = Vec::with_capacity(states.len());
-        for (i, state) in states.iter().enumerate() {
+        let slowdown_c = model.slowdown_temperature_c();
+        let node = self.load.take_snapshot();
+        let mut samples = Vec::with_capacity(node.gpus.len());
+        for (i, state) in node.gpus.into_iter().enumerate() {
             // Draw the same amount of randomness for every GPU in every sample, so one GPU's
             // load does not shift the noise the others see.
             let noise = self.rng.random_range(-LOAD_NOISE_PCT..=LOAD_NOISE_PCT);
             let background = self.background_step(i);
-            let (util_pct, allocated_mib) = match state.load {
-                Some((0, memory)) => (0.0, memory),
-                Some((util, memory)) => ((f64::from(util) + noise).clamp(1.0, 100.0), memory),
-                None => (background, 0),
+            let (util_pct, allocated_mib, holds_context) = match state.load {
+                // A stalled run still holds its memory and CUDA context.
+                Some((_, memory)) if node.stalled => (0.0, memory, true),
+                Some((0, memory)) => (0.0, memory, false),
+                Some((util, memory)) => ((f64::from(util) + noise).clamp(1.0, 100.0), memory, true),
+                None => (background, 0, false),
             };
             let util_pct = util_pct.round();
-            let memory_used_mib = if util_pct > 0.0 {
+            let memory_used_mib = if holds_context || util_pct > 0.0 {
                 allocated_mib + CONTEXT_MIB
             } else {
                 allocated_mib
             }
             .min(total_mib);
             let power_w = idle_w + (tdp_w - idle_w) * util_pct / 100.0;
+            // Heat follows the work, not a faulty power reading, so a power fault does not
+            // also look like a thermal one.
             let mut temperature_c = (AMBIENT_C + RISE_AT_TDP_C * power_w / tdp_w).round() as u32;
-            if state.overheating {
+            if state.overheating || state.spike {
                 temperature_c = temperature_c.max(OVERHEAT_C);
             }
+            let power_w = if state.over_power_limit {
+                tdp_w * OVER_LIMIT_POWER
+            } else {
+                power_w
+            };
+            let mut throttle_reasons = Vec::new();
+            if state.over_power_limit {
+                throttle_reasons.push("sw_power_cap".to_owned());
+            }
+            if temperature_c >= slowdown_c {
+                throttle_reasons.push("hw_thermal_slowdown".to_owned());
+            }
             let index = i as u32;
+            let has_nvlink = !self.nvlink_peers(index).is_empty();
             samples.push(GpuSample {
                 index,
                 uuid: simulated_uuid(&self.node, index),
@@ -541,6 +677,14 @@ impl GpuSource for SimulatedSource {
                 ecc_uncorrected: Some(state.ecc_uncorrected),
                 xid_errors: Some(state.xid_errors),
                 last_xid: state.last_xid,
+                xids: state.new_xids,
+                slowdown_temperature_c: Some(slowdown_c),
+                throttle_reasons,
+                rows_remapped_uncorrectable: model
+                    .remaps_rows()
+                    .then_some(state.rows_remapped_uncorrectable),
+                row_remap_failed: model.remaps_rows().then_some(state.row_remap_failed),
+                nvlink_errors: has_nvlink.then_some(state.nvlink_errors),
             });
         }
         Ok(samples)

@@ -4,14 +4,20 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use allot_bus::Publisher;
 use allot_bus::async_nats::{self, jetstream};
 use allot_bus::streams::names;
 use allot_collector::{
-    Config, Error, GpuModel, GpuSource, SimFault, SimSpec, SimulatedSource, SourceChoice,
+    Config, Error, ExecutorConfig, GpuModel, GpuSource, InjectKind, Runs, SimFault, SimSpec,
+    SimulatedRuns, SimulatedSource, SourceChoice,
 };
+use allot_events::alloc::{Applied, Dispatch, Launch, NodeGrant};
 use allot_events::node::{GpuSourceKind, HeartbeatSent, NodeRegistered};
+use allot_events::task::RunSpec;
 use allot_events::telemetry::GpusSampled;
-use allot_events::{AnyEvent, Envelope, NodeEvent, TelemetryEvent, decode};
+use allot_events::{AllocEvent, AnyEvent, Envelope, NodeEvent, TaskEvent, TelemetryEvent, decode};
+use allot_sched::journal::Entry;
+use allot_sched::{Input, LeaseId, TaskId};
 use allot_testkit::NatsServer;
 use anyhow::{Context as _, bail};
 use tokio::sync::oneshot;
@@ -262,6 +268,132 @@ async fn load_and_faults_set_through_the_sim_handle_show_in_published_telemetry(
             .is_some_and(|s| s.samples[1].temperature_c.is_some_and(|t| t >= 95))
     })
     .await?;
+    collector.stop().await??;
+    Ok(())
+}
+
+/// Grants task 1 (lease 10) GPU 0 of `node` in pool `pool` for `duration`, as the allocator
+/// would.
+async fn grant_gpu_0(
+    client: &async_nats::Client,
+    pool: &str,
+    node: &str,
+    duration: Duration,
+) -> anyhow::Result<()> {
+    let dispatch = Dispatch {
+        task: TaskId(1),
+        lease: LeaseId(10),
+        launch: Launch {
+            workload: "train-eval-1".into(),
+            name: "train".into(),
+            team: String::new(),
+            run: RunSpec {
+                duration_ms: Some(duration.as_millis() as u64),
+                ..RunSpec::default()
+            },
+        },
+        nodes: vec![NodeGrant {
+            node: node.into(),
+            gpu_model: "H100".into(),
+            gpus: vec![(0, 1000)],
+            mig: None,
+            cpu_milli: 1000,
+            memory_mib: 1024,
+        }],
+    };
+    let applied = Applied {
+        pool: pool.into(),
+        source: None,
+        entry: Entry {
+            seq: 1,
+            input: Input::Schedule { at: 1 },
+            decisions: vec![],
+            rejected: None,
+        },
+        launch: None,
+        dispatch: vec![dispatch],
+    };
+    Publisher::new(client.clone(), "/allot/allocator/test")
+        .publish(AllocEvent::Applied(applied))
+        .await?;
+    Ok(())
+}
+
+/// Whether WORKLOADS holds an event of task 1 that `is` picks.
+async fn task_1(js: &jetstream::Context, is: impl Fn(&TaskEvent) -> bool) -> anyhow::Result<bool> {
+    Ok(events(js, names::WORKLOADS)
+        .await?
+        .iter()
+        .any(|e| matches!(&e.data, AnyEvent::Task(t) if is(t))))
+}
+
+#[tokio::test]
+async fn a_partitioned_node_goes_silent_while_its_runs_go_on() -> anyhow::Result<()> {
+    let server = NatsServer::start();
+    let client = async_nats::connect(server.url()).await?;
+    let js = streams(&client).await?;
+
+    let mut config = config(&server.url(), "node-11");
+    config.executor = ExecutorConfig {
+        runs: Runs::Simulated(SimulatedRuns {
+            speedup: 1.0,
+            default_duration: Duration::from_secs(1),
+        }),
+        state: None,
+    };
+    let source = SimulatedSource::new(&config.node, config.sim.clone());
+    let load = source.load();
+    let pool = config.pool.clone();
+    let source: Box<dyn GpuSource> = Box::new(source);
+    let collector =
+        Running::spawn(|shutdown| allot_collector::run_with_source(config, source, shutdown));
+
+    // The run holds GPU 0 for 2 s; telemetry shows it busy.
+    wait_for(&js, names::FLEET, "the registration", |e| {
+        !registrations(e).is_empty()
+    })
+    .await?;
+    grant_gpu_0(&client, &pool, "node-11", Duration::from_secs(2)).await?;
+    wait_for(&js, names::TELEMETRY, "GPU 0 busy with the run", |events| {
+        samples(events)
+            .last()
+            .is_some_and(|s| s.samples[0].utilization_pct.unwrap() > 80 && !s.held.is_empty())
+    })
+    .await?;
+    assert!(
+        task_1(&js, |t| matches!(t, TaskEvent::Started(_))).await?,
+        "the run started"
+    );
+    assert!(
+        !task_1(&js, |t| matches!(t, TaskEvent::Completed(_))).await?,
+        "the run is not over yet"
+    );
+
+    allot_collector::sim::inject::apply(InjectKind::Partition, &load);
+    // A publish already under way when the node was cut off may still land.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (fleet_cut, telemetry_cut) = (fleet_len(&js).await?, telemetry_len(&js).await?);
+
+    // The run goes on to its end, and says so…
+    let deadline = Instant::now() + PATIENCE;
+    while !task_1(&js, |t| matches!(t, TaskEvent::Completed(_))).await? {
+        if Instant::now() > deadline {
+            bail!("the run did not complete within {PATIENCE:?} of the partition");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // …while the node publishes nothing: over a second of 50 ms heartbeats and 100 ms samples.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        fleet_len(&js).await?,
+        fleet_cut,
+        "no heartbeat after the partition"
+    );
+    assert_eq!(
+        telemetry_len(&js).await?,
+        telemetry_cut,
+        "no telemetry after the partition"
+    );
     collector.stop().await??;
     Ok(())
 }

@@ -70,6 +70,12 @@ mod tests {
             ecc_uncorrected: Some(0),
             xid_errors: Some(0),
             last_xid: None,
+            xids: Vec::new(),
+            slowdown_temperature_c: None,
+            throttle_reasons: Vec::new(),
+            rows_remapped_uncorrectable: None,
+            row_remap_failed: None,
+            nvlink_errors: None,
         }
     }
 

@@ -339,13 +339,15 @@ impl Watch {
     }
 }
 
-/// The health signals in one GPU sample (absent readings give none).
+/// The health signals in one GPU sample (absent readings give none). The thermal margin is
+/// taken against the GPU's own slowdown temperature, [`DEFAULT_SLOWDOWN_C`] when it reports
+/// none; every XID since the previous sample is one reading.
 pub fn signals(s: &GpuSample) -> Vec<Signal> {
     let mut out = Vec::new();
     if let Some(t) = s.temperature_c {
         out.push(Signal::Temperature {
             celsius: f64::from(t),
-            slowdown_celsius: f64::from(DEFAULT_SLOWDOWN_C),
+            slowdown_celsius: f64::from(s.slowdown_temperature_c.unwrap_or(DEFAULT_SLOWDOWN_C)),
         });
     }
     if let (Some(p), Some(limit)) = (s.power_mw, s.power_limit_mw) {
@@ -363,6 +365,13 @@ pub fn signals(s: &GpuSample) -> Vec<Signal> {
     if let Some(n) = s.ecc_uncorrected {
         out.push(Signal::EccUncorrectable(n));
     }
+    if let Some(failed) = s.row_remap_failed {
+        out.push(Signal::RowRemapFailures(u64::from(failed)));
+    }
+    if let Some(n) = s.nvlink_errors {
+        out.push(Signal::NvlinkErrors(n));
+    }
+    out.extend(s.xids.iter().map(|code| Signal::Xid(*code)));
     out
 }
 

@@ -100,4 +100,36 @@ pub struct GpuSample {
     /// The most recent XID error code, when there was one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_xid: Option<u64>,
+    /// The XID error codes that occurred on this GPU since the previous sample, oldest first
+    /// (one entry per event; an event whose code NVML did not know is counted in `xid_errors`
+    /// but not listed). Absent: none, or the GPU cannot report XIDs (see `xid_errors`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub xids: Vec<u64>,
+    /// The temperature, °C, at which the GPU starts to slow itself down (NVML's `Slowdown`
+    /// temperature threshold). Thermal margin is this minus `temperature_c`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slowdown_temperature_c: Option<u32>,
+    /// Why the GPU's clocks are held down right now (NVML's clocks event reasons), by name:
+    /// `sw_power_cap`, `hw_slowdown`, `hw_thermal_slowdown`, `sw_thermal_slowdown`,
+    /// `hw_power_brake`, `sync_boost`, `display_clock_setting`. An idle GPU and clocks an
+    /// operator set are not reasons to worry and are not listed. Absent: running at full
+    /// clocks, or the GPU cannot say.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub throttle_reasons: Vec<String>,
+    /// Memory rows remapped because of uncorrectable errors since the GPU was made (the count
+    /// persists across reboots).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows_remapped_uncorrectable: Option<u64>,
+    /// A row remapping failed: the GPU ran out of spare rows and its memory can no longer be
+    /// repaired in the field. Absent on GPUs without row remapping (before Ampere).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub row_remap_failed: Option<bool>,
+    /// NVLink errors since the driver loaded, summed over the GPU's active links and over the
+    /// counters NVML keeps for each (CRC flit, CRC data, replay, recovery). Absent: no active
+    /// NVLink, or no counter the GPU supports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink_errors: Option<u64>,
 }
+
+#[cfg(test)]
+mod tests;

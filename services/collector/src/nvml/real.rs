@@ -1,14 +1,22 @@
-//! [`NvmlApi`] over the real library. Only compiled on machines without a GPU; what it returns
-//! is mapped (and tested) in the parent module.
+//! [`NvmlApi`] over the real library. Only exercised on machines with a GPU; what it returns is
+//! mapped (and tested) in the parent module.
 
 use std::sync::OnceLock;
 
-use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, TemperatureSensor};
+use nvml_wrapper::enum_wrappers::device::{
+    EccCounter, MemoryError, TemperatureSensor, TemperatureThreshold,
+};
+use nvml_wrapper::enum_wrappers::nv_link::ErrorCounter;
+use nvml_wrapper::enums::device::SampleValue;
 use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::struct_wrappers::device::FieldValueSample;
+use nvml_wrapper::structs::device::FieldId;
+use nvml_wrapper::sys_exports::field_id::{NVML_FI_DEV_REMAPPED_FAILURE, NVML_FI_DEV_REMAPPED_UNC};
 use nvml_wrapper::{Device, EventSet, Nvml};
 
 use super::{
-    DeviceFacts, DeviceReadings, MemoryReading, NvLinkReading, NvmlApi, Reading, XidEvent,
+    DeviceFacts, DeviceReadings, MemoryReading, NvLinkReading, NvmlApi, Reading, RowRemapping,
+    XidEvent,
 };
 
 /// NVML, initialised once for the life of the process.
@@ -133,6 +141,50 @@ fn active_nvlinks(device: &Device<'_>) -> Vec<NvLinkReading> {
         .collect()
 }
 
+/// The NVLink error counters NVML keeps per link.
+const NVLINK_ERROR_COUNTERS: [ErrorCounter; 4] = [
+    ErrorCounter::DlCrcFlit,
+    ErrorCounter::DlCrcData,
+    ErrorCounter::DlReplay,
+    ErrorCounter::DlRecovery,
+];
+
+/// Every error counter of every active NVLink of the GPU.
+fn nvlink_error_counters(device: &Device<'_>) -> Vec<Reading<u64>> {
+    (0..MAX_NVLINKS)
+        .map(|link| device.link_wrapper_for(link))
+        .filter(|nvlink| matches!(nvlink.is_active(), Ok(true)))
+        .flat_map(|nvlink| NVLINK_ERROR_COUNTERS.map(|counter| nvlink.error_counter(counter)))
+        .collect()
+}
+
+/// Row remapping through NVML's field values (`nvml-wrapper` 0.13 has no safe wrapper for
+/// `nvmlDeviceGetRemappedRows`; these fields are what it reads). One answer for both fields,
+/// as the query they stand for gives: the first failure of either is the reading's.
+fn row_remapping(device: &Device<'_>) -> Reading<RowRemapping> {
+    let mut fields = device
+        .field_values_for(&[
+            FieldId(NVML_FI_DEV_REMAPPED_UNC),
+            FieldId(NVML_FI_DEV_REMAPPED_FAILURE),
+        ])?
+        .into_iter();
+    let mut next = || -> Reading<u64> {
+        let sample: FieldValueSample = fields.next().ok_or(NvmlError::Unknown)??;
+        match sample.value? {
+            SampleValue::U32(v) => Ok(u64::from(v)),
+            SampleValue::U64(v) => Ok(v),
+            SampleValue::I64(v) => u64::try_from(v).map_err(|_| NvmlError::Unknown),
+            SampleValue::F64(_) => Err(NvmlError::Unknown),
+        }
+    };
+    let uncorrectable_rows = next()?;
+    let failure_occurred = next()? != 0;
+    Ok(RowRemapping {
+        uncorrectable_rows,
+        failure_occurred,
+    })
+}
+
 impl NvmlApi for RealNvml {
     fn driver_version(&self) -> Reading<String> {
         self.nvml.sys_driver_version()
@@ -169,6 +221,10 @@ impl NvmlApi for RealNvml {
             ecc_corrected: device.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile),
             ecc_uncorrected: device
                 .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile),
+            slowdown_temperature_c: device.temperature_threshold(TemperatureThreshold::Slowdown),
+            throttle_reasons: device.current_throttle_reasons(),
+            row_remapping: row_remapping(&device),
+            nvlink_error_counters: nvlink_error_counters(&device),
         })
     }
 

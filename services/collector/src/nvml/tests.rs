@@ -12,9 +12,23 @@ struct FakeGpu {
     /// Far ends of the active NVLinks (PCI bus ids).
     links_to: Vec<String>,
     not_supported: Vec<&'static str>,
+    /// Readings the driver has no call for (too old).
+    not_in_driver: Vec<&'static str>,
     lost: bool,
     counts_xids: bool,
+    throttle_reasons: ThrottleReasons,
+    row_remapping: RowRemapping,
+    /// Each active link's CRC flit, CRC data, replay and recovery error counters.
+    nvlink_counters: [u64; 4],
 }
+
+/// The names under which the fake answers each NVLink error counter.
+const NVLINK_COUNTERS: [&str; 4] = [
+    "nvlink_crc_flit",
+    "nvlink_crc_data",
+    "nvlink_replay",
+    "nvlink_recovery",
+];
 
 fn gpu(bus_id: &str) -> FakeGpu {
     FakeGpu {
@@ -22,8 +36,15 @@ fn gpu(bus_id: &str) -> FakeGpu {
         bus_id: bus_id.to_owned(),
         links_to: Vec::new(),
         not_supported: Vec::new(),
+        not_in_driver: Vec::new(),
         lost: false,
         counts_xids: true,
+        throttle_reasons: ThrottleReasons::GPU_IDLE,
+        row_remapping: RowRemapping {
+            uncorrectable_rows: 0,
+            failure_occurred: false,
+        },
+        nvlink_counters: [0; 4],
     }
 }
 
@@ -42,8 +63,29 @@ impl FakeGpu {
         self.lost = true;
         self
     }
+    /// The named readings are calls the driver does not have.
+    fn old_driver_lacks(mut self, readings: &[&'static str]) -> Self {
+        self.not_in_driver = readings.to_vec();
+        self
+    }
     fn without_xid_events(mut self) -> Self {
         self.counts_xids = false;
+        self
+    }
+    fn throttled(mut self, reasons: ThrottleReasons) -> Self {
+        self.throttle_reasons = reasons;
+        self
+    }
+    fn remapped(mut self, uncorrectable_rows: u64, failure_occurred: bool) -> Self {
+        self.row_remapping = RowRemapping {
+            uncorrectable_rows,
+            failure_occurred,
+        };
+        self
+    }
+    /// Every active link reports these CRC flit, CRC data, replay and recovery errors.
+    fn nvlink_counters(mut self, counters: [u64; 4]) -> Self {
+        self.nvlink_counters = counters;
         self
     }
 
@@ -52,6 +94,10 @@ impl FakeGpu {
             Err(NvmlError::GpuLost)
         } else if self.not_supported.contains(&what) {
             Err(NvmlError::NotSupported)
+        } else if self.not_in_driver.contains(&what) {
+            Err(NvmlError::FailedToLoadSymbol(format!(
+                "nvmlDeviceGet_{what}"
+            )))
         } else {
             Ok(value)
         }
@@ -126,6 +172,19 @@ impl NvmlApi for FakeNvml {
             power_limit_mw: g.read("power_limit", 700_000),
             ecc_corrected: g.read("ecc", 3),
             ecc_uncorrected: g.read("ecc", 0),
+            slowdown_temperature_c: g.read("slowdown", 87),
+            throttle_reasons: g.read("throttle", g.throttle_reasons),
+            row_remapping: g.read("row_remapping", g.row_remapping),
+            nvlink_error_counters: g
+                .links_to
+                .iter()
+                .flat_map(|_| {
+                    NVLINK_COUNTERS
+                        .iter()
+                        .zip(g.nvlink_counters)
+                        .map(|(what, count)| g.read(what, count))
+                })
+                .collect(),
         })
     }
     fn counts_xids(&self, index: u32) -> bool {
@@ -142,7 +201,14 @@ fn source(fake: &FakeNvml) -> NvmlSource {
 
 #[test]
 fn a_fully_supported_gpu_maps_every_reading() {
-    let fake = FakeNvml::with(vec![gpu("00000000:18:00.0")]);
+    let fake = FakeNvml::with(vec![
+        gpu("00000000:18:00.0")
+            .links_to(&["0:c0:0.0", "0:c1:0.0"])
+            .nvlink_counters([1, 2, 3, 4])
+            .throttled(ThrottleReasons::SW_POWER_CAP | ThrottleReasons::HW_THERMAL_SLOWDOWN)
+            .remapped(2, false),
+    ]);
+    fake.push_xid(0, Some(48));
     let mut source = source(&fake);
     let inventory = source.describe().unwrap();
     assert_eq!(inventory.driver_version.as_deref(), Some("550.54.15"));
@@ -174,8 +240,14 @@ fn a_fully_supported_gpu_maps_every_reading() {
             power_limit_mw: Some(700_000),
             ecc_corrected: Some(3),
             ecc_uncorrected: Some(0),
-            xid_errors: Some(0),
-            last_xid: None,
+            xid_errors: Some(1),
+            last_xid: Some(48),
+            xids: vec![48],
+            slowdown_temperature_c: Some(87),
+            throttle_reasons: vec!["sw_power_cap".to_owned(), "hw_thermal_slowdown".to_owned()],
+            rows_remapped_uncorrectable: Some(2),
+            row_remap_failed: Some(false),
+            nvlink_errors: Some(2 * (1 + 2 + 3 + 4)),
         }]
     );
 }
@@ -188,6 +260,31 @@ fn readings_a_gpu_does_not_support_are_absent_not_zero() {
         check: fn(&GpuSample),
     }
     for case in [
+        Case {
+            name: "no temperature thresholds",
+            lacks: &["slowdown"],
+            check: |s| assert_eq!(s.slowdown_temperature_c, None),
+        },
+        Case {
+            name: "no clocks event reasons",
+            lacks: &["throttle"],
+            check: |s| assert_eq!(s.throttle_reasons, Vec::<String>::new()),
+        },
+        Case {
+            name: "no row remapping (before Ampere)",
+            lacks: &["row_remapping"],
+            check: |s| {
+                assert_eq!(
+                    (s.rows_remapped_uncorrectable, s.row_remap_failed),
+                    (None, None)
+                );
+            },
+        },
+        Case {
+            name: "NVLinks without error counters",
+            lacks: &NVLINK_COUNTERS,
+            check: |s| assert_eq!(s.nvlink_errors, None),
+        },
         Case {
             name: "no ECC (consumer board or ECC off)",
             lacks: &["ecc"],
@@ -209,12 +306,129 @@ fn readings_a_gpu_does_not_support_are_absent_not_zero() {
             check: |s| assert_eq!(s.utilization_pct, None),
         },
     ] {
-        let fake = FakeNvml::with(vec![gpu("0:1:0.0").lacks(case.lacks)]);
-        let samples = source(&fake)
-            .sample()
-            .unwrap_or_else(|e| panic!("{}: {e}", case.name));
-        (case.check)(&samples[0]);
-        assert_eq!(samples[0].memory_used_mib, 10_240, "{}", case.name);
+        let throttled = ThrottleReasons::SW_POWER_CAP;
+        let full = gpu("0:1:0.0")
+            .links_to(&["0:c0:0.0"])
+            .nvlink_counters([1, 1, 1, 1])
+            .throttled(throttled);
+        for (how, gpu) in [
+            ("not supported", full.clone().lacks(case.lacks)),
+            (
+                "not in the driver",
+                full.clone().old_driver_lacks(case.lacks),
+            ),
+        ] {
+            let fake = FakeNvml::with(vec![gpu]);
+            let samples = source(&fake)
+                .sample()
+                .unwrap_or_else(|e| panic!("{} ({how}): {e}", case.name));
+            (case.check)(&samples[0]);
+            assert_eq!(samples[0].memory_used_mib, 10_240, "{}", case.name);
+        }
+    }
+}
+
+#[test]
+fn throttle_reasons_are_named_and_resting_or_operator_set_clocks_are_not_reasons() {
+    for (given, want) in [
+        (ThrottleReasons::empty(), vec![]),
+        (ThrottleReasons::NONE, vec![]),
+        (ThrottleReasons::GPU_IDLE, vec![]),
+        (ThrottleReasons::APPLICATIONS_CLOCKS_SETTING, vec![]),
+        (ThrottleReasons::SW_POWER_CAP, vec!["sw_power_cap"]),
+        (ThrottleReasons::HW_SLOWDOWN, vec!["hw_slowdown"]),
+        (
+            ThrottleReasons::HW_THERMAL_SLOWDOWN,
+            vec!["hw_thermal_slowdown"],
+        ),
+        (
+            ThrottleReasons::SW_THERMAL_SLOWDOWN,
+            vec!["sw_thermal_slowdown"],
+        ),
+        (
+            ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN,
+            vec!["hw_power_brake"],
+        ),
+        (ThrottleReasons::SYNC_BOOST, vec!["sync_boost"]),
+        (
+            ThrottleReasons::DISPLAY_CLOCK_SETTING,
+            vec!["display_clock_setting"],
+        ),
+        (
+            ThrottleReasons::GPU_IDLE
+                | ThrottleReasons::HW_SLOWDOWN
+                | ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN,
+            vec!["hw_slowdown", "hw_power_brake"],
+        ),
+    ] {
+        let fake = FakeNvml::with(vec![gpu("0:1:0.0").throttled(given)]);
+        let sample = source(&fake).sample().unwrap().swap_remove(0);
+        assert_eq!(sample.throttle_reasons, want, "{given:?}");
+    }
+}
+
+#[test]
+fn a_failed_row_remapping_is_reported_with_the_remapped_rows() {
+    let fake = FakeNvml::with(vec![gpu("0:1:0.0").remapped(7, true), gpu("0:2:0.0")]);
+    let samples = source(&fake).sample().unwrap();
+    assert_eq!(
+        (
+            samples[0].rows_remapped_uncorrectable,
+            samples[0].row_remap_failed
+        ),
+        (Some(7), Some(true))
+    );
+    assert_eq!(
+        (
+            samples[1].rows_remapped_uncorrectable,
+            samples[1].row_remap_failed
+        ),
+        (Some(0), Some(false)),
+        "a GPU that remaps rows and has none remapped reports zero, not nothing"
+    );
+}
+
+#[test]
+fn nvlink_errors_sum_every_supported_counter_of_every_active_link() {
+    struct Case {
+        name: &'static str,
+        gpu: FakeGpu,
+        want_nvlink_errors: Option<u64>,
+    }
+    for case in [
+        Case {
+            name: "no NVLink (PCIe only)",
+            gpu: gpu("0:1:0.0").nvlink_counters([5, 5, 5, 5]),
+            want_nvlink_errors: None,
+        },
+        Case {
+            name: "clean links count zero, not nothing",
+            gpu: gpu("0:1:0.0").links_to(&["0:c0:0.0", "0:c1:0.0"]),
+            want_nvlink_errors: Some(0),
+        },
+        Case {
+            name: "three links, every counter",
+            gpu: gpu("0:1:0.0")
+                .links_to(&["0:c0:0.0", "0:c1:0.0", "0:c2:0.0"])
+                .nvlink_counters([10, 1, 2, 0]),
+            want_nvlink_errors: Some(3 * 13),
+        },
+        Case {
+            name: "CRC data not kept (Hopper): the others still count",
+            gpu: gpu("0:1:0.0")
+                .links_to(&["0:c0:0.0", "0:c1:0.0"])
+                .nvlink_counters([10, 1000, 2, 1])
+                .lacks(&["nvlink_crc_data"]),
+            want_nvlink_errors: Some(2 * 13),
+        },
+    ] {
+        let fake = FakeNvml::with(vec![case.gpu]);
+        let sample = source(&fake).sample().unwrap().swap_remove(0);
+        assert_eq!(
+            sample.nvlink_errors, case.want_nvlink_errors,
+            "{}",
+            case.name
+        );
     }
 }
 
@@ -332,6 +546,9 @@ fn xid_events_are_counted_per_gpu_since_the_collector_started() {
     let xids = |samples: &[GpuSample]| -> Vec<(Option<u64>, Option<u64>)> {
         samples.iter().map(|s| (s.xid_errors, s.last_xid)).collect()
     };
+    let new_xids = |samples: &[GpuSample]| -> Vec<Vec<u64>> {
+        samples.iter().map(|s| s.xids.clone()).collect()
+    };
 
     assert_eq!(
         xids(&source.sample().unwrap()),
@@ -341,17 +558,29 @@ fn xid_events_are_counted_per_gpu_since_the_collector_started() {
 
     fake.push_xid(1, Some(48));
     fake.push_xid(1, Some(79));
+    let samples = source.sample().unwrap();
     assert_eq!(
-        xids(&source.sample().unwrap()),
+        xids(&samples),
         [(Some(0), None), (Some(2), Some(79)), (None, None)]
+    );
+    assert_eq!(
+        new_xids(&samples),
+        [vec![], vec![48, 79], vec![]],
+        "the codes that arrived since the last sample, in order"
     );
 
     fake.push_xid(1, None);
     fake.push_xid(9, Some(13));
+    let samples = source.sample().unwrap();
     assert_eq!(
-        xids(&source.sample().unwrap()),
+        xids(&samples),
         [(Some(0), None), (Some(3), Some(79)), (None, None)],
         "an unknown code keeps the last known one; events from unknown GPUs are dropped"
+    );
+    assert_eq!(
+        new_xids(&samples),
+        [Vec::<u64>::new(), vec![], vec![]],
+        "codes already reported are not repeated, and an unknown code is counted, not listed"
     );
 }
 

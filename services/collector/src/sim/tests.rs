@@ -56,18 +56,22 @@ fn every_model_round_trips_through_its_name() {
 
 #[test]
 fn the_model_table_carries_the_real_parts_figures() {
-    for (model, want_mib, want_tdp_w, want_nvlink) in [
-        (GpuModel::H100, 81_559, 700.0, true),
-        (GpuModel::A100Sxm80, 81_920, 400.0, true),
-        (GpuModel::A100Sxm40, 40_960, 400.0, true),
-        (GpuModel::V100, 32_768, 300.0, true),
-        (GpuModel::L4, 23_034, 72.0, false),
-        (GpuModel::T4, 15_360, 70.0, false),
-        (GpuModel::A10, 23_028, 150.0, false),
+    for (model, want_mib, want_tdp_w, want_nvlink, want_remaps_rows) in [
+        (GpuModel::H100, 81_559, 700.0, true, true),
+        (GpuModel::A100Sxm80, 81_920, 400.0, true, true),
+        (GpuModel::A100Sxm40, 40_960, 400.0, true, true),
+        (GpuModel::V100, 32_768, 300.0, true, false),
+        (GpuModel::L4, 23_034, 72.0, false, true),
+        (GpuModel::T4, 15_360, 70.0, false, false),
+        (GpuModel::A10, 23_028, 150.0, false, true),
     ] {
         assert_eq!(model.memory_mib(), want_mib, "{model}");
         assert_eq!(model.tdp_w(), want_tdp_w, "{model}");
         assert_eq!(model.has_nvlink(), want_nvlink, "{model}");
+        assert_eq!(model.remaps_rows(), want_remaps_rows, "{model}");
+        // A GPU at full load (85 °C) must not read as throttling; an overheating one must.
+        let slowdown = model.slowdown_temperature_c();
+        assert!((86..OVERHEAT_C).contains(&slowdown), "{model}: {slowdown}");
     }
 }
 
@@ -373,4 +377,222 @@ fn granted_shares_load_their_gpus_in_proportion_and_the_rest_go_idle() {
             .iter()
             .all(|s| s.utilization_pct == Some(0) && s.memory_used_mib == 0)
     );
+}
+
+#[test]
+fn a_healthy_node_reports_the_health_signals_its_model_has() {
+    struct Case {
+        model: GpuModel,
+        gpus: u32,
+        want_slowdown_c: u32,
+        want_row_remapping: Option<(u64, bool)>,
+        want_nvlink_errors: Option<u64>,
+    }
+    for case in [
+        Case {
+            model: GpuModel::H100,
+            gpus: 4,
+            want_slowdown_c: 87,
+            want_row_remapping: Some((0, false)),
+            want_nvlink_errors: Some(0),
+        },
+        Case {
+            model: GpuModel::H100,
+            gpus: 1,
+            want_slowdown_c: 87,
+            want_row_remapping: Some((0, false)),
+            // A lone GPU has no NVLink peer, so no active link.
+            want_nvlink_errors: None,
+        },
+        Case {
+            model: GpuModel::V100,
+            gpus: 4,
+            want_slowdown_c: 87,
+            want_row_remapping: None,
+            want_nvlink_errors: Some(0),
+        },
+        Case {
+            model: GpuModel::L4,
+            gpus: 2,
+            want_slowdown_c: 92,
+            want_row_remapping: Some((0, false)),
+            want_nvlink_errors: None,
+        },
+        Case {
+            model: GpuModel::T4,
+            gpus: 2,
+            want_slowdown_c: 93,
+            want_row_remapping: None,
+            want_nvlink_errors: None,
+        },
+    ] {
+        let name = format!("{} × {}", case.gpus, case.model);
+        let mut source = node("n1", case.gpus, case.model);
+        source.load().set_load(0, 100, 1_000).unwrap();
+        for sample in source.sample().unwrap() {
+            assert_eq!(
+                sample.slowdown_temperature_c,
+                Some(case.want_slowdown_c),
+                "{name}"
+            );
+            assert!(
+                sample.temperature_c.unwrap() < case.want_slowdown_c,
+                "{name}: even a busy GPU keeps a thermal margin: {sample:?}"
+            );
+            assert_eq!(sample.throttle_reasons, Vec::<String>::new(), "{name}");
+            assert_eq!(sample.xids, Vec::<u64>::new(), "{name}");
+            assert_eq!(
+                sample
+                    .rows_remapped_uncorrectable
+                    .zip(sample.row_remap_failed),
+                case.want_row_remapping,
+                "{name}"
+            );
+            assert_eq!(sample.nvlink_errors, case.want_nvlink_errors, "{name}");
+        }
+    }
+}
+
+#[test]
+fn each_fault_shows_in_the_health_signals_for_as_long_as_it_lasts() {
+    struct Case {
+        name: &'static str,
+        fault: SimFault,
+        /// The faulty GPU's next sample, then the one after.
+        want: fn(&GpuSample, &GpuSample),
+    }
+    let hot = |s: &GpuSample| {
+        s.temperature_c.unwrap() > s.slowdown_temperature_c.unwrap()
+            && s.throttle_reasons == ["hw_thermal_slowdown"]
+    };
+    for case in [
+        Case {
+            name: "overheating lasts, and reads above the slowdown temperature",
+            fault: SimFault::Overheat,
+            want: |next, after| {
+                for s in [next, after] {
+                    assert!(s.temperature_c.unwrap() > s.slowdown_temperature_c.unwrap());
+                    assert_eq!(s.throttle_reasons, ["hw_thermal_slowdown"]);
+                }
+            },
+        },
+        Case {
+            name: "a spike is one hot sample",
+            fault: SimFault::Spike,
+            want: |next, after| {
+                assert!(next.temperature_c.unwrap() > next.slowdown_temperature_c.unwrap());
+                assert_eq!(next.throttle_reasons, ["hw_thermal_slowdown"]);
+                assert!(after.temperature_c.unwrap() < after.slowdown_temperature_c.unwrap());
+                assert!(after.throttle_reasons.is_empty(), "{after:?}");
+            },
+        },
+        Case {
+            name: "an XID is listed once and counted for good",
+            fault: SimFault::Xid(79),
+            want: |next, after| {
+                assert_eq!(
+                    (next.xids.as_slice(), next.xid_errors, next.last_xid),
+                    ([79].as_slice(), Some(1), Some(79))
+                );
+                assert_eq!(
+                    (after.xids.as_slice(), after.xid_errors, after.last_xid),
+                    ([].as_slice(), Some(1), Some(79))
+                );
+            },
+        },
+        Case {
+            name: "power over the limit lasts, capped by software, without heat",
+            fault: SimFault::PowerOverLimit,
+            want: |next, after| {
+                for s in [next, after] {
+                    assert!(s.power_mw.unwrap() > s.power_limit_mw.unwrap(), "{s:?}");
+                    assert_eq!(s.throttle_reasons, ["sw_power_cap"]);
+                    assert!(s.temperature_c.unwrap() < s.slowdown_temperature_c.unwrap());
+                }
+            },
+        },
+        Case {
+            name: "a row remapping failure lasts",
+            fault: SimFault::RowRemapFailure,
+            want: |next, after| {
+                for s in [next, after] {
+                    assert_eq!(
+                        (s.rows_remapped_uncorrectable, s.row_remap_failed),
+                        (Some(1), Some(true))
+                    );
+                }
+            },
+        },
+        Case {
+            name: "NVLink errors are counted for good",
+            fault: SimFault::NvLinkErrors(100),
+            want: |next, after| {
+                assert_eq!(next.nvlink_errors, Some(100));
+                assert_eq!(after.nvlink_errors, Some(100));
+            },
+        },
+        Case {
+            name: "an uncorrected ECC error is counted for good",
+            fault: SimFault::EccUncorrected,
+            want: |next, after| {
+                assert_eq!(next.ecc_uncorrected, Some(1));
+                assert_eq!(after.ecc_uncorrected, Some(1));
+            },
+        },
+    ] {
+        let mut source = node("n1", 2, GpuModel::H100);
+        source.load().inject_fault(1, case.fault).unwrap();
+        let next = source.sample().unwrap();
+        let after = source.sample().unwrap();
+        (case.want)(&next[1], &after[1]);
+        for healthy in [&next[0], &after[0]] {
+            assert!(!hot(healthy), "{}: GPU 0 untouched: {healthy:?}", case.name);
+            assert!(healthy.throttle_reasons.is_empty(), "{}", case.name);
+            assert!(healthy.xids.is_empty(), "{}", case.name);
+            assert_eq!(healthy.row_remap_failed, Some(false), "{}", case.name);
+            assert_eq!(healthy.nvlink_errors, Some(0), "{}", case.name);
+            assert!(healthy.power_mw <= healthy.power_limit_mw, "{}", case.name);
+        }
+    }
+}
+
+#[test]
+fn a_stalled_node_reads_idle_on_the_gpus_its_runs_hold_and_keeps_their_memory() {
+    let mut source = node("n1", 3, GpuModel::H100);
+    let load = source.load();
+    load.occupy(&std::collections::BTreeMap::from([(0, 1000), (1, 500)]));
+    let busy = source.sample().unwrap();
+    assert!(busy[0].utilization_pct.unwrap() >= 90, "{:?}", busy[0]);
+
+    load.stall();
+    for _ in 0..2 {
+        let stalled = source.sample().unwrap();
+        for index in [0, 1] {
+            assert_eq!(stalled[index].utilization_pct, Some(0), "GPU {index}");
+            assert_eq!(
+                stalled[index].memory_used_mib, busy[index].memory_used_mib,
+                "GPU {index}: a hung run still holds its memory"
+            );
+            assert_eq!(stalled[index].power_mw, Some(70_000), "GPU {index}");
+        }
+        assert_eq!(stalled[2].memory_used_mib, 0, "the free GPU stays free");
+    }
+    // Runs that start later on the stalled node do no work either.
+    load.occupy(&std::collections::BTreeMap::from([(2, 1000)]));
+    assert_eq!(source.sample().unwrap()[2].utilization_pct, Some(0));
+}
+
+#[test]
+fn a_partition_is_a_flag_the_collector_reads_and_leaves_the_samples_alone() {
+    let mut source = node("n1", 2, GpuModel::H100);
+    let load = source.load();
+    let before = node("n1", 2, GpuModel::H100).sample().unwrap();
+    assert!(!load.is_partitioned());
+    load.partition();
+    assert!(load.is_partitioned());
+    assert!(
+        source.sim_load().unwrap().is_partitioned(),
+        "every handle of the node sees it"
+    );
+    assert_eq!(source.sample().unwrap(), before);
 }

@@ -20,6 +20,12 @@ fn sample(index: u32, used_mib: u64, util: Option<u8>) -> GpuSample {
         ecc_uncorrected: None,
         xid_errors: None,
         last_xid: None,
+        xids: Vec::new(),
+        slowdown_temperature_c: None,
+        throttle_reasons: Vec::new(),
+        rows_remapped_uncorrectable: None,
+        row_remap_failed: None,
+        nvlink_errors: None,
     }
 }
 

@@ -207,3 +207,43 @@ fn a_silent_node_is_drained_and_returns_only_after_beating_again_for_a_while() {
     assert_eq!(returned.len(), 1, "{:?}", brief(&back));
     assert!(returned[0] >= 40 * S + 120 * S, "{returned:?}");
 }
+
+/// `n1`'s samples with XID `code` on GPU `gpu` (GPU 0 runs team vision's lease 7).
+fn with_xid(gpu: u32, code: u64) -> GpusSampled {
+    let mut s = sampled("n1", 8, &[]);
+    s.samples[gpu as usize].xids = vec![code];
+    s
+}
+
+#[test]
+fn xids_by_meaning_an_application_fault_alerts_the_team_a_reset_class_takes_one_gpu_79_the_node() {
+    let mut w = watch(10);
+    let app = w.sampled(&with_xid(0, 13), 0);
+    assert_eq!(brief(&app), [("n1".to_owned(), Some(0), Action::Alert)]);
+    assert_eq!(
+        app[0].team.as_deref(),
+        Some("vision"),
+        "the task's team hears of it"
+    );
+
+    let reset = w.sampled(&with_xid(2, 95), 5 * S);
+    assert_eq!(
+        brief(&reset),
+        [
+            ("n1".to_owned(), Some(2), Action::GpuOutOfService),
+            ("n1".to_owned(), Some(2), Action::ResetRequest)
+        ]
+    );
+    assert!(w.held().is_empty(), "one GPU, not the node");
+
+    let off_the_bus = w.sampled(&with_xid(1, 79), 10 * S);
+    assert_eq!(
+        brief(&off_the_bus),
+        [
+            ("n1".to_owned(), None, Action::Drain),
+            ("n1".to_owned(), None, Action::RebootRequest)
+        ]
+    );
+    assert_eq!(off_the_bus[0].evidence[0].signal, "xid");
+    assert_eq!(off_the_bus[0].evidence[0].value, 79.0);
+}
