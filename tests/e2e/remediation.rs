@@ -218,3 +218,130 @@ fn a_node_that_stops_heartbeating_has_its_task_moved_and_gets_work_only_after_a_
     // Nothing ran twice at once: the old run on the stopped node ended as preempted.
     cluster.assert_replay_verifies();
 }
+
+/// `allot <args>` in `dir` (the running `allot up`'s folder); its output.
+fn in_dir(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
+    allot(dir).args(args).output().unwrap()
+}
+
+#[test]
+fn an_overheating_node_is_drained_its_task_resumes_elsewhere_from_its_checkpoint_and_finishes() {
+    use crate::support::{free_port, log_of, spawn_logged, terminate, wait_exit};
+    let dir = tempfile::tempdir().unwrap();
+    let mut up = allot(dir.path());
+    // Telemetry every 5 s (the default): the drain must come within two of them.
+    up.args([
+        "up",
+        "--sim-nodes",
+        "2",
+        "--sim-gpus",
+        "2",
+        "--sim-speedup",
+        "120",
+    ])
+    .args(["--inject", "overheat:node-1@15s"])
+    .args(["--nats-port", &free_port().to_string()]);
+    let mut up = spawn_logged(up, dir.path(), "up");
+    let fail = |what: &str| -> ! { panic!("{what}\nallot up log:\n{}", log_of(dir.path(), "up")) };
+    wait_for(Duration::from_secs(60), || {
+        let out = in_dir(dir.path(), &["status", "--json"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (out.status.success() && text.matches("\"ready\"").count() == 2).then_some(())
+    })
+    .unwrap_or_else(|| fail("two ready nodes never showed"));
+    // node-2 is kept free until the task runs on node-1, so the fault meets it there.
+    let out = in_dir(dir.path(), &["cordon", "node-2", "--reason", "kept free"]);
+    assert!(out.status.success(), "{out:?}");
+    let spec = dir.path().join("train.yaml");
+    // 120 min of work at 120× is 60 s of wall time, checkpointing every 5 min (2.5 s).
+    std::fs::write(
+        &spec,
+        "apiVersion: allot/v1\nkind: Workload\nmetadata: {name: train, team: vision}\nspec:\n  \
+         tasks:\n    - {name: train, command: [train], resources: {gpus: 2}, durationEstimate: \
+         120m, checkpoint: {supported: true, interval: 5m}}\n",
+    )
+    .unwrap();
+    let out = in_dir(dir.path(), &["submit", spec.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let workload = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    wait_for(Duration::from_secs(30), || {
+        let out = in_dir(dir.path(), &["workload", &workload, "--output", "json"]);
+        String::from_utf8_lossy(&out.stdout)
+            .contains("node-1")
+            .then_some(())
+    })
+    .unwrap_or_else(|| fail("the task never ran on node-1"));
+    let out = in_dir(dir.path(), &["uncordon", "node-2"]);
+    assert!(out.status.success(), "{out:?}");
+
+    // The fault comes; the workload still completes, on node-2.
+    let out = in_dir(
+        dir.path(),
+        &[
+            "submit",
+            spec.to_str().unwrap(),
+            "--follow",
+            "--output",
+            "json",
+            "--timeout",
+            "150s",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "the workload did not succeed: {}{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        log_of(dir.path(), "up")
+    );
+
+    // The run on node-1 was stopped and saved its state (SIGTERM, within its grace).
+    let steps = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        steps.lines().any(|l| l.contains("\"stopped\"")
+            && l.contains("on node-1 (preempted)")
+            && l.contains("checkpointed")),
+        "{steps}"
+    );
+    let log = in_dir(dir.path(), &["remediation", "log", "--json"]);
+    let actions: Vec<serde_json::Value> = String::from_utf8_lossy(&log.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let drain = actions
+        .iter()
+        .find(|a| a["node"] == "node-1" && a["action"] == "drain")
+        .unwrap_or_else(|| fail(&format!("no drain of node-1: {actions:?}")));
+    assert_eq!(drain["rule"], "overheat");
+    assert_eq!(drain["tasks"][0]["task"], "train", "{drain}");
+    // From the first hot reading to the one that fired: within two telemetry intervals.
+    let time =
+        |v: &serde_json::Value| chrono::DateTime::parse_from_rfc3339(v.as_str().unwrap()).unwrap();
+    let held_down = time(&drain["evidence"][0]["at"]) - time(&drain["since"]);
+    assert!(
+        held_down <= chrono::Duration::seconds(10),
+        "fired {held_down} after the first hot reading"
+    );
+    let explained = in_dir(dir.path(), &["explain", &workload, "train"]);
+    let explained = String::from_utf8_lossy(&explained.stdout);
+    assert!(
+        explained.contains("preempted: remediation rule overheat"),
+        "{explained}"
+    );
+    let granted: Vec<&str> = explained
+        .lines()
+        .filter(|l| l.contains(" granted"))
+        .collect();
+    assert_eq!(granted.len(), 2, "{explained}");
+    assert!(
+        granted[0].contains("node-1") && granted[1].contains("node-2"),
+        "{explained}"
+    );
+    let status = in_dir(dir.path(), &["status", "--json"]);
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["nodes"][0]["state"], "drained", "{status}");
+    let verify = in_dir(dir.path(), &["replay", "--verify"]);
+    assert!(verify.status.success(), "{verify:?}");
+    terminate(&up);
+    wait_exit(&mut up, Duration::from_secs(30)).expect("allot up stops");
+}
