@@ -345,3 +345,146 @@ fn an_overheating_node_is_drained_its_task_resumes_elsewhere_from_its_checkpoint
     terminate(&up);
     wait_exit(&mut up, Duration::from_secs(30)).expect("allot up stops");
 }
+
+#[test]
+fn spikes_application_xids_and_operators_nodes_get_no_node_action_a_reset_xid_takes_one_gpu_and_the_breaker_holds()
+ {
+    use crate::support::{free_port, log_of, spawn_logged, terminate, wait_exit};
+    let dir = tempfile::tempdir().unwrap();
+    let mut up = allot(dir.path());
+    // Ten nodes: the breaker lets remediation take one of them out per ten minutes.
+    up.args(["up", "--sim-nodes", "10", "--sim-gpus", "2"])
+        .args(["--telemetry-interval", "1s", "--heartbeat-interval", "1s"])
+        .args(["--inject", "spike:node-1@5s", "--inject", "xid13:node-2@5s"])
+        .args([
+            "--inject",
+            "xid95:node-3@5s",
+            "--inject",
+            "xid79:node-4@15s",
+        ])
+        .args([
+            "--inject",
+            "overheat:node-5@15s",
+            "--inject",
+            "overheat:node-6@15s",
+        ])
+        .args(["--inject", "overheat:node-7@15s"])
+        .args(["--nats-port", &free_port().to_string()]);
+    let mut up = spawn_logged(up, dir.path(), "up");
+    let fail = |what: &str| -> ! { panic!("{what}\nallot up log:\n{}", log_of(dir.path(), "up")) };
+    wait_for(Duration::from_secs(60), || {
+        in_dir(dir.path(), &["cordon", "node-4", "--reason", "maintenance"])
+            .status
+            .success()
+            .then_some(())
+    })
+    .unwrap_or_else(|| fail("could not cordon node-4"));
+    let actions = |node: &str| -> Vec<(String, Option<u64>, String)> {
+        let log = in_dir(
+            dir.path(),
+            &["remediation", "log", "--json", "--node", node],
+        );
+        String::from_utf8_lossy(&log.stdout)
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|a| a["type"] == "io.allot.remediation.v1.action_taken")
+            .map(|a| {
+                (
+                    a["action"].as_str().unwrap().to_owned(),
+                    a["gpu"].as_u64(),
+                    a["downgraded"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect()
+    };
+    // The overheats fire last (15 s, then their hold-down): once all three are decided, the
+    // earlier faults have long been weighed.
+    wait_for(Duration::from_secs(90), || {
+        let decided = ["node-5", "node-6", "node-7"]
+            .iter()
+            .filter(|n| {
+                actions(n)
+                    .iter()
+                    .any(|(a, gpu, _)| gpu.is_none() && (a == "drain" || a == "alert"))
+            })
+            .count();
+        (decided == 3).then_some(())
+    })
+    .unwrap_or_else(|| fail("the three overheats were never decided"));
+
+    assert!(
+        actions("node-1").is_empty(),
+        "a spike: {:?}",
+        actions("node-1")
+    );
+    let app = actions("node-2");
+    assert!(
+        !app.is_empty() && app.iter().all(|(a, _, _)| a == "alert"),
+        "an application XID alerts only: {app:?}"
+    );
+    let reset = actions("node-3");
+    assert_eq!(
+        reset
+            .iter()
+            .map(|(a, g, _)| (a.as_str(), *g))
+            .collect::<Vec<_>>(),
+        [("gpu_out_of_service", Some(0)), ("reset_request", Some(0))],
+        "a reset-class XID takes that GPU only"
+    );
+    let operators = actions("node-4");
+    assert!(
+        !operators.is_empty()
+            && operators
+                .iter()
+                .all(|(a, _, why)| a == "alert" && why.contains("operator")),
+        "an operator's node only hears alerts: {operators:?}"
+    );
+    let drained = ["node-5", "node-6", "node-7"]
+        .iter()
+        .filter(|n| {
+            actions(n)
+                .iter()
+                .any(|(a, g, _)| a == "drain" && g.is_none())
+        })
+        .count();
+    let held_back = ["node-5", "node-6", "node-7"]
+        .iter()
+        .filter(|n| {
+            actions(n)
+                .iter()
+                .any(|(a, g, why)| a == "alert" && g.is_none() && why.contains("circuit breaker"))
+        })
+        .count();
+    assert_eq!((drained, held_back), (1, 2), "the breaker holds");
+
+    let status = in_dir(dir.path(), &["status", "--json"]);
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let node = |name: &str| {
+        status["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(
+        node("node-3")["state"],
+        "ready",
+        "one GPU out is not the node"
+    );
+    assert!(
+        node("node-3")["gpus"][0]["out_of_service"].is_string(),
+        "{}",
+        node("node-3")
+    );
+    assert_eq!(node("node-4")["state"], "cordoned");
+    assert!(
+        node("node-4")["reason"]
+            .as_str()
+            .unwrap()
+            .contains("maintenance")
+    );
+    terminate(&up);
+    wait_exit(&mut up, Duration::from_secs(30)).expect("allot up stops");
+}
