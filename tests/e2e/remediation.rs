@@ -488,3 +488,106 @@ fn spikes_application_xids_and_operators_nodes_get_no_node_action_a_reset_xid_ta
     terminate(&up);
     wait_exit(&mut up, Duration::from_secs(30)).expect("allot up stops");
 }
+
+#[test]
+fn idle_reclaim_warns_then_frees_an_idle_grant_and_leaves_an_opted_out_and_a_busy_one() {
+    use crate::support::{free_port, log_of, spawn_logged, terminate, wait_exit};
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(
+        &rules,
+        "rules: []\nidle: {below: 1%, window: 10s, warmUp: 5s, notice: 5s}\n",
+    )
+    .unwrap();
+    let mut up = allot(dir.path());
+    up.args(["up", "--sim-nodes", "2", "--sim-gpus", "2"])
+        .args(["--telemetry-interval", "1s", "--heartbeat-interval", "1s"])
+        .args(["--health-rules", rules.to_str().unwrap()])
+        .args(["--inject", "idle:node-1@20s"])
+        .args(["--nats-port", &free_port().to_string()]);
+    let mut up = spawn_logged(up, dir.path(), "up");
+    let fail = |what: &str| -> ! { panic!("{what}\nallot up log:\n{}", log_of(dir.path(), "up")) };
+    let cli = |args: &[&str]| {
+        let out = in_dir(dir.path(), args);
+        assert!(out.status.success(), "allot {args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    wait_for(Duration::from_secs(60), || {
+        in_dir(dir.path(), &["cordon", "node-2", "--reason", "placing"])
+            .status
+            .success()
+            .then_some(())
+    })
+    .unwrap_or_else(|| fail("could not cordon node-2"));
+    let submit = |name: &str, opt_out: bool| {
+        let spec = dir.path().join(format!("{name}.yaml"));
+        let idle = if opt_out { ", idleReclaim: false" } else { "" };
+        std::fs::write(
+            &spec,
+            format!(
+                "apiVersion: allot/v1\nkind: Workload\nmetadata: {{name: {name}, team: vision}}\n\
+                 spec:\n  tasks:\n    - {{name: run, command: [run], resources: {{gpus: 1}}, \
+                 durationEstimate: 120m{idle}}}\n"
+            ),
+        )
+        .unwrap();
+        cli(&["submit", spec.to_str().unwrap()]).trim().to_owned()
+    };
+    let on = |workload: &str, node: &str| {
+        wait_for(Duration::from_secs(30), || {
+            cli(&["workload", workload, "--output", "json"])
+                .contains(node)
+                .then_some(())
+        })
+        .unwrap_or_else(|| fail(&format!("{workload} never ran on {node}")));
+    };
+    // Idle-prone and opted-out work on node-1, busy work on node-2.
+    let notebook = submit("notebook", false);
+    let debug = submit("debug", true);
+    on(&notebook, "node-1");
+    on(&debug, "node-1");
+    cli(&["uncordon", "node-2"]);
+    cli(&["cordon", "node-1", "--reason", "placing"]);
+    let busy = submit("busy", false);
+    on(&busy, "node-2");
+    cli(&["uncordon", "node-1"]);
+
+    let reclaimed = wait_for(Duration::from_secs(60), || {
+        let log = cli(&["remediation", "log", "--json"]);
+        let actions: Vec<serde_json::Value> = log
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .filter(|a: &serde_json::Value| a["rule"] == "idle-reclaim")
+            .collect();
+        actions
+            .iter()
+            .any(|a| a["action"] == "idle_reclaim")
+            .then_some(actions)
+    })
+    .unwrap_or_else(|| fail("nothing was reclaimed"));
+    let of = |a: &serde_json::Value| a["tasks"][0]["workload"].as_str().unwrap().to_owned();
+    let kinds: Vec<(String, String)> = reclaimed
+        .iter()
+        .map(|a| (a["action"].as_str().unwrap().to_owned(), of(a)))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("alert".to_owned(), notebook.clone()),
+            ("idle_reclaim".to_owned(), notebook.clone())
+        ],
+        "the idle grant is told, then reclaimed; the opted-out and the busy ones are not"
+    );
+    assert_eq!(
+        reclaimed[0]["team"], "vision",
+        "the notice goes to the team"
+    );
+    let explained = cli(&["explain", &notebook, "run"]);
+    assert!(
+        explained.contains("preempted: remediation rule idle-reclaim"),
+        "{explained}"
+    );
+    let _ = (debug, busy);
+    terminate(&up);
+    wait_exit(&mut up, Duration::from_secs(30)).expect("allot up stops");
+}

@@ -455,6 +455,7 @@ impl Executor {
                     task: d.launch.name.clone(),
                     team: d.launch.team.clone(),
                     milli: *milli,
+                    no_idle_reclaim: d.launch.run.no_idle_reclaim,
                 });
             }
         }

@@ -103,6 +103,7 @@ pub fn plan(
                 checkpoint: t.checkpoint.as_ref().is_some_and(|c| c.supported),
                 checkpoint_every_ms: template.checkpoint_every,
                 max_runtime_ms: template.max_runtime,
+                no_idle_reclaim: t.idle_reclaim == Some(false),
             };
             let retry = t.retry.as_ref();
             Task {

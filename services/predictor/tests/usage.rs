@@ -66,6 +66,7 @@ fn sampled(i: u64, util: u8) -> TelemetryEvent {
         task: "train".into(),
         team: "vision".into(),
         milli: 1000,
+        no_idle_reclaim: false,
     }];
     TelemetryEvent::GpusSampled(s)
 }

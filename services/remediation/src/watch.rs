@@ -20,9 +20,12 @@ use serde::{Deserialize, Serialize};
 use allot_events::remediation::{Action, ActionTaken, Affected, Evidence};
 use allot_events::telemetry::{GpuSample, GpusSampled};
 use allot_health::{
-    Action as RuleAction, Audience, Breaker, Change, Engine, Millis, Reading, Request, RuleKind,
-    RuleSet, Signal, Snapshot, Verdict,
+    Action as RuleAction, Audience, Breaker, Change, Engine, Idle, IdleWatch, Millis, Reading,
+    Request, RuleKind, RuleSet, Signal, Snapshot, Verdict,
 };
+
+/// The rule name idle reclaim's actions carry.
+pub const IDLE_RULE: &str = "idle-reclaim";
 
 /// The slowdown temperature assumed for a GPU whose telemetry does not report its own, °C.
 pub const DEFAULT_SLOWDOWN_C: u32 = 90;
@@ -59,6 +62,9 @@ pub struct State {
     held: BTreeMap<String, BTreeSet<String>>,
     /// Per node and GPU, the rules holding that GPU out of service.
     gpus_out: BTreeMap<String, BTreeMap<u32, BTreeSet<String>>>,
+    /// Idle reclaim's grants, when it is on.
+    #[serde(default)]
+    idle: Option<IdleWatch>,
 }
 
 /// The rules' engine and what remediation did with its verdicts.
@@ -72,6 +78,7 @@ pub struct Watch {
     runs: BTreeMap<String, Vec<(u32, Affected)>>,
     held: BTreeMap<String, BTreeSet<String>>,
     gpus_out: BTreeMap<String, BTreeMap<u32, BTreeSet<String>>>,
+    idle: Option<IdleWatch>,
 }
 
 impl Watch {
@@ -80,6 +87,7 @@ impl Watch {
         Self {
             engine: Engine::new(rules.clone()),
             breaker: Breaker::new(policy.share, 0, policy.window),
+            idle: rules.idle.map(IdleWatch::new),
             rules,
             policy,
             nodes: BTreeSet::new(),
@@ -94,9 +102,18 @@ impl Watch {
         let mut breaker = state.breaker;
         breaker.window = policy.window;
         breaker.resize(policy.share, state.nodes.len());
+        // The grants watched are kept; the policy is the one configured now.
+        let idle = rules.idle.map(|policy| {
+            let mut watch = IdleWatch::new(policy);
+            if let Some(old) = state.idle {
+                watch.adopt(old);
+            }
+            watch
+        });
         Self {
             engine: Engine::restore(rules.clone(), state.engine),
             breaker,
+            idle,
             rules,
             policy,
             nodes: state.nodes,
@@ -115,6 +132,7 @@ impl Watch {
             runs: self.runs.clone(),
             held: self.held.clone(),
             gpus_out: self.gpus_out.clone(),
+            idle: self.idle.clone(),
         }
     }
 
@@ -158,7 +176,8 @@ impl Watch {
                 )
             })
             .collect();
-        self.runs.insert(sampled.node.clone(), runs);
+        let before = self.runs.insert(sampled.node.clone(), runs);
+        let mut out = self.idle_reclaim(sampled, before.unwrap_or_default(), at);
         let mut verdicts = Vec::new();
         for sample in &sampled.samples {
             for signal in signals(sample) {
@@ -170,7 +189,102 @@ impl Watch {
                 }));
             }
         }
-        self.act(verdicts)
+        out.extend(self.act(verdicts));
+        out
+    }
+
+    /// Idle reclaim over one node's samples: each run's mean utilization over its GPUs here;
+    /// `before` were the runs its previous samples showed (those gone are forgotten).
+    fn idle_reclaim(
+        &mut self,
+        sampled: &GpusSampled,
+        before: Vec<(u32, Affected)>,
+        at: Millis,
+    ) -> Vec<ActionTaken> {
+        let Some(idle) = &mut self.idle else {
+            return Vec::new();
+        };
+        let policy = idle.policy();
+        let mut runs: BTreeMap<u64, (f64, u32, bool, Affected)> = BTreeMap::new();
+        for h in &sampled.held {
+            let Some(util) = sampled
+                .samples
+                .iter()
+                .find(|s| s.index == h.index)
+                .and_then(|s| s.utilization_pct)
+            else {
+                continue;
+            };
+            let run = runs.entry(h.lease.0).or_insert_with(|| {
+                let affected = Affected {
+                    lease: h.lease,
+                    workload: h.workload.clone(),
+                    task: h.task.clone(),
+                    team: h.team.clone(),
+                };
+                (0.0, 0, h.no_idle_reclaim, affected)
+            });
+            run.0 += f64::from(util) / 100.0;
+            run.1 += 1;
+        }
+        for (_, gone) in before {
+            if !sampled.held.iter().any(|h| h.lease == gone.lease) {
+                idle.released(gone.lease.0);
+            }
+        }
+        let mut out = Vec::new();
+        for (lease, (sum, n, opted_out, run)) in runs {
+            if !idle.watches(lease) {
+                idle.granted(lease, at, opted_out);
+            }
+            let mean = sum / f64::from(n);
+            let Some(decided) = idle.observe(lease, mean, at) else {
+                continue;
+            };
+            let (action, r, what) = match decided {
+                Idle::Notice(r) => (
+                    Action::Alert,
+                    r,
+                    format!(
+                        "idle since {}: its GPUs will be reclaimed in {} s unless they get busy",
+                        time(r.idle_since).to_rfc3339(),
+                        policy.notice / 1000
+                    ),
+                ),
+                Idle::Reclaim(r) => (
+                    Action::IdleReclaim,
+                    r,
+                    format!(
+                        "idle since {}: under {}% for {} s; stopped and requeued",
+                        time(r.idle_since).to_rfc3339(),
+                        policy.below * 100.0,
+                        policy.window / 1000
+                    ),
+                ),
+            };
+            out.push(ActionTaken {
+                node: sampled.node.clone(),
+                gpu: None,
+                action,
+                rule: IDLE_RULE.to_owned(),
+                reason: format!(
+                    "{IDLE_RULE}: {}/{} (lease {}) on {}: {what}",
+                    run.workload, run.task, lease, sampled.node
+                ),
+                evidence: vec![Evidence {
+                    signal: "gpu_utilization".into(),
+                    gpu: None,
+                    value: mean,
+                    threshold: Some(policy.below),
+                    at: time(r.at),
+                }],
+                since: time(r.idle_since),
+                team: (!run.team.is_empty()).then(|| run.team.clone()),
+                tasks: vec![run],
+                downgraded: None,
+            });
+        }
+        out
     }
 
     /// An operator cordoned or uncordoned `node`.

@@ -126,6 +126,9 @@ pub struct RunSpec {
     /// Its usage limit, ms: a run that lasts longer is stopped and fails.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_runtime_ms: Option<u64>,
+    /// The spec opted out of idle reclaim (`idleReclaim: false`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_idle_reclaim: bool,
 }
 
 /// A waiting task whose predecessors are expected to finish within the planner's look-ahead

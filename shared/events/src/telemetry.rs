@@ -61,6 +61,9 @@ pub struct GpuHeld {
     pub team: String,
     /// How much of the GPU, milli-GPU (1000: all of it).
     pub milli: u32,
+    /// Its spec opted out of idle reclaim (`idleReclaim: false`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_idle_reclaim: bool,
 }
 
 /// One GPU's readings. Readings a device does not support are absent rather than zero.

@@ -138,6 +138,12 @@ pub struct Task {
     /// Whether and how often the task checkpoints; absent: it does not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<Checkpoint>,
+    /// `false`: its GPUs are never reclaimed for idling (a debugging session that waits on a
+    /// person). Absent or `true`: where the operators enabled idle reclaim, a run whose GPUs
+    /// stay under the threshold for the window, past its warm-up, is told and then stopped and
+    /// requeued.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_reclaim: Option<bool>,
 }
 
 /// What a task needs. At most one of `gpus`, `gpuFraction`, `gpuMilli` and `migProfile`.

@@ -44,6 +44,7 @@ fn workload() -> Workload {
         max_runtime: None,
         retry: None,
         checkpoint: None,
+        idle_reclaim: None,
     };
     let prep = Task {
         resources: Resources {
@@ -129,6 +130,7 @@ fn samples() -> Vec<AnyEvent> {
                 task: "train".into(),
                 team: "vision".into(),
                 milli: 1000,
+                no_idle_reclaim: true,
             }],
             samples: vec![GpuSample {
                 index: 0,
@@ -429,6 +431,7 @@ fn run_spec() -> RunSpec {
         checkpoint: true,
         checkpoint_every_ms: Some(900_000),
         max_runtime_ms: Some(21_600_000),
+        no_idle_reclaim: true,
     }
 }
 

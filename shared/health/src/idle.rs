@@ -16,6 +16,8 @@ pub struct IdlePolicy {
     pub window: Millis,
     /// How long after its start a grant is never reclaimed, ms.
     pub warm_up: Millis,
+    /// How long before the reclaim its team is told (once), ms.
+    pub notice: Millis,
 }
 
 impl Default for IdlePolicy {
@@ -24,6 +26,7 @@ impl Default for IdlePolicy {
             below: 0.01,
             window: 10 * 60_000,
             warm_up: 10 * 60_000,
+            notice: 2 * 60_000,
         }
     }
 }
@@ -36,6 +39,9 @@ struct Grant {
     /// Since when every reading has been idle (`None`: the last one was busy).
     idle_since: Option<Millis>,
     reclaimed: bool,
+    /// Told of the coming reclaim in this idle spell.
+    #[serde(default)]
+    noticed: bool,
 }
 
 /// Watches grants, by lease.
@@ -45,7 +51,16 @@ pub struct IdleWatch {
     grants: BTreeMap<u64, Grant>,
 }
 
-/// A grant to reclaim: its lease, and since when it has been idle.
+/// What idle reclaim decided about a grant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Idle {
+    /// Tell its team: reclaimed at `at + notice` unless it gets busy.
+    Notice(Reclaim),
+    /// Reclaim it.
+    Reclaim(Reclaim),
+}
+
+/// A grant to reclaim (or to warn): its lease, and since when it has been idle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reclaim {
     /// The lease.
@@ -74,6 +89,7 @@ impl IdleWatch {
                 opted_out,
                 idle_since: None,
                 reclaimed: false,
+                noticed: false,
             },
         );
     }
@@ -83,24 +99,53 @@ impl IdleWatch {
         self.grants.remove(&lease);
     }
 
-    /// The grant's GPUs were `utilization` busy at `at`; the reclaim it decides, once.
-    pub fn observe(&mut self, lease: u64, utilization: f64, at: Millis) -> Option<Reclaim> {
+    /// The grant's GPUs were `utilization` busy at `at`; the notice (once per idle spell,
+    /// `notice` before the window ends) or the reclaim (once) it decides.
+    pub fn observe(&mut self, lease: u64, utilization: f64, at: Millis) -> Option<Idle> {
         let policy = self.policy;
         let grant = self.grants.get_mut(&lease)?;
         if utilization >= policy.below {
             grant.idle_since = None;
+            grant.noticed = false;
             return None;
         }
         let since = *grant.idle_since.get_or_insert(at);
+        let idle_for = at.saturating_sub(since);
+        // Reclaim no sooner than warm-up + notice after the start, so the notice always comes.
         let warm = at.saturating_sub(grant.started) < policy.warm_up;
-        if grant.opted_out || grant.reclaimed || warm || at.saturating_sub(since) < policy.window {
+        if grant.opted_out || grant.reclaimed || warm {
             return None;
         }
-        grant.reclaimed = true;
-        Some(Reclaim {
+        let decided = Reclaim {
             lease,
             idle_since: since,
             at,
-        })
+        };
+        if !grant.noticed && idle_for + policy.notice >= policy.window {
+            grant.noticed = true;
+            if policy.notice > 0 {
+                return Some(Idle::Notice(decided));
+            }
+        }
+        if idle_for < policy.window || !grant.noticed {
+            return None;
+        }
+        grant.reclaimed = true;
+        Some(Idle::Reclaim(decided))
+    }
+
+    /// Whether it watches lease `lease`.
+    pub fn watches(&self, lease: u64) -> bool {
+        self.grants.contains_key(&lease)
+    }
+
+    /// Its policy.
+    pub fn policy(&self) -> IdlePolicy {
+        self.policy
+    }
+
+    /// Takes over the grants `other` watched (a restart under a new policy).
+    pub fn adopt(&mut self, other: IdleWatch) {
+        self.grants = other.grants;
     }
 }

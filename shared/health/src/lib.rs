@@ -29,7 +29,7 @@ pub mod xid;
 
 pub use breaker::Breaker;
 pub use engine::{Audience, Change, Engine, Request, Snapshot, Verdict};
-pub use idle::{IdlePolicy, IdleWatch, Reclaim};
+pub use idle::{Idle, IdlePolicy, IdleWatch, Reclaim};
 pub use rules::{Action, Rule, RuleKind, RuleSet, XidPolicy};
 pub use xid::{Remedy, XidClass};
 

@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::idle::IdlePolicy;
 use crate::xid::XID_RULE;
 use crate::{Millis, Signal};
 
@@ -135,6 +136,8 @@ pub struct RuleSet {
     pub rules: Vec<Rule>,
     /// XIDs (the file's `xid` section).
     pub xid: XidPolicy,
+    /// Idle reclaim (the file's `idle` section); `None`: grants are never reclaimed.
+    pub idle: Option<IdlePolicy>,
 }
 
 /// A rule as written in the file.
@@ -159,17 +162,64 @@ struct XidFile {
     clear_after: Option<String>,
 }
 
+/// The `idle` section as written in the file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct IdleFile {
+    below: Option<String>,
+    window: Option<String>,
+    warm_up: Option<String>,
+    notice: Option<String>,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {
     rules: Vec<RuleFile>,
     #[serde(default)]
     xid: XidFile,
+    #[serde(default)]
+    idle: Option<IdleFile>,
 }
 
 /// `text` as a duration in ms.
 fn millis(text: &str) -> Result<Millis, humantime::DurationError> {
     humantime::parse_duration(text).map(|d| d.as_millis().min(u128::from(Millis::MAX)) as Millis)
+}
+
+/// The idle policy the `idle` section asks for (defaults where it is silent).
+fn idle_policy(f: &IdleFile, problems: &mut Vec<String>) -> IdlePolicy {
+    let mut policy = IdlePolicy::default();
+    if let Some(t) = f.below.as_deref() {
+        let number = t.trim().strip_suffix('%').unwrap_or(t.trim());
+        match number.parse::<f64>() {
+            Ok(pct) if (0.0..=100.0).contains(&pct) => policy.below = pct / 100.0,
+            _ => problems.push(format!(
+                "idle.below: {t:?} is not a utilization between 0% and 100% (e.g. 1%)"
+            )),
+        }
+    }
+    let mut duration = |field: &str, text: Option<&str>, into: &mut Millis| {
+        if let Some(t) = text {
+            match millis(t) {
+                Ok(ms) => *into = ms,
+                Err(e) => problems.push(format!("idle.{field}: {t:?} is not a duration ({e})")),
+            }
+        }
+    };
+    duration("window", f.window.as_deref(), &mut policy.window);
+    duration("warmUp", f.warm_up.as_deref(), &mut policy.warm_up);
+    duration("notice", f.notice.as_deref(), &mut policy.notice);
+    if policy.window == 0 {
+        problems.push("idle.window: must be longer than 0 (every grant would be idle)".into());
+    } else if policy.notice > policy.window {
+        problems.push(format!(
+            "idle.notice: {} ms is longer than the window ({} ms): the notice would come before \
+             the grant was idle",
+            policy.notice, policy.window
+        ));
+    }
+    policy
 }
 
 impl RuleSet {
@@ -262,8 +312,9 @@ impl RuleSet {
                 Err(e) => problems.push(format!("xid.clearAfter: {t:?} is not a duration ({e})")),
             }
         }
+        let idle = file.idle.map(|f| idle_policy(&f, &mut problems));
         if problems.is_empty() {
-            Ok(Self { rules, xid })
+            Ok(Self { rules, xid, idle })
         } else {
             Err(problems)
         }

@@ -230,21 +230,25 @@ fn the_breaker_caps_the_nodes_taken_out_in_any_window() {
 #[test]
 fn idle_reclaim_frees_an_idle_grant_and_leaves_a_busy_an_opted_out_and_a_warming_one() {
     let min = 60 * S;
-    let mut w = IdleWatch::new(IdlePolicy::default()); // under 1% for 10 min, 10 min warm-up
-    w.granted(1, 0, false); // idle from minute 11: reclaimed at minute 21
+    // Under 1% for 10 min, 10 min warm-up, notice 2 min ahead.
+    let mut w = IdleWatch::new(IdlePolicy::default());
+    w.granted(1, 0, false); // idle from minute 11: told at 19, reclaimed at minute 21
     w.granted(2, 0, false); // busy
     w.granted(3, 0, true); // idle, opted out
     w.granted(4, 15 * min, false); // idle, but started at minute 15: warm until 25
     let mut reclaimed = Vec::new();
     for m in 11..=24 {
         for (lease, util) in [(1, 0.0), (2, 0.6), (3, 0.0), (4, 0.0)] {
-            if let Some(r) = w.observe(lease, util, m * min) {
-                reclaimed.push((r.lease, r.idle_since / min, r.at / min));
-            }
+            let (what, r) = match w.observe(lease, util, m * min) {
+                Some(Idle::Notice(r)) => ("notice", r),
+                Some(Idle::Reclaim(r)) => ("reclaim", r),
+                None => continue,
+            };
+            reclaimed.push((what, r.lease, r.idle_since / min, r.at / min));
         }
     }
-    assert_eq!(reclaimed, [(1, 11, 21)]);
-    // One busy reading restarts the window; a reclaimed grant is reclaimed once.
+    assert_eq!(reclaimed, [("notice", 1, 11, 19), ("reclaim", 1, 11, 21)]);
+    // One busy reading restarts the window (and the notice); a grant is reclaimed once.
     w.granted(5, 0, false);
     let got: Vec<bool> = [
         (11, 0.0),
@@ -257,7 +261,7 @@ fn idle_reclaim_frees_an_idle_grant_and_leaves_a_busy_an_opted_out_and_a_warming
     .into_iter()
     .map(|(m, u)| w.observe(5, u, m * min).is_some())
     .collect();
-    assert_eq!(got, [false, false, false, false, true, false]);
+    assert_eq!(got, [false, false, false, true, true, false]);
 }
 
 fn xid(node: &str, gpu: u32, at: Millis, code: u64) -> Reading {
@@ -457,4 +461,33 @@ fn the_xid_section_sets_the_healthy_spell_and_its_problems_come_with_the_rest() 
 fn the_example_rules_file_is_the_built_in_set() {
     let example = include_str!("../../../examples/health-rules.yaml");
     assert_eq!(RuleSet::parse(example), Ok(RuleSet::default()));
+}
+
+#[test]
+fn the_idle_section_sets_the_policy_and_reports_every_problem() {
+    let rules =
+        RuleSet::parse("rules: []\nidle: {below: 5%, window: 30s, warmUp: 1m, notice: 10s}\n")
+            .unwrap();
+    assert_eq!(
+        rules.idle,
+        Some(IdlePolicy {
+            below: 0.05,
+            window: 30 * S,
+            warm_up: 60 * S,
+            notice: 10 * S,
+        })
+    );
+    assert_eq!(RuleSet::parse("rules: []\n").unwrap().idle, None);
+    let problems =
+        RuleSet::parse("rules: []\nidle: {below: 150%, window: 0s, notice: soon}\n").unwrap_err();
+    assert_eq!(problems.len(), 3, "{problems:#?}");
+    assert!(problems[0].starts_with("idle.below"), "{problems:#?}");
+    assert!(
+        problems.iter().any(|p| p.starts_with("idle.notice")),
+        "{problems:#?}"
+    );
+    assert!(
+        problems.iter().any(|p| p.starts_with("idle.window")),
+        "{problems:#?}"
+    );
 }

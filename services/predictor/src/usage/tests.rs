@@ -37,6 +37,7 @@ fn held(index: u32, lease: u64, task: &str, milli: u32) -> GpuHeld {
         task: task.into(),
         team: "vision".into(),
         milli,
+        no_idle_reclaim: false,
     }
 }
 

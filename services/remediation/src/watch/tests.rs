@@ -247,3 +247,49 @@ fn xids_by_meaning_an_application_fault_alerts_the_team_a_reset_class_takes_one_
     assert_eq!(off_the_bus[0].evidence[0].signal, "xid");
     assert_eq!(off_the_bus[0].evidence[0].value, 79.0);
 }
+
+/// `n1`'s four GPUs at `utils`, held by leases 7 … 10 (lease 10 only from `late_from` on);
+/// lease 9 opted out of idle reclaim.
+fn idle_sample(utils: [u8; 4], late: bool) -> GpusSampled {
+    let samples: Vec<serde_json::Value> = (0..4)
+        .map(|i| {
+            json!({"index": i, "uuid": format!("GPU-n1-{i}"), "utilization_pct": utils[i],
+                   "memory_used_mib": 1000, "memory_total_mib": 80_000, "temperature_c": 50})
+        })
+        .collect();
+    let mut held = vec![
+        json!({"index": 0, "lease": 7, "workload": "nb-1", "task": "notebook", "team": "vision", "milli": 1000}),
+        json!({"index": 1, "lease": 8, "workload": "train-1", "task": "train", "team": "vision", "milli": 1000}),
+        json!({"index": 2, "lease": 9, "workload": "debug-1", "task": "debug", "team": "vision", "milli": 1000, "no_idle_reclaim": true}),
+    ];
+    if late {
+        held.push(json!({"index": 3, "lease": 10, "workload": "nb-2", "task": "notebook", "team": "vision", "milli": 1000}));
+    }
+    serde_json::from_value(json!({"node": "n1", "samples": samples, "held": held})).unwrap()
+}
+
+#[test]
+fn idle_reclaim_warns_then_frees_an_idle_grant_and_leaves_a_busy_an_opted_out_and_a_warming_one() {
+    let mut rules = RuleSet::default();
+    rules.idle = Some(allot_health::IdlePolicy {
+        below: 0.01,
+        window: 30 * S,
+        warm_up: 10 * S,
+        notice: 10 * S,
+    });
+    let mut w = Watch::new(rules, BreakerPolicy::default());
+    w.registered("n1");
+    let mut got = Vec::new();
+    for t in (0..=55).step_by(5) {
+        // Lease 10 starts at 40 s: still warming up (and not idle long enough) at 55 s.
+        let sample = idle_sample([0, 80, 0, 0], t >= 40);
+        for a in w.sampled(&sample, t * S) {
+            got.push((a.action, a.tasks[0].lease.0, millis(a.evidence[0].at) / S));
+        }
+    }
+    assert_eq!(
+        got,
+        [(Action::Alert, 7, 20), (Action::IdleReclaim, 7, 30)],
+        "told 10 s ahead, reclaimed after 30 idle seconds; only lease 7"
+    );
+}

@@ -16,6 +16,7 @@ fn task(name: &str, after: &[&str]) -> Task {
         max_runtime: None,
         retry: None,
         checkpoint: None,
+        idle_reclaim: None,
     }
 }
 
