@@ -270,13 +270,15 @@ fn idle_sample(utils: [u8; 4], late: bool) -> GpusSampled {
 
 #[test]
 fn idle_reclaim_warns_then_frees_an_idle_grant_and_leaves_a_busy_an_opted_out_and_a_warming_one() {
-    let mut rules = RuleSet::default();
-    rules.idle = Some(allot_health::IdlePolicy {
-        below: 0.01,
-        window: 30 * S,
-        warm_up: 10 * S,
-        notice: 10 * S,
-    });
+    let rules = RuleSet {
+        idle: Some(allot_health::IdlePolicy {
+            below: 0.01,
+            window: 30 * S,
+            warm_up: 10 * S,
+            notice: 10 * S,
+        }),
+        ..RuleSet::default()
+    };
     let mut w = Watch::new(rules, BreakerPolicy::default());
     w.registered("n1");
     let mut got = Vec::new();
