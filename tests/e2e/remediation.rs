@@ -535,7 +535,9 @@ fn idle_reclaim_warns_then_frees_an_idle_grant_and_leaves_an_opted_out_and_a_bus
     };
     let on = |workload: &str, node: &str| {
         wait_for(Duration::from_secs(30), || {
-            cli(&["workload", workload, "--output", "json"])
+            // Until the planner has read the submission, it does not know the workload.
+            let out = in_dir(dir.path(), &["workload", workload, "--output", "json"]);
+            String::from_utf8_lossy(&out.stdout)
                 .contains(node)
                 .then_some(())
         })

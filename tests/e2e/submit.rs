@@ -145,7 +145,7 @@ fn a_retried_submission_is_stored_once_a_new_run_again_and_a_bad_spec_never() {
     let stderr = text(&rejected.stderr);
     assert!(
         stderr.contains(&format!(
-            "{}: rejected, 2 problems; nothing was submitted:\n  - spec.tasks[5].priority (task \"eval\"): unknown field \"priority\"; known fields: after, checkpoint, command, deadline, durationEstimate, gang, image, maxRuntime, name, resources, retry\n  - spec.tasks[0].after (task \"preprocess\"): dependency cycle: preprocess -> train-0 -> eval -> preprocess (each task waits for the one before it)\n",
+            "{}: rejected, 2 problems; nothing was submitted:\n  - spec.tasks[5].priority (task \"eval\"): unknown field \"priority\"; known fields: after, checkpoint, command, deadline, durationEstimate, gang, idleReclaim, image, maxRuntime, name, resources, retry\n  - spec.tasks[0].after (task \"preprocess\"): dependency cycle: preprocess -> train-0 -> eval -> preprocess (each task waits for the one before it)\n",
             bad.display()
         )),
         "{stderr}"
