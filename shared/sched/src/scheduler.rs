@@ -188,6 +188,14 @@ pub enum Input {
     },
 }
 
+/// Where a displaced task waits: ahead of every key of its priority (below any at-risk
+/// deadline key, whose second part is at least −2⁶²), in its policy's order among displaced
+/// tasks (the second part, scaled down to fit).
+fn displaced_key(key: QueueKey) -> QueueKey {
+    const BASE: i64 = i64::MIN + (1 << 61);
+    QueueKey(key.0, BASE + (key.1 >> 2), key.2)
+}
+
 /// Who holds a node out of service (see [`Input::NodeHeld`]).
 #[derive(
     Debug,
@@ -292,6 +300,10 @@ struct Task {
     /// When its deadline risk was last judged while pending (`None`: not since it joined
     /// the queue).
     risk_judged: Option<Time>,
+    /// Moved off its node by a drain or a GPU taken out of service: until it runs again it
+    /// waits ahead of everything else of its priority (by its policy's order among such
+    /// tasks), without gaining a right to preempt from it.
+    displaced: bool,
     state: State,
 }
 
@@ -741,7 +753,9 @@ impl Scheduler {
                 }) => *checkpointed = (*checkpointed).max(at),
                 _ => return Err(ApplyError::NotRunning(task)),
             },
-            Input::TaskRequeued { task, reason, at } => self.requeue(task, &reason, at, out)?,
+            Input::TaskRequeued { task, reason, at } => {
+                self.requeue(task, &reason, at, false, out)?;
+            }
             Input::TaskWithdrawn { task, reason, at } => self.withdraw(task, reason, at, out)?,
             Input::TaskPredicted { task, duration, at } => self.predicted(task, duration, at)?,
             Input::TeamBudget {
@@ -778,7 +792,7 @@ impl Scheduler {
                 if drain && let Some(idx) = self.cluster.find(&node) {
                     let on_node = self.running_on(idx, None);
                     for leader in on_node {
-                        self.requeue(leader, &reason, at, out)?;
+                        self.requeue(leader, &reason, at, true, out)?;
                     }
                 }
             }
@@ -799,7 +813,7 @@ impl Scheduler {
                 if !in_service {
                     let on_gpu = self.running_on(idx, Some(gpu));
                     for leader in on_gpu {
-                        self.requeue(leader, &reason, at, out)?;
+                        self.requeue(leader, &reason, at, true, out)?;
                     }
                 }
                 self.cluster.set_gpu_in_service(idx, gpu, in_service);
@@ -909,6 +923,7 @@ impl Scheduler {
                 last_run: None,
                 risk: DeadlineRisk::None,
                 risk_judged: None,
+                displaced: false,
                 state: State::Pending {
                     key: QueueKey(0, 0, 0),
                     last_wait: None,
@@ -990,6 +1005,30 @@ impl Scheduler {
         let mut view = task.view(now, estimate);
         // Hook (openb-allot): whether the estimate was learned, for policies that must not act
         // on a default guess (`allot` does not preempt for one).
+        view.estimate_learned = learned;
+        let key = self.policy.key(view, now);
+        if task.displaced && !task.is_running() {
+            displaced_key(key)
+        } else {
+            key
+        }
+    }
+
+    /// The policy's own key of `task` at `now`, without a displaced task's place ahead: what
+    /// preemption weighs it by.
+    fn policy_key_of(&self, task: &Task, now: Time) -> QueueKey {
+        if !task.displaced {
+            return self.key_of(task, now);
+        }
+        let (estimate, learned) = if self.policy.needs_estimates() {
+            (
+                self.estimator.estimate(&task.spec),
+                self.estimator.learned(&task.spec),
+            )
+        } else {
+            (0, false)
+        };
+        let mut view = task.view(now, estimate);
         view.estimate_learned = learned;
         self.policy.key(view, now)
     }
@@ -1334,11 +1373,14 @@ impl Scheduler {
     }
 
     /// Stops a running task (its whole gang) and puts it back in the queue.
+    /// `displaced`: moved off its node (a drain, a GPU out of service) — it then waits ahead of
+    /// its priority until it runs again.
     fn requeue(
         &mut self,
         id: TaskId,
         reason: &str,
         at: Time,
+        displaced: bool,
         out: &mut Vec<Decision>,
     ) -> Result<(), ApplyError> {
         if !self.tasks.get(&id).is_some_and(Task::is_running) {
@@ -1347,6 +1389,9 @@ impl Scheduler {
         let members = self.unit_ids(self.leader(id));
         for member in &members {
             self.stop(*member, at, None, reason.to_owned(), out);
+            if let Some(task) = self.tasks.get_mut(member) {
+                task.displaced = displaced;
+            }
         }
         self.enqueue(self.leader(id), at);
         Ok(())
@@ -1602,6 +1647,7 @@ impl Scheduler {
                 if let Some(task) = self.tasks.get_mut(member) {
                     task.waited = now.saturating_sub(task.pending_since);
                     task.risk = risk;
+                    task.displaced = false;
                     task.state = State::Running {
                         lease,
                         placement,
@@ -1682,6 +1728,11 @@ impl Scheduler {
             all
         });
         let team = unit.specs[0].team.clone();
+        // A displaced unit waits ahead of its priority but preempts by its policy's own key.
+        let key = match self.tasks.get(&unit.specs[0].id) {
+            Some(leader) if leader.displaced => self.policy_key_of(leader, now),
+            _ => key,
+        };
         let preemptor = Contender {
             spec: &unit.specs[0],
             key,

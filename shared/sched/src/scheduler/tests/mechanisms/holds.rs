@@ -191,3 +191,33 @@ fn a_node_cordoned_before_it_joins_joins_cordoned() {
     let decisions = s.apply(pass(1)).unwrap();
     assert_eq!(granted(&s, decisions).len(), 1);
 }
+
+#[test]
+fn drained_work_goes_back_ahead_of_new_work_of_its_priority() {
+    // allot orders by predicted remaining time: the newcomer (40 min) would go before the
+    // drained task (50 min left), but the drained one takes the next free GPU.
+    let got = script(
+        "allot",
+        vec![node("n1").gpus(1), node("n2").gpus(1)],
+        vec![
+            submit(task(1).predicted(HOUR).lasts(HOUR), 0),
+            submit(task(2).predicted(HOUR).lasts(HOUR), 0),
+            pass(0),
+            held("n1", Holder::Remediation, true, true, 10 * MIN),
+            submit(task(3).predicted(40 * MIN).lasts(40 * MIN), 10 * MIN),
+            pass(10 * MIN),
+            finish(2, HOUR),
+            pass(HOUR),
+        ],
+    );
+    assert_eq!(
+        got,
+        [
+            "grant 1@n1",
+            "grant 2@n2",
+            "preempt 1 for 0",
+            "release 2",
+            "grant 1@n2"
+        ]
+    );
+}
