@@ -490,20 +490,20 @@ fn spikes_application_xids_and_operators_nodes_get_no_node_action_a_reset_xid_ta
 }
 
 #[test]
-fn idle_reclaim_warns_then_frees_an_idle_grant_and_leaves_an_opted_out_and_a_busy_one() {
+fn idle_reclaim_warns_then_frees_an_idle_grant_and_leaves_an_opted_out_a_busy_and_a_warming_one() {
     use crate::support::{free_port, log_of, spawn_logged, terminate, wait_exit};
     let dir = tempfile::tempdir().unwrap();
     let rules = dir.path().join("rules.yaml");
     std::fs::write(
         &rules,
-        "rules: []\nidle: {below: 1%, window: 10s, warmUp: 5s, notice: 5s}\n",
+        "rules: []\nidle: {below: 1%, window: 6s, warmUp: 30s, notice: 3s}\n",
     )
     .unwrap();
     let mut up = allot(dir.path());
-    up.args(["up", "--sim-nodes", "2", "--sim-gpus", "2"])
+    up.args(["up", "--sim-nodes", "2", "--sim-gpus", "3"])
         .args(["--telemetry-interval", "1s", "--heartbeat-interval", "1s"])
         .args(["--health-rules", rules.to_str().unwrap()])
-        .args(["--inject", "idle:node-1@20s"])
+        .args(["--inject", "idle:node-1@10s"])
         .args(["--nats-port", &free_port().to_string()]);
     let mut up = spawn_logged(up, dir.path(), "up");
     let fail = |what: &str| -> ! { panic!("{what}\nallot up log:\n{}", log_of(dir.path(), "up")) };
@@ -552,7 +552,19 @@ fn idle_reclaim_warns_then_frees_an_idle_grant_and_leaves_an_opted_out_and_a_bus
     cli(&["cordon", "node-1", "--reason", "placing"]);
     let busy = submit("busy", false);
     on(&busy, "node-2");
+    // Once node-1 has gone idle, one more task starts there: idle from its first second, but
+    // still warming up (30 s) when the first is reclaimed.
+    wait_for(Duration::from_secs(60), || {
+        log_of(dir.path(), "up")
+            .contains("fault injected")
+            .then_some(())
+    })
+    .unwrap_or_else(|| fail("the idle fault was never injected"));
     cli(&["uncordon", "node-1"]);
+    cli(&["cordon", "node-2", "--reason", "placing"]);
+    let late = submit("late", false);
+    on(&late, "node-1");
+    cli(&["uncordon", "node-2"]);
 
     let reclaimed = wait_for(Duration::from_secs(60), || {
         let log = cli(&["remediation", "log", "--json"]);
@@ -578,7 +590,7 @@ fn idle_reclaim_warns_then_frees_an_idle_grant_and_leaves_an_opted_out_and_a_bus
             ("alert".to_owned(), notebook.clone()),
             ("idle_reclaim".to_owned(), notebook.clone())
         ],
-        "the idle grant is told, then reclaimed; the opted-out and the busy ones are not"
+        "the idle grant is told, then reclaimed; the opted-out, busy and warming ones are not"
     );
     assert_eq!(
         reclaimed[0]["team"], "vision",
@@ -589,7 +601,7 @@ fn idle_reclaim_warns_then_frees_an_idle_grant_and_leaves_an_opted_out_and_a_bus
         explained.contains("preempted: remediation rule idle-reclaim"),
         "{explained}"
     );
-    let _ = (debug, busy);
+    let _ = (debug, busy, late);
     terminate(&up);
     wait_exit(&mut up, Duration::from_secs(30)).expect("allot up stops");
 }
