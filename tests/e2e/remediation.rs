@@ -219,6 +219,17 @@ fn a_node_that_stops_heartbeating_has_its_task_moved_and_gets_work_only_after_a_
     cluster.assert_replay_verifies();
 }
 
+/// A running `allot up`, killed if the test fails before stopping it (its nats-server dies
+/// with it).
+struct Up(std::process::Child);
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// `allot <args>` in `dir` (the running `allot up`'s folder); its output.
 fn in_dir(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
     allot(dir).args(args).output().unwrap()
@@ -241,7 +252,7 @@ fn an_overheating_node_is_drained_its_task_resumes_elsewhere_from_its_checkpoint
     ])
     .args(["--inject", "overheat:node-1@15s"])
     .args(["--nats-port", &free_port().to_string()]);
-    let mut up = spawn_logged(up, dir.path(), "up");
+    let mut up = Up(spawn_logged(up, dir.path(), "up"));
     let fail = |what: &str| -> ! { panic!("{what}\nallot up log:\n{}", log_of(dir.path(), "up")) };
     wait_for(Duration::from_secs(60), || {
         let out = in_dir(dir.path(), &["status", "--json"]);
@@ -342,8 +353,8 @@ fn an_overheating_node_is_drained_its_task_resumes_elsewhere_from_its_checkpoint
     assert_eq!(status["nodes"][0]["state"], "drained", "{status}");
     let verify = in_dir(dir.path(), &["replay", "--verify"]);
     assert!(verify.status.success(), "{verify:?}");
-    terminate(&up);
-    wait_exit(&mut up, Duration::from_secs(30)).expect("allot up stops");
+    terminate(&up.0);
+    wait_exit(&mut up.0, Duration::from_secs(30)).expect("allot up stops");
 }
 
 #[test]
@@ -370,7 +381,7 @@ fn spikes_application_xids_and_operators_nodes_get_no_node_action_a_reset_xid_ta
         ])
         .args(["--inject", "overheat:node-7@15s"])
         .args(["--nats-port", &free_port().to_string()]);
-    let mut up = spawn_logged(up, dir.path(), "up");
+    let mut up = Up(spawn_logged(up, dir.path(), "up"));
     let fail = |what: &str| -> ! { panic!("{what}\nallot up log:\n{}", log_of(dir.path(), "up")) };
     wait_for(Duration::from_secs(60), || {
         in_dir(dir.path(), &["cordon", "node-4", "--reason", "maintenance"])
@@ -485,8 +496,8 @@ fn spikes_application_xids_and_operators_nodes_get_no_node_action_a_reset_xid_ta
             .unwrap()
             .contains("maintenance")
     );
-    terminate(&up);
-    wait_exit(&mut up, Duration::from_secs(30)).expect("allot up stops");
+    terminate(&up.0);
+    wait_exit(&mut up.0, Duration::from_secs(30)).expect("allot up stops");
 }
 
 #[test]
@@ -505,7 +516,7 @@ fn idle_reclaim_warns_then_frees_an_idle_grant_and_leaves_an_opted_out_a_busy_an
         .args(["--health-rules", rules.to_str().unwrap()])
         .args(["--inject", "idle:node-1@10s"])
         .args(["--nats-port", &free_port().to_string()]);
-    let mut up = spawn_logged(up, dir.path(), "up");
+    let mut up = Up(spawn_logged(up, dir.path(), "up"));
     let fail = |what: &str| -> ! { panic!("{what}\nallot up log:\n{}", log_of(dir.path(), "up")) };
     let cli = |args: &[&str]| {
         let out = in_dir(dir.path(), args);
@@ -602,6 +613,6 @@ fn idle_reclaim_warns_then_frees_an_idle_grant_and_leaves_an_opted_out_a_busy_an
         "{explained}"
     );
     let _ = (debug, busy, late);
-    terminate(&up);
-    wait_exit(&mut up, Duration::from_secs(30)).expect("allot up stops");
+    terminate(&up.0);
+    wait_exit(&mut up.0, Duration::from_secs(30)).expect("allot up stops");
 }
