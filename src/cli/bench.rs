@@ -10,6 +10,11 @@
 //! `allot bench submit` measures submit → first grant latency through the planner and the
 //! allocator, against a raw JetStream publish → consume round trip on the same server (see
 //! [`submit`]).
+//!
+//! `allot bench remediation` measures fault detection → action latency of the remediation
+//! service (a child process) under a simulated fleet's telemetry and heartbeats, with injected
+//! overheat faults, against the bus's own stored → delivered latency on the same server, and
+//! the service's CPU, memory and consumer lag (see [`remediation`]).
 
 use std::collections::VecDeque;
 use std::process::ExitCode;
@@ -28,6 +33,7 @@ use allot_events::telemetry::{GpuSample, GpusSampled};
 use super::local;
 use super::settings::Lookup;
 
+mod remediation;
 mod submit;
 
 /// Benchmarks.
@@ -38,6 +44,9 @@ pub enum BenchCommand {
     /// Submit → first grant latency through the planner and the allocator, against raw
     /// JetStream publish → consume.
     Submit(submit::SubmitArgs),
+    /// Fault detection → remediation action latency under a simulated fleet's telemetry, with
+    /// the service's CPU, memory and lag, against the bus's own delivery latency.
+    Remediation(remediation::RemediationArgs),
 }
 
 /// Flags of `allot bench telemetry`.
@@ -65,6 +74,7 @@ pub async fn bench(cmd: BenchCommand, env: Lookup<'_>) -> anyhow::Result<ExitCod
     match cmd {
         BenchCommand::Telemetry(args) => telemetry(args, env).await,
         BenchCommand::Submit(args) => submit::submit(args, env).await,
+        BenchCommand::Remediation(args) => remediation::remediation(args, env).await,
     }
 }
 
