@@ -55,9 +55,11 @@ use super::super::settings::Lookup;
 #[cfg(test)]
 mod tests;
 
-/// What a hot GPU reads, °C: 1 °C under the slowdown the service assumes
-/// ([`allot_remediation::watch::DEFAULT_SLOWDOWN_C`]), inside the overheat rule's 3 °C margin.
-const HOT_C: u32 = allot_remediation::watch::DEFAULT_SLOWDOWN_C - 1;
+/// The slowdown temperature every simulated GPU reports, °C.
+const SLOWDOWN_C: u32 = allot_remediation::watch::DEFAULT_SLOWDOWN_C;
+/// What a hot GPU reads, °C: 1 °C under its slowdown temperature, inside the overheat rule's
+/// 3 °C margin.
+const HOT_C: u32 = SLOWDOWN_C - 1;
 /// GPUs that overheat in a fault: the overheat rule drains the node from two.
 const HOT_GPUS: usize = 2;
 /// How long a fault lasts.
@@ -1110,6 +1112,12 @@ fn sample(name: &str, node: usize, gpus: u32, tick: u64, fault: Option<&Fault>) 
                 ecc_uncorrected: Some(0),
                 xid_errors: Some(0),
                 last_xid: None,
+                xids: Vec::new(),
+                slowdown_temperature_c: Some(SLOWDOWN_C),
+                throttle_reasons: Vec::new(),
+                rows_remapped_uncorrectable: Some(0),
+                row_remap_failed: Some(false),
+                nvlink_errors: Some(0),
             }
         })
         .collect();
