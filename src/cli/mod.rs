@@ -10,7 +10,10 @@
 //!   [`watch`]: the consumers that feed it from the bus.
 //! - [`sim`]: trace-driven simulation of the scheduling policies (`allot sim`).
 //! - [`audit`]: the hash-chained archive of the decision log (`allot audit archive|verify`).
-//! - [`bench`]: benchmarks that need the real bus (`allot bench telemetry`).
+//! - [`remediation`]: an operator's `allot cordon` / `allot uncordon`, and `allot remediation
+//!   log`.
+//! - [`bench`]: benchmarks that need the real bus (`allot bench telemetry`, `submit`,
+//!   `remediation`).
 //! - [`settings`]: flags and `ALLOT_*` variables, all problems reported at once.
 //! - [`nats_config`]: per-team NATS accounts and credentials, and the teams' cost streams.
 //! - [`local`]: the embedded nats-server and how client commands find it (`./.allot/`), and
