@@ -616,3 +616,60 @@ fn idle_reclaim_warns_then_frees_an_idle_grant_and_leaves_an_opted_out_a_busy_an
     terminate(&up.0);
     wait_exit(&mut up.0, Duration::from_secs(30)).expect("allot up stops");
 }
+
+#[test]
+fn remediation_sigkilled_mid_breach_and_after_acting_decides_exactly_once() {
+    let mut cluster = Cluster::start_simulated(&[("n1", 1), ("n2", 1)], 5);
+    let rules = cluster.path("rules.yaml");
+    std::fs::write(
+        &rules,
+        "rules:\n  - {name: heartbeat-lost, signal: heartbeat-lost, for: 6s, clearAfter: 1h, \
+         action: drain}\n",
+    )
+    .unwrap();
+    let data = cluster.path("remediation");
+    let start = |cluster: &mut Cluster| {
+        cluster.spawn(
+            "remediation",
+            &[
+                "remediation",
+                "--data-dir",
+                data.to_str().unwrap(),
+                "--rules",
+                rules.to_str().unwrap(),
+            ],
+        );
+    };
+    start(&mut cluster);
+    let drains = |cluster: &Cluster| {
+        cluster
+            .events("REMEDIATION")
+            .into_iter()
+            .filter(|e| {
+                matches!(e, AnyEvent::Remediation(RemediationEvent::ActionTaken(a))
+                    if a.node == "n1" && a.action.as_str() == "drain")
+            })
+            .count()
+    };
+    // Let it learn both nodes' heartbeats, then silence n1.
+    std::thread::sleep(Duration::from_secs(3));
+    let pid = cluster.pid("collector-n1");
+    signal(pid, "STOP");
+    // Killed while n1's silence is being held down, and started again: the silence it
+    // stored still counts, and the drain comes once.
+    std::thread::sleep(Duration::from_secs(3));
+    cluster.kill("remediation");
+    start(&mut cluster);
+    let first = wait_for(Duration::from_secs(60), || {
+        let n = drains(&cluster);
+        (n > 0).then_some(n)
+    });
+    // Killed again after acting, and started again: nothing is decided twice.
+    cluster.kill("remediation");
+    start(&mut cluster);
+    std::thread::sleep(Duration::from_secs(8));
+    let after = drains(&cluster);
+    signal(pid, "CONT");
+    let first = first.unwrap_or_else(|| panic!("n1 was never drained\n{}", cluster.logs()));
+    assert_eq!((first, after), (1, 1), "one drain, stored once");
+}
