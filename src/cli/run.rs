@@ -541,6 +541,8 @@ fn collector_config(a: &CollectorArgs, url: &str, s: &mut Settings<'_>) -> allot
     let executor = allot_collector::ExecutorConfig {
         runs,
         state: Some(data_dir.join("executor.db")),
+        // One node per process: simulated progress stays with it.
+        shared_checkpoints: None,
     };
     let model = s.string(a.sim_model.as_deref(), "ALLOT_SIM_MODEL", "H100");
     let model = model.parse::<GpuModel>().unwrap_or_else(|e| {

@@ -670,6 +670,9 @@ fn executor_config(config: &UpConfig, node: &str) -> allot_collector::ExecutorCo
     allot_collector::ExecutorConfig {
         runs,
         state: Some(dir.join(format!("{node}.db"))),
+        // The simulated nodes share checkpoint storage, as a real cluster's runs do: a task
+        // moved to another node resumes from its last checkpoint.
+        shared_checkpoints: Some(dir.join("sim-progress")),
     }
 }
 

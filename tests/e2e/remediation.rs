@@ -314,6 +314,27 @@ fn an_overheating_node_is_drained_its_task_resumes_elsewhere_from_its_checkpoint
             && l.contains("checkpointed")),
         "{steps}"
     );
+    // It resumed from its checkpoint: the run on node-2 lasted well under the whole task's
+    // 60 s of wall time (it did 15 s or more of it on node-1 first).
+    let lines: Vec<serde_json::Value> = steps
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let at = |state: &str| {
+        lines
+            .iter()
+            .filter(|l| {
+                l["state"] == state && l["detail"].as_str().is_some_and(|d| d.contains("node-2"))
+            })
+            .map(|l| l["t_ms"].as_i64().unwrap())
+            .next_back()
+            .unwrap_or_else(|| panic!("no {state} on node-2 in:\n{steps}"))
+    };
+    let second_run_ms = at("completed") - at("started");
+    assert!(
+        second_run_ms < 50_000,
+        "the run on node-2 took {second_run_ms} ms: it started over\n{steps}"
+    );
     let log = in_dir(dir.path(), &["remediation", "log", "--json"]);
     let actions: Vec<serde_json::Value> = String::from_utf8_lossy(&log.stdout)
         .lines()

@@ -61,7 +61,7 @@ use allot_bus::streams::names;
 use allot_events::task::{TaskCheckpointed, TaskCompleted, TaskFailed, TaskStarted, TaskStopped};
 use allot_events::telemetry::GpuHeld;
 use allot_events::{AllocEvent, AnyEvent, Envelope, TaskEvent, decode, subject};
-use allot_sched::LeaseId;
+use allot_sched::{LeaseId, TaskId};
 use allot_store::StoreError;
 
 use crate::sim::SimLoad;
@@ -101,6 +101,11 @@ pub struct ExecutorConfig {
     pub runs: Runs,
     /// Its SQLite database; `None`: in memory (nothing survives a restart).
     pub state: Option<PathBuf>,
+    /// A folder the simulated runs of every node share, as real runs share checkpoint
+    /// storage: a simulated task's progress is written there as well at each checkpoint, so
+    /// it resumes from its last checkpoint on whichever node it runs next. `None`: progress is
+    /// kept per node (on another node a task starts over).
+    pub shared_checkpoints: Option<PathBuf>,
 }
 
 impl Default for ExecutorConfig {
@@ -109,6 +114,7 @@ impl Default for ExecutorConfig {
         Self {
             runs: Runs::Off,
             state: None,
+            shared_checkpoints: None,
         }
     }
 }
@@ -170,6 +176,8 @@ struct Executor {
     load: Option<SimLoad>,
     /// The runs on each GPU, for the telemetry.
     holdings: Holdings,
+    /// Simulated progress shared by every node ([`ExecutorConfig::shared_checkpoints`]).
+    shared: Option<PathBuf>,
 }
 
 /// Which runs hold which GPUs of the node, shared by the executor (which writes it as runs
@@ -219,6 +227,7 @@ pub async fn run(
         outbox,
         load,
         holdings,
+        shared: config.shared_checkpoints,
     };
     let served = ex.serve(client, began, &mut stop, &mut rx).await;
     // Also after a failure: runs are stopped and ends already recorded get their chance.
@@ -512,7 +521,10 @@ impl Executor {
             dispatch: stored.dispatch.clone(),
             share: stored.share.clone(),
             rank: stored.rank,
-            progress_ms: self.state.progress(stored.dispatch.task)?,
+            progress_ms: self
+                .state
+                .progress(stored.dispatch.task)?
+                .max(self.shared_progress(stored.dispatch.task)),
         };
         let (stop_tx, stop_rx) = oneshot::channel();
         let reporter = Reporter::new(lease, self.tx.clone());
@@ -566,6 +578,7 @@ impl Executor {
             Report::Checkpointed { progress_ms } => {
                 if let Some(done) = progress_ms {
                     self.state.set_progress(task, done)?;
+                    self.share_progress(task, done);
                 }
                 if rank == 0 {
                     let event = TaskEvent::Checkpointed(TaskCheckpointed {
@@ -615,6 +628,9 @@ impl Executor {
                         killed,
                         progress_ms,
                     } => {
+                        if let Some(done) = progress_ms {
+                            self.share_progress(task, done);
+                        }
                         let progress = progress_ms.map_or(Progress::Keep, Progress::Set);
                         let event = (rank == 0).then(|| {
                             TaskEvent::Stopped(TaskStopped {
@@ -638,6 +654,29 @@ impl Executor {
 
     /// Records the end of the run under `lease` of `task` and hands its event (if any) to the
     /// outbox, which forgets the run once the event is acknowledged; frees its GPUs.
+    /// A simulated task's progress as the shared checkpoint folder has it (0: none).
+    fn shared_progress(&self, task: TaskId) -> u64 {
+        let Some(dir) = &self.shared else { return 0 };
+        std::fs::read_to_string(dir.join(format!("{}.progress", task.0)))
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Writes a simulated task's progress to the shared checkpoint folder (whole or not at
+    /// all: a temporary file renamed over the old one).
+    fn share_progress(&self, task: TaskId, done_ms: u64) {
+        let Some(dir) = &self.shared else { return };
+        let file = dir.join(format!("{}.progress", task.0));
+        let tmp = dir.join(format!("{}.progress.{}", task.0, self.node));
+        let written = std::fs::create_dir_all(dir)
+            .and_then(|()| std::fs::write(&tmp, done_ms.to_string()))
+            .and_then(|()| std::fs::rename(&tmp, &file));
+        if let Err(e) = written {
+            tracing::warn!(task = %task, error = %e, "writing shared simulated progress failed");
+        }
+    }
+
     fn end(
         &mut self,
         lease: LeaseId,

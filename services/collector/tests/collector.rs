@@ -340,6 +340,7 @@ async fn a_partitioned_node_goes_silent_while_its_runs_go_on() -> anyhow::Result
             default_duration: Duration::from_secs(1),
         }),
         state: None,
+        shared_checkpoints: None,
     };
     let source = SimulatedSource::new(&config.node, config.sim.clone());
     let load = source.load();

@@ -53,6 +53,7 @@ impl Node {
         let config = ExecutorConfig {
             runs,
             state: Some(db.to_path_buf()),
+            shared_checkpoints: None,
         };
         let task = runtime.spawn(async move {
             let client = allot_bus::connect(&connect, std::future::pending())

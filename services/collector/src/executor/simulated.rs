@@ -5,7 +5,9 @@
 //! Time inside a simulated run is task time: a speed-up of 60 runs a `45m` estimate in 45 s of
 //! wall time, and checkpoints every `10m` become every 10 s. A preempted task resumes from its
 //! last checkpoint (or from where it stopped, when it checkpoints on SIGTERM) if it runs on this
-//! node again; on another node it starts over (progress is kept per node).
+//! node again, or on any node sharing checkpoint storage with this one
+//! ([`crate::ExecutorConfig::shared_checkpoints`]; `allot up`'s nodes do); otherwise it starts
+//! over on another node.
 
 use std::time::Duration;
 
