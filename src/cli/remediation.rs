@@ -11,9 +11,10 @@
 //! | exit | meaning |
 //! |---|---|
 //! | 0 | stored (and `log` printed) |
-//! | 2 | a bad node name, or a team's login (cordons are the operators') |
+//! | 2 | a bad node name, a node the inventory does not know (when it answers), or a team's login (cordons are the operators') |
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
@@ -154,6 +155,28 @@ async fn publish(
             connection.origin
         );
         return Ok(ExitCode::from(2));
+    }
+    // A cordon of a node the inventory does not know is most likely a typo: refused. Without
+    // an inventory to ask, it is published unchecked (a node may be cordoned before it joins).
+    if event.cordoned {
+        match super::status::ask(&connection.client, Duration::from_secs(3)).await {
+            Ok(status) if !status.nodes.iter().any(|n| n.name == event.node) => {
+                let known: Vec<&str> = status.nodes.iter().map(|n| n.name.as_str()).collect();
+                eprintln!(
+                    "allot: the inventory knows no node {:?} (it knows {}); nothing was {verb}",
+                    event.node,
+                    if known.is_empty() {
+                        "none yet".to_owned()
+                    } else {
+                        known.join(", ")
+                    }
+                );
+                connection.client.drain().await.ok();
+                return Ok(ExitCode::from(2));
+            }
+            Ok(_) => {}
+            Err(e) => eprintln!("allot: {e:#}; cordoning {} unchecked", event.node),
+        }
     }
     let publisher = Publisher::new(connection.client.clone(), "/allot/cli");
     let node = event.node.clone();

@@ -43,19 +43,24 @@ pub async fn status(args: StatusArgs, env: Lookup<'_>) -> anyhow::Result<ExitCod
 
 async fn fetch(url: &str, origin: &str) -> anyhow::Result<ClusterStatus> {
     let client = local::connect_url("allot-status", url, origin).await?;
+    ask(&client, Duration::from_secs(5)).await
+}
+
+/// The cluster as the inventory answers for it within `wait`, or why it did not.
+pub(super) async fn ask(
+    client: &async_nats::Client,
+    wait: Duration,
+) -> anyhow::Result<ClusterStatus> {
     let reply = tokio::time::timeout(
-        Duration::from_secs(5),
+        wait,
         client.request(query::STATUS_SUBJECT, bytes::Bytes::new()),
     )
     .await
-    .context("the inventory did not answer within 5 s")?;
+    .with_context(|| format!("the inventory did not answer within {} s", wait.as_secs()))?;
     let reply = match reply {
         Ok(reply) => reply,
         Err(e) if e.kind() == async_nats::RequestErrorKind::NoResponders => {
-            bail!(
-                "the inventory service is not running (no responders on {})",
-                query::STATUS_SUBJECT
-            )
+            bail!("the inventory service is not running")
         }
         Err(e) => return Err(e.into()),
     };

@@ -28,7 +28,7 @@ use clap::Args;
 
 use allot_bus::Publisher;
 use allot_bus::async_nats::jetstream::message::PublishMessage;
-use allot_events::query::{self, ClusterStatus};
+use allot_events::query::ClusterStatus;
 use allot_workload::limits::{self, SpecSize};
 use allot_workload::submit::{self, Submission};
 use allot_workload::validate::Checked;
@@ -360,21 +360,10 @@ fn offline_cluster(spec: &str) -> anyhow::Result<ClusterShape> {
 
 /// The cluster as the inventory sees it, or why it could not be asked.
 async fn live_cluster(client: &async_nats::Client) -> Result<ClusterShape, String> {
-    let reply = tokio::time::timeout(
-        Duration::from_secs(3),
-        client.request(query::STATUS_SUBJECT, bytes::Bytes::new()),
-    )
-    .await
-    .map_err(|_| "the inventory did not answer within 3 s".to_owned())?
-    .map_err(|e| match e.kind() {
-        async_nats::RequestErrorKind::NoResponders => {
-            "the inventory service is not running".to_owned()
-        }
-        _ => format!("the inventory could not be asked ({e})"),
-    })?;
-    let status: ClusterStatus = serde_json::from_slice(&reply.payload)
-        .map_err(|e| format!("the inventory's answer could not be read ({e})"))?;
-    Ok(cluster_of(&status))
+    super::status::ask(client, Duration::from_secs(3))
+        .await
+        .map(|status| cluster_of(&status))
+        .map_err(|e| format!("{e:#}"))
 }
 
 /// Node shapes from the inventory's status: every GPU counts, healthy or not (health changes;

@@ -71,6 +71,20 @@ fn an_operators_cordon_keeps_new_work_off_a_node_until_it_is_lifted() {
         "inventory",
         &["inventory", "--data-dir", inventory.to_str().unwrap()],
     );
+    wait_for(Duration::from_secs(30), || {
+        let out = run_cli(&cluster, &["status", "--json"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (text.contains("\"n1\"") && text.contains("\"n2\"")).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the inventory never knew both nodes\n{}", cluster.logs()));
+    // A typo is refused, naming what the inventory knows; nothing is published.
+    let out = run_cli(&cluster, &["cordon", "n3", "--reason", "fan swap"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let why = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        why.contains("knows no node \"n3\"") && why.contains("n1, n2"),
+        "{why}"
+    );
     let out = run_cli(&cluster, &["cordon", "n1", "--reason", "fan swap"]);
     assert!(out.status.success(), "{out:?}");
     // Both nodes are free; the cordoned one gets nothing.
