@@ -46,6 +46,35 @@ fn grants(cluster: &Cluster) -> Vec<(String, String)> {
     out
 }
 
+/// A cluster of `n1` and `n2` (one GPU each) whose heartbeat-lost rule waits `silence` and
+/// returns a node after `clear_after`, and the way to start its remediation service (again).
+fn silent_node_cluster(silence: &str, clear_after: &str) -> (Cluster, impl Fn(&mut Cluster)) {
+    let cluster = Cluster::start_simulated(&[("n1", 1), ("n2", 1)], 5);
+    let rules = cluster.path("rules.yaml");
+    std::fs::write(
+        &rules,
+        format!(
+            "rules:\n  - {{name: heartbeat-lost, signal: heartbeat-lost, for: {silence}, \
+             clearAfter: {clear_after}, action: drain}}\n"
+        ),
+    )
+    .unwrap();
+    let data = cluster.path("remediation");
+    let start = move |cluster: &mut Cluster| {
+        cluster.spawn(
+            "remediation",
+            &[
+                "remediation",
+                "--data-dir",
+                data.to_str().unwrap(),
+                "--rules",
+                rules.to_str().unwrap(),
+            ],
+        );
+    };
+    (cluster, start)
+}
+
 /// Sends SIG`name` to process `pid`.
 fn signal(pid: u32, name: &str) {
     let status = std::process::Command::new("kill")
@@ -136,25 +165,8 @@ fn an_operators_cordon_keeps_new_work_off_a_node_until_it_is_lifted() {
 
 #[test]
 fn a_node_that_stops_heartbeating_has_its_task_moved_and_gets_work_only_after_a_healthy_spell() {
-    let mut cluster = Cluster::start_simulated(&[("n1", 1), ("n2", 1)], 5);
-    let rules = cluster.path("rules.yaml");
-    std::fs::write(
-        &rules,
-        "rules:\n  - {name: heartbeat-lost, signal: heartbeat-lost, for: 4s, clearAfter: 15s, \
-         action: drain}\n",
-    )
-    .unwrap();
-    let data = cluster.path("remediation");
-    cluster.spawn(
-        "remediation",
-        &[
-            "remediation",
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--rules",
-            rules.to_str().unwrap(),
-        ],
-    );
+    let (mut cluster, start) = silent_node_cluster("4s", "15s");
+    start(&mut cluster);
     // Long enough to outlive the test; n1 takes it (lowest index first).
     let long = cluster.submit("long", &spec("long", "3000s"));
     cluster.started(&long, "run", 1);
@@ -654,27 +666,7 @@ fn idle_reclaim_warns_then_frees_an_idle_grant_and_leaves_an_opted_out_a_busy_an
 
 #[test]
 fn remediation_sigkilled_mid_breach_and_after_acting_decides_exactly_once() {
-    let mut cluster = Cluster::start_simulated(&[("n1", 1), ("n2", 1)], 5);
-    let rules = cluster.path("rules.yaml");
-    std::fs::write(
-        &rules,
-        "rules:\n  - {name: heartbeat-lost, signal: heartbeat-lost, for: 6s, clearAfter: 1h, \
-         action: drain}\n",
-    )
-    .unwrap();
-    let data = cluster.path("remediation");
-    let start = |cluster: &mut Cluster| {
-        cluster.spawn(
-            "remediation",
-            &[
-                "remediation",
-                "--data-dir",
-                data.to_str().unwrap(),
-                "--rules",
-                rules.to_str().unwrap(),
-            ],
-        );
-    };
+    let (mut cluster, start) = silent_node_cluster("6s", "1h");
     start(&mut cluster);
     let drains = |cluster: &Cluster| {
         cluster

@@ -994,6 +994,17 @@ impl Scheduler {
     }
 
     fn key_of(&self, task: &Task, now: Time) -> QueueKey {
+        let key = self.policy_key_of(task, now);
+        if task.displaced && !task.is_running() {
+            displaced_key(key)
+        } else {
+            key
+        }
+    }
+
+    /// The policy's own key of `task` at `now` — without a displaced task's place ahead:
+    /// what preemption weighs it by.
+    fn policy_key_of(&self, task: &Task, now: Time) -> QueueKey {
         let (estimate, learned) = if self.policy.needs_estimates() {
             (
                 self.estimator.estimate(&task.spec),
@@ -1005,30 +1016,6 @@ impl Scheduler {
         let mut view = task.view(now, estimate);
         // Hook (openb-allot): whether the estimate was learned, for policies that must not act
         // on a default guess (`allot` does not preempt for one).
-        view.estimate_learned = learned;
-        let key = self.policy.key(view, now);
-        if task.displaced && !task.is_running() {
-            displaced_key(key)
-        } else {
-            key
-        }
-    }
-
-    /// The policy's own key of `task` at `now`, without a displaced task's place ahead: what
-    /// preemption weighs it by.
-    fn policy_key_of(&self, task: &Task, now: Time) -> QueueKey {
-        if !task.displaced {
-            return self.key_of(task, now);
-        }
-        let (estimate, learned) = if self.policy.needs_estimates() {
-            (
-                self.estimator.estimate(&task.spec),
-                self.estimator.learned(&task.spec),
-            )
-        } else {
-            (0, false)
-        };
-        let mut view = task.view(now, estimate);
         view.estimate_learned = learned;
         self.policy.key(view, now)
     }
