@@ -49,6 +49,45 @@ pub enum BenchCommand {
     Remediation(remediation::RemediationArgs),
 }
 
+/// Latency percentiles, ms (nearest rank), shared by the benchmarks.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Percentiles {
+    /// Samples.
+    pub n: usize,
+    /// Median.
+    pub p50: f64,
+    /// 95th percentile.
+    pub p95: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p999: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+impl Percentiles {
+    /// The percentiles of `ms` (NaN everywhere when empty).
+    pub fn of(mut ms: Vec<f64>) -> Percentiles {
+        ms.sort_by(f64::total_cmp);
+        let at = |q: f64| {
+            if ms.is_empty() {
+                return f64::NAN;
+            }
+            let i = ((q * ms.len() as f64).ceil() as usize).clamp(1, ms.len()) - 1;
+            ms[i]
+        };
+        Percentiles {
+            n: ms.len(),
+            p50: at(0.50),
+            p95: at(0.95),
+            p99: at(0.99),
+            p999: at(0.999),
+            max: at(1.0),
+        }
+    }
+}
+
 /// Flags of `allot bench telemetry`.
 #[derive(Debug, Args)]
 pub struct TelemetryArgs {

@@ -51,6 +51,7 @@ use allot_remediation::{BreakerPolicy, Watch};
 
 use super::super::local;
 use super::super::settings::Lookup;
+use super::Percentiles;
 
 #[cfg(test)]
 mod tests;
@@ -107,39 +108,6 @@ pub struct RemediationArgs {
     /// Write the results as JSON here.
     #[arg(long, default_value = "docs/results/remediation.json")]
     pub json: PathBuf,
-}
-
-/// Latency percentiles, ms (nearest rank).
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Spread {
-    /// Samples.
-    pub n: usize,
-    /// Median.
-    pub p50: f64,
-    /// 99th percentile.
-    pub p99: f64,
-    /// Largest.
-    pub max: f64,
-}
-
-impl Spread {
-    /// The spread of `ms` (NaN everywhere when empty).
-    pub fn of(mut ms: Vec<f64>) -> Spread {
-        ms.sort_by(f64::total_cmp);
-        let at = |q: f64| {
-            if ms.is_empty() {
-                return f64::NAN;
-            }
-            let i = ((q * ms.len() as f64).ceil() as usize).clamp(1, ms.len()) - 1;
-            ms[i]
-        };
-        Spread {
-            n: ms.len(),
-            p50: at(0.50),
-            p99: at(0.99),
-            max: at(1.0),
-        }
-    }
 }
 
 /// One injected fault: from `at` (since the start of the load) for [`FAULT_LASTS`], GPUs
@@ -283,10 +251,10 @@ struct Report {
     faults: usize,
     detected: usize,
     missed: usize,
-    latency: Spread,
-    hot_to_action: Spread,
-    baseline: Spread,
-    lateness: Spread,
+    latency: Percentiles,
+    hot_to_action: Percentiles,
+    baseline: Percentiles,
+    lateness: Percentiles,
     telemetry_sent: usize,
     telemetry_for: Duration,
     heartbeats_per_s: f64,
@@ -404,7 +372,7 @@ fn print(args: &RemediationArgs, r: &Report) {
     );
     println!("| measure | n | p50 ms | p99 ms | max ms |");
     println!("|---|---|---|---|---|");
-    let row = |name: &str, s: &Spread| {
+    let row = |name: &str, s: &Percentiles| {
         println!(
             "| {name} | {} | {:.1} | {:.1} | {:.1} |",
             s.n, s.p50, s.p99, s.max
@@ -934,10 +902,10 @@ async fn measure(
         faults: faults.len(),
         detected,
         missed: faults.len() - detected,
-        latency: Spread::of(latency),
-        hot_to_action: Spread::of(hot_to_action),
-        baseline: Spread::of(baseline),
-        lateness: Spread::of(published.lateness_ms),
+        latency: Percentiles::of(latency),
+        hot_to_action: Percentiles::of(hot_to_action),
+        baseline: Percentiles::of(baseline),
+        lateness: Percentiles::of(published.lateness_ms),
         telemetry_sent: published.sent,
         telemetry_for: published.elapsed,
         heartbeats_per_s: heartbeats_sent as f64 / heartbeats_for.as_secs_f64().max(1e-9),
@@ -1232,7 +1200,7 @@ fn watch_batches(
 
 impl Batches {
     fn of(sizes: &[usize], over: Duration) -> Batches {
-        let spread = Spread::of(sizes.iter().map(|&n| n as f64).collect());
+        let spread = Percentiles::of(sizes.iter().map(|&n| n as f64).collect());
         Batches {
             count: sizes.len(),
             per_s: sizes.len() as f64 / over.as_secs_f64().max(1e-9),

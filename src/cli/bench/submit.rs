@@ -31,7 +31,6 @@ use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::pull::Order
 use bytes::Bytes;
 use clap::Args;
 use futures::StreamExt;
-use serde::Serialize;
 
 use allot_bus::Publisher;
 use allot_bus::async_nats::jetstream::message::PublishMessage;
@@ -43,6 +42,7 @@ use allot_sched::{Decision, TaskId};
 
 use super::super::local;
 use super::super::settings::Lookup;
+use super::Percentiles;
 
 #[cfg(test)]
 mod tests;
@@ -74,44 +74,6 @@ pub struct SubmitArgs {
     /// Write the results as JSON here.
     #[arg(long, default_value = "docs/results/submit-latency.json")]
     pub json: PathBuf,
-}
-
-/// Latency percentiles, ms.
-#[derive(Debug, Clone, Serialize)]
-pub struct Percentiles {
-    /// Samples.
-    pub n: usize,
-    /// Median.
-    pub p50: f64,
-    /// 95th percentile.
-    pub p95: f64,
-    /// 99th percentile.
-    pub p99: f64,
-    /// 99.9th percentile.
-    pub p999: f64,
-    /// Largest.
-    pub max: f64,
-}
-
-impl Percentiles {
-    fn of(mut ms: Vec<f64>) -> Percentiles {
-        ms.sort_by(f64::total_cmp);
-        let at = |q: f64| {
-            if ms.is_empty() {
-                return f64::NAN;
-            }
-            let i = ((q * ms.len() as f64).ceil() as usize).clamp(1, ms.len()) - 1;
-            ms[i]
-        };
-        Percentiles {
-            n: ms.len(),
-            p50: at(0.50),
-            p95: at(0.95),
-            p99: at(0.99),
-            p999: at(0.999),
-            max: at(1.0),
-        }
-    }
 }
 
 /// What a workload's journey was, as measured.

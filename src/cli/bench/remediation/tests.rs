@@ -1,6 +1,7 @@
 use std::time::Duration;
 
-use super::{FAULT_LASTS, QUIET_START, Spread, breaker_cap, cpu_ticks, schedule, status_kib};
+use super::super::Percentiles;
+use super::{FAULT_LASTS, QUIET_START, breaker_cap, cpu_ticks, schedule, status_kib};
 
 #[test]
 fn the_issues_fleet_gets_its_forty_faults_within_the_circuit_breaker() {
@@ -79,11 +80,11 @@ fn spreads_are_nearest_rank_values_of_the_samples() {
             (5.0, 10.0, 10.0),
         ),
     ] {
-        let s = Spread::of(samples);
+        let s = Percentiles::of(samples);
         assert_eq!((s.p50, s.p99, s.max), want, "{name}");
     }
     assert!(
-        Spread::of(Vec::new()).p99.is_nan(),
+        Percentiles::of(Vec::new()).p99.is_nan(),
         "no samples: no numbers"
     );
 }
