@@ -44,6 +44,7 @@ pub mod run;
 pub mod settings;
 pub mod sim;
 pub mod status;
+pub mod token;
 pub mod up;
 pub mod watch;
 pub mod workload;
@@ -98,6 +99,9 @@ pub enum Command {
     Queue(queue::QueueArgs),
     /// Take a node out of service for new work (an operator's cordon; remediation keeps it).
     Cordon(remediation::CordonArgs),
+    /// Gateway API tokens: `allot token create --team T --role R`.
+    #[command(subcommand)]
+    Token(token::TokenCommand),
     /// Lift an operator's cordon.
     Uncordon(remediation::UncordonArgs),
     /// Remediation's record: `allot remediation log` lists every action and cordon.
@@ -199,6 +203,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Explain(args) => replay::explain(args, &env).await,
         Command::Queue(args) => queue::queue(args, &env).await,
         Command::Cordon(args) => remediation::cordon(args, &env).await,
+        Command::Token(cmd) => token::token(cmd, &env).await,
         Command::Uncordon(args) => remediation::uncordon(args, &env).await,
         Command::Remediation(cmd) => remediation::remediation(cmd, &env).await,
         Command::NatsConfig(args) => nats_config::nats_config(args).await,

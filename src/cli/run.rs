@@ -49,6 +49,26 @@ pub enum Service {
     /// Remediation: GPU health rules over telemetry and heartbeats; alerts, GPUs out of
     /// service, cordons, drains and returns to service, each an event.
     Remediation(RemediationArgs),
+    /// The gateway: REST API, live events and the dashboard, with per-team tokens.
+    Gateway(GatewayArgs),
+}
+
+/// Flags of `allot run gateway`.
+#[derive(Debug, Args)]
+pub struct GatewayArgs {
+    /// Folder for gateway.db (ALLOT_DATA_DIR; default: .allot/gateway).
+    #[arg(long)]
+    pub data_dir: Option<String>,
+    /// Where to listen (ALLOT_LISTEN; default 0.0.0.0:8080).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// The bootstrap admin token's file, read or created mode 0600 (ALLOT_ADMIN_TOKEN_FILE;
+    /// default: none — issue tokens with `allot token create`).
+    #[arg(long)]
+    pub admin_token_file: Option<String>,
+    /// Teams file, to check submissions as `allot submit` does (ALLOT_TEAMS_FILE).
+    #[arg(long)]
+    pub teams: Option<String>,
 }
 
 /// Flags of `allot run remediation`.
@@ -256,6 +276,20 @@ pub async fn run(args: RunArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
             }
             Configured::Remediation(config)
         }
+        Service::Gateway(a) => {
+            let data_dir = s.string(a.data_dir.as_deref(), "ALLOT_DATA_DIR", ".allot/gateway");
+            let listen = s.parse(
+                a.listen.as_deref(),
+                "ALLOT_LISTEN",
+                std::net::SocketAddr::from(([0, 0, 0, 0], 8080)),
+            );
+            let mut config = allot_gateway::Config::new(url.clone(), data_dir, listen);
+            config.admin_token_file = s
+                .optional(a.admin_token_file.as_deref(), "ALLOT_ADMIN_TOKEN_FILE")
+                .map(PathBuf::from);
+            config.teams = teams_file(a.teams.as_deref(), &mut s);
+            Configured::Gateway(Box::new(config))
+        }
     };
     s.finish()?;
     tracing::info!(nats = %allot_bus::users::without_credentials(&url), from = %origin, "using NATS");
@@ -282,6 +316,7 @@ pub async fn run(args: RunArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
         Configured::Billing(config) => allot_billing::run(*config, shutdown).await?,
         Configured::Predictor(config) => allot_predictor::run(config, shutdown).await?,
         Configured::Remediation(config) => allot_remediation::run(config, shutdown).await?,
+        Configured::Gateway(config) => allot_gateway::run(*config, shutdown).await?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -296,6 +331,7 @@ enum Configured {
     Billing(Box<allot_billing::Config>),
     Predictor(allot_predictor::Config),
     Remediation(allot_remediation::Config),
+    Gateway(Box<allot_gateway::Config>),
 }
 
 fn billing_config(a: &BillingArgs, url: &str, s: &mut Settings<'_>) -> allot_billing::Config {

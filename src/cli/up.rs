@@ -81,6 +81,11 @@ pub struct UpArgs {
     /// nvlink (ALLOT_INJECT, comma-separated).
     #[arg(long, value_name = "KIND:NODE@TIME")]
     pub inject: Vec<String>,
+    /// Where the gateway (API and dashboard) listens (ALLOT_LISTEN; default 127.0.0.1:8080,
+    /// or any free port when 8080 is taken). The URL is printed and written to
+    /// `<data dir>/gateway.url`, the admin token to `<data dir>/admin.token` (mode 0600).
+    #[arg(long)]
+    pub listen: Option<String>,
 }
 
 /// How `allot up`'s nodes run tasks.
@@ -118,6 +123,8 @@ pub struct UpConfig {
     pub health_rules: allot_health::RuleSet,
     /// Faults to inject into the simulated nodes.
     pub inject: Vec<Injection>,
+    /// Where the gateway listens.
+    pub listen: std::net::SocketAddr,
 }
 
 impl UpConfig {
@@ -210,6 +217,11 @@ impl UpConfig {
             s.problem("--missed-heartbeats / ALLOT_MISSED_HEARTBEATS: must be at least 1");
         }
         let inject = injections(&args.inject, env, sim_nodes, &sim_models, &mut s);
+        let listen = s.parse(
+            args.listen.as_deref(),
+            "ALLOT_LISTEN",
+            std::net::SocketAddr::from(([127, 0, 0, 1], DEFAULT_GATEWAY_PORT)),
+        );
         s.finish()?;
         Ok(Self {
             nats,
@@ -228,9 +240,13 @@ impl UpConfig {
             nats_restarts,
             health_rules,
             inject,
+            listen,
         })
     }
 }
+
+/// The gateway's port unless `--listen` says otherwise (any free one when it is taken).
+const DEFAULT_GATEWAY_PORT: u16 = 8080;
 
 /// The faults of `--inject` (repeatable) or `ALLOT_INJECT` (comma-separated), each checked
 /// against the simulated nodes `node-1` … `node-N` and their models.
@@ -540,6 +556,20 @@ async fn run_services(
     let stop = shutdown.clone();
     services.spawn("remediation", async move {
         Ok(allot_remediation::run(remediation, stop).await?)
+    });
+    // The gateway: the API and the dashboard, with the admin token in the data folder.
+    let mut gateway = allot_gateway::Config::new(
+        urls.of(Role::Gateway),
+        config.data_dir.join("gateway"),
+        config.listen,
+    );
+    gateway.listen_fallback = config.listen.port() == DEFAULT_GATEWAY_PORT;
+    gateway.admin_token_file = Some(config.data_dir.join("admin.token"));
+    gateway.teams.clone_from(&config.teams);
+    gateway.url_file = Some(config.data_dir.join("gateway.url"));
+    let stop = shutdown.clone();
+    services.spawn("gateway", async move {
+        Ok(allot_gateway::run(gateway, stop).await?)
     });
     let mut sim_loads = BTreeMap::new();
     for i in 1..=config.sim_nodes {

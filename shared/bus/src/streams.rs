@@ -148,6 +148,8 @@ pub mod names {
     /// Remediation's actions and operators' cordons (`allot.remediation.<event>.<node>`);
     /// append-only: the allocator's journal points into it.
     pub const REMEDIATION: &str = "REMEDIATION";
+    /// API tokens issued and revoked (the gateway's).
+    pub const ACCESS: &str = "ACCESS";
 }
 
 /// Every stream Allot uses, with `replicas` copies each (1 on one server, 3 on a cluster).
@@ -225,6 +227,17 @@ pub fn catalog(replicas: usize) -> Vec<StreamSpec> {
                 names::REMEDIATION,
                 "Remediation's actions on nodes, GPUs and tasks, and operators' cordons",
                 &[subject::REMEDIATION_ALL],
+            )
+        },
+        // Who was granted what: an audit trail, so nothing in it can be deleted or purged. A
+        // token is withdrawn by a later revocation, never by erasing its issue.
+        StreamSpec {
+            deny_delete: true,
+            deny_purge: true,
+            ..StreamSpec::new(
+                names::ACCESS,
+                "API tokens issued and revoked (hashes only), for the gateway",
+                &[subject::ACCESS_ALL],
             )
         },
     ];

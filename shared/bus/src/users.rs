@@ -109,6 +109,9 @@ pub enum Role {
     Archiver,
     /// The remediation service.
     Remediation,
+    /// The gateway: submits and aborts for any team, on behalf of the API caller it has
+    /// authorised, and issues tokens.
+    Gateway,
     /// The collector of one node.
     Collector(String),
     /// One team's submitters.
@@ -127,6 +130,7 @@ impl Role {
             Self::Billing => "billing".to_owned(),
             Self::Archiver => "archiver".to_owned(),
             Self::Remediation => "remediation".to_owned(),
+            Self::Gateway => "gateway".to_owned(),
             Self::Collector(node) => format!("collector-{node}"),
             Self::Team(team) => crate::accounts::team_user(team),
         }
@@ -180,6 +184,11 @@ impl Role {
             Self::Billing => service(vec![subject::COST_ALL.to_owned()]),
             Self::Archiver => service(Vec::new()),
             Self::Remediation => service(vec![subject::remediation("action_taken", "*")]),
+            Self::Gateway => service(vec![
+                subject::workload_submitted("*"),
+                subject::workload_aborted("*"),
+                subject::ACCESS_ALL.to_owned(),
+            ]),
             Self::Collector(node) => service(
                 [
                     subject::node_registered(node),
@@ -277,6 +286,7 @@ impl Users {
             Role::Billing,
             Role::Archiver,
             Role::Remediation,
+            Role::Gateway,
         ];
         roles.extend(named("node", nodes)?.into_iter().map(Role::Collector));
         roles.extend(named("team", teams)?.into_iter().map(Role::Team));

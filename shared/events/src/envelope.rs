@@ -6,8 +6,8 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::{
-    AllocEvent, CostEvent, InventoryEvent, NodeEvent, RemediationEvent, TYPE_PREFIX, TaskEvent,
-    TelemetryEvent, WorkloadEvent,
+    AccessEvent, AllocEvent, CostEvent, InventoryEvent, NodeEvent, RemediationEvent, TYPE_PREFIX,
+    TaskEvent, TelemetryEvent, WorkloadEvent,
 };
 
 /// The CloudEvents spec version Allot writes and accepts.
@@ -79,6 +79,8 @@ pub enum AnyEvent {
     Cost(CostEvent),
     /// Remediation's actions and operators' cordons.
     Remediation(RemediationEvent),
+    /// API tokens issued and revoked.
+    Access(AccessEvent),
 }
 
 impl From<NodeEvent> for AnyEvent {
@@ -121,6 +123,11 @@ impl From<RemediationEvent> for AnyEvent {
         Self::Remediation(e)
     }
 }
+impl From<AccessEvent> for AnyEvent {
+    fn from(e: AccessEvent) -> Self {
+        Self::Access(e)
+    }
+}
 
 impl EventKind for AnyEvent {
     fn event_type(&self) -> String {
@@ -133,6 +140,7 @@ impl EventKind for AnyEvent {
             Self::Alloc(e) => e.event_type(),
             Self::Cost(e) => e.event_type(),
             Self::Remediation(e) => e.event_type(),
+            Self::Access(e) => e.event_type(),
         }
     }
     fn nats_subject(&self) -> String {
@@ -145,6 +153,7 @@ impl EventKind for AnyEvent {
             Self::Alloc(e) => e.nats_subject(),
             Self::Cost(e) => e.nats_subject(),
             Self::Remediation(e) => e.nats_subject(),
+            Self::Access(e) => e.nats_subject(),
         }
     }
     fn entity(&self) -> String {
@@ -157,6 +166,7 @@ impl EventKind for AnyEvent {
             Self::Alloc(e) => e.entity(),
             Self::Cost(e) => e.entity(),
             Self::Remediation(e) => e.entity(),
+            Self::Access(e) => e.entity(),
         }
     }
     fn team(&self) -> Option<&str> {
@@ -169,6 +179,7 @@ impl EventKind for AnyEvent {
             Self::Alloc(e) => e.team(),
             Self::Cost(e) => e.team(),
             Self::Remediation(e) => e.team(),
+            Self::Access(e) => e.team(),
         }
     }
 }
@@ -263,6 +274,7 @@ pub fn decode(bytes: &[u8]) -> Result<Envelope<AnyEvent>, DecodeError> {
         AllocEvent::DOMAIN => AllocEvent::VERSION,
         CostEvent::DOMAIN => CostEvent::VERSION,
         RemediationEvent::DOMAIN => RemediationEvent::VERSION,
+        AccessEvent::DOMAIN => AccessEvent::VERSION,
         _ => return Err(DecodeError::UnknownType(raw.ty)),
     };
     if version > supported {
@@ -292,6 +304,9 @@ pub fn decode(bytes: &[u8]) -> Result<Envelope<AnyEvent>, DecodeError> {
         CostEvent::DOMAIN => CostEvent::decode_data(name, raw.data).map(|r| r.map(AnyEvent::Cost)),
         RemediationEvent::DOMAIN => {
             RemediationEvent::decode_data(name, raw.data).map(|r| r.map(AnyEvent::Remediation))
+        }
+        AccessEvent::DOMAIN => {
+            AccessEvent::decode_data(name, raw.data).map(|r| r.map(AnyEvent::Access))
         }
         _ => None,
     };

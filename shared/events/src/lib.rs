@@ -11,6 +11,7 @@
 //!   tasks, resources, dependencies, gangs, retries, checkpoints), kept as written, and the
 //!   `WorkloadEvent`s about it (submitted, aborted). Parsing and validation are `allot-workload`'s.
 //! - [`cost`]: billing's cost and budget events, in integer micro-units.
+//! - [`access`]: API tokens issued and revoked (the gateway's bearer tokens, kept hashed).
 //! - [`remediation`]: remediation's actions (each naming its rule, readings and tasks) and
 //!   operators' cordons.
 //! - [`subject`]: subject builders (`allot.<domain>.<event>.<key…>`) and validation of the
@@ -25,6 +26,7 @@
 #[macro_use]
 mod macros;
 
+pub mod access;
 pub mod alloc;
 pub mod cost;
 pub mod envelope;
@@ -38,6 +40,7 @@ pub mod task;
 pub mod telemetry;
 pub mod workload;
 
+pub use access::AccessEvent;
 pub use alloc::AllocEvent;
 pub use cost::CostEvent;
 pub use envelope::{AnyEvent, DecodeError, Envelope, EventKind, decode};

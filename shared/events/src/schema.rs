@@ -10,8 +10,8 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::{
-    AllocEvent, CostEvent, InventoryEvent, NodeEvent, RemediationEvent, TaskEvent, TelemetryEvent,
-    WorkloadEvent,
+    AccessEvent, AllocEvent, CostEvent, InventoryEvent, NodeEvent, RemediationEvent, TaskEvent,
+    TelemetryEvent, WorkloadEvent,
 };
 
 /// The folder, relative to the workspace root, that holds the committed event schemas.
@@ -31,6 +31,7 @@ pub fn all() -> Vec<(String, Value)> {
         .chain(AllocEvent::data_schemas())
         .chain(CostEvent::data_schemas())
         .chain(RemediationEvent::data_schemas())
+        .chain(AccessEvent::data_schemas())
         .map(|(ty, schema)| {
             let mut value = schema.to_value();
             pin_type(&mut value, &ty);

@@ -57,6 +57,14 @@ pub const INVENTORY_QUERY: &str = "allot.query.inventory";
 /// The planner's request/reply query endpoints (core NATS, not a stream).
 pub const PLANNER_QUERY: &str = "allot.query.planner";
 
+/// Every token event: `allot.access.>`.
+pub const ACCESS_ALL: &str = "allot.access.>";
+
+/// `allot.access.<event>.<team>`
+pub fn access(event: &str, team: &str) -> String {
+    format!("allot.access.{event}.{team}")
+}
+
 /// `allot.remediation.<event>.<node>`
 pub fn remediation(event: &str, node: &str) -> String {
     format!("allot.remediation.{event}.{node}")

@@ -38,6 +38,7 @@ fn one_user_per_role_with_a_distinct_password_each() {
             "billing",
             "archiver",
             "remediation",
+            "gateway",
             "collector-node-1",
             "collector-node-2",
             "team-vision"

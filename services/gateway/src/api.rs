@@ -1,0 +1,1650 @@
+//! The REST API under `/api/v1`, its OpenAPI document, and the probes.
+//!
+//! [`app`] builds the router from an [`AppState`], so tests drive it with `oneshot` and the
+//! service serves it on a listener. Every handler first learns who calls ([`Caller`], from the
+//! bearer token), then reads only what that caller may see: a member's or viewer's listings
+//! are its team's, another team's object answers 404 as if it did not exist, and a role
+//! without the right answers 403. Errors are RFC 9457 problems ([`Problem`]).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+use async_nats::jetstream::message::PublishMessage;
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{IntoParams, Modify, OpenApi, ToSchema};
+
+use allot_events::access::TokenRole;
+use allot_events::workload::WorkloadAborted;
+use allot_events::{AccessEvent, Envelope};
+use allot_store::rusqlite::{Connection, OptionalExtension, params};
+use allot_workload::{ClusterShape, Format, NodeShape, TeamsConfig};
+
+use crate::db::Db;
+use crate::mirror::{Allocation, KpiPoint, Mirror, QueueEntry};
+use crate::problem::{Problem, SpecError};
+use crate::token::{Caller, Known, Tokens};
+
+/// The `source` of the events the gateway publishes.
+pub const SOURCE: &str = "/allot/gateway";
+
+/// What the API publishes with.
+#[derive(Debug, Clone)]
+pub struct Bus {
+    /// The JetStream context.
+    pub js: async_nats::jetstream::Context,
+}
+
+/// The live views the busiest endpoints answer from, rebuilt about once a second.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// Every waiting task, per pool in queue order.
+    pub queue: Vec<QueueEntry>,
+    /// Every node with its GPUs and what runs on them.
+    pub nodes: Vec<NodeView>,
+    /// When it was built.
+    pub built: Option<DateTime<Utc>>,
+}
+
+/// Everything the handlers share.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    db: Arc<Db>,
+    tokens: RwLock<Tokens>,
+    mirror: Arc<Mutex<Mirror>>,
+    snapshot: RwLock<Arc<Snapshot>>,
+    bus: Option<Bus>,
+    teams: Option<TeamsConfig>,
+    ready: tokio::sync::watch::Receiver<bool>,
+    metrics: Option<MetricsEncoder>,
+}
+
+/// What `/metrics` serves besides the gateway's own figures.
+#[derive(Clone)]
+pub struct MetricsEncoder(pub Arc<dyn Fn() -> String + Send + Sync>);
+
+impl std::fmt::Debug for MetricsEncoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MetricsEncoder")
+    }
+}
+
+impl AppState {
+    /// The state over the read model at `db`, the journals' `mirror` and (to publish) `bus`.
+    pub fn new(
+        db: Arc<Db>,
+        mirror: Arc<Mutex<Mirror>>,
+        bus: Option<Bus>,
+        teams: Option<TeamsConfig>,
+        ready: tokio::sync::watch::Receiver<bool>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                db,
+                tokens: RwLock::new(Tokens::default()),
+                mirror,
+                snapshot: RwLock::new(Arc::new(Snapshot::default())),
+                bus,
+                teams,
+                ready,
+                metrics: None,
+            }),
+        }
+    }
+
+    /// Serves `encode()` at `/metrics` (every in-process service's metrics under `allot up`).
+    pub fn with_metrics(mut self, encode: MetricsEncoder) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.metrics = Some(encode);
+        }
+        self
+    }
+
+    /// Accepts a token known by its hash (the bootstrap admin's, or tests').
+    pub fn add_token(&self, sha256: String, known: Known) {
+        self.inner
+            .tokens
+            .write()
+            .expect("tokens lock")
+            .insert(sha256, known);
+    }
+
+    /// Reloads the tokens from the read model (issued and revoked since).
+    pub async fn reload_tokens(&self) -> Result<(), String> {
+        let rows = self
+            .inner
+            .db
+            .read(|c| {
+                let mut stmt = c.prepare(
+                    "SELECT sha256, token_id, team, role, expires, revoked_at FROM tokens",
+                )?;
+                let rows = stmt.query_map([], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, String>(2)?,
+                        r.get::<_, String>(3)?,
+                        r.get::<_, Option<String>>(4)?,
+                        r.get::<_, Option<String>>(5)?,
+                    ))
+                })?;
+                rows.collect::<Result<Vec<_>, _>>()
+            })
+            .await?;
+        let mut tokens = self.inner.tokens.write().expect("tokens lock");
+        for (sha, id, team, role, expires, revoked) in rows {
+            let Some(role) = TokenRole::parse(&role) else {
+                continue;
+            };
+            tokens.insert(
+                sha,
+                Known {
+                    token_id: id,
+                    team,
+                    role,
+                    expires: expires
+                        .and_then(|e| DateTime::parse_from_rfc3339(&e).ok())
+                        .map(|e| e.with_timezone(&Utc)),
+                    revoked: revoked.is_some(),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Rebuilds the live views from the read model and the mirror.
+    pub async fn refresh(&self) -> Result<(), String> {
+        let now = Utc::now();
+        let (queue, allocations, schedulable) = {
+            let mirror = self.inner.mirror.lock().expect("mirror lock");
+            (
+                mirror.queue(now),
+                mirror.allocations(),
+                mirror.schedulable(),
+            )
+        };
+        let mut nodes = self.inner.db.read(read_nodes).await?;
+        let mut by_node: BTreeMap<&str, Vec<&Allocation>> = BTreeMap::new();
+        for a in &allocations {
+            by_node.entry(&a.node).or_default().push(a);
+        }
+        for n in &mut nodes {
+            n.schedulable = schedulable.get(&n.name).copied();
+            for a in by_node.get(n.name.as_str()).into_iter().flatten() {
+                for [gpu, milli] in &a.gpus {
+                    if let Some(g) = n.gpus.iter_mut().find(|g| g.index == *gpu) {
+                        g.allocations.push(GpuAllocation {
+                            task_id: Some(a.task_id),
+                            workload: Some(a.workload.clone()),
+                            task: Some(a.task.clone()),
+                            team: Some(a.team.clone()),
+                            milli: *milli,
+                        });
+                    }
+                }
+            }
+        }
+        *self.inner.snapshot.write().expect("snapshot lock") = Arc::new(Snapshot {
+            queue,
+            nodes,
+            built: Some(now),
+        });
+        Ok(())
+    }
+
+    fn snapshot(&self) -> Arc<Snapshot> {
+        self.inner.snapshot.read().expect("snapshot lock").clone()
+    }
+
+    /// The read model.
+    pub fn db(&self) -> &Arc<Db> {
+        &self.inner.db
+    }
+}
+
+/// `Query`, with a malformed query answered as a problem.
+#[derive(Debug)]
+pub struct ApiQuery<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(v)| ApiQuery(v))
+            .map_err(|e| Problem::bad_request(e.body_text()))
+    }
+}
+
+/// `Path`, with a malformed path answered as a problem.
+#[derive(Debug)]
+pub struct ApiPath<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
+        Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Path(v)| ApiPath(v))
+            .map_err(|e| Problem::bad_request(e.body_text()))
+    }
+}
+
+/// `Json`, with a malformed body answered as a problem.
+#[derive(Debug)]
+pub struct ApiJson<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequest<S> for ApiJson<T> {
+    type Rejection = Problem;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, Problem> {
+        Json::<T>::from_request(req, state)
+            .await
+            .map(|Json(v)| ApiJson(v))
+            .map_err(|e| Problem::bad_request(e.body_text()))
+    }
+}
+
+fn internal(e: String) -> Problem {
+    tracing::error!(error = %e, "request failed");
+    Problem::unavailable(e)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Authentication
+
+fn bearer(parts: &Parts) -> Option<String> {
+    let value = parts.headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim().to_owned())
+}
+
+fn query_token(parts: &Parts) -> Option<String> {
+    // Only the event stream takes its token from the query: a browser's EventSource cannot
+    // send headers. Everything else needs the header, so tokens stay out of access logs.
+    if !parts.uri.path().ends_with("/events") {
+        return None;
+    }
+    parts.uri.query()?.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        (k == "access_token").then(|| v.to_owned())
+    })
+}
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Problem> {
+        let Some(token) = bearer(parts).or_else(|| query_token(parts)) else {
+            return Err(Problem::unauthorized(
+                "no bearer token: send `Authorization: Bearer <token>` (`allot token create`, \
+                 or .allot/admin.token under `allot up`)",
+            ));
+        };
+        let now = Utc::now();
+        let found = state
+            .inner
+            .tokens
+            .read()
+            .expect("tokens lock")
+            .authenticate(&token, now);
+        if let Some(caller) = found {
+            return Ok(caller);
+        }
+        // Perhaps issued a moment ago: look at the read model once before refusing.
+        let sha = crate::token::sha256_hex(&token);
+        let row = state
+            .inner
+            .db
+            .read(move |c| {
+                c.query_row(
+                    "SELECT token_id, team, role, expires FROM tokens \
+                     WHERE sha256 = ?1 AND revoked_at IS NULL",
+                    [&sha],
+                    |r| {
+                        Ok((
+                            sha.clone(),
+                            r.get::<_, String>(0)?,
+                            r.get::<_, String>(1)?,
+                            r.get::<_, String>(2)?,
+                            r.get::<_, Option<String>>(3)?,
+                        ))
+                    },
+                )
+                .optional()
+            })
+            .await
+            .map_err(internal)?;
+        if let Some((sha, id, team, role, expires)) = row
+            && let Some(role) = TokenRole::parse(&role)
+        {
+            state.add_token(
+                sha,
+                Known {
+                    token_id: id,
+                    team,
+                    role,
+                    expires: expires
+                        .and_then(|e| DateTime::parse_from_rfc3339(&e).ok())
+                        .map(|e| e.with_timezone(&Utc)),
+                    revoked: false,
+                },
+            );
+            if let Some(caller) = state
+                .inner
+                .tokens
+                .read()
+                .expect("tokens lock")
+                .authenticate(&token, now)
+            {
+                return Ok(caller);
+            }
+        }
+        Err(Problem::unauthorized(
+            "the bearer token is not one this gateway accepts (unknown, revoked or expired)",
+        ))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Types
+
+/// One workload in a listing.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct WorkloadSummary {
+    /// Its id.
+    pub id: String,
+    /// Its team.
+    pub team: String,
+    /// Its name.
+    pub name: String,
+    /// Its project, if given.
+    pub project: Option<String>,
+    /// Who submitted it.
+    pub submitter: String,
+    /// When it was submitted.
+    pub submitted: String,
+    /// running | succeeded | failed | aborted.
+    pub state: String,
+    /// Why it ended so, when it did not succeed.
+    pub reason: Option<String>,
+    /// When it ended.
+    pub finished: Option<String>,
+    /// Its tasks by state.
+    pub tasks: BTreeMap<String, u32>,
+}
+
+/// A page of workloads.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct WorkloadPage {
+    /// Newest first.
+    pub items: Vec<WorkloadSummary>,
+    /// Pass as `cursor` for the next page; absent on the last.
+    pub next_cursor: Option<String>,
+}
+
+/// One task of a workload.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TaskView {
+    /// Its name.
+    pub name: String,
+    /// The tasks it waits for.
+    pub after: Vec<String>,
+    /// pending | waiting | running | succeeded | failed | cancelled | preempted.
+    pub state: String,
+    /// The current attempt (from 1).
+    pub attempt: u32,
+    /// The current attempt's id (`GET /tasks/{id}/explain`).
+    pub task_id: Option<u64>,
+    /// Its pool.
+    pub pool: Option<String>,
+    /// Where it runs or ran last.
+    pub node: Option<String>,
+    /// Why it waits, failed or was cancelled.
+    pub reason: Option<String>,
+    /// When it is expected to start, while it waits (ms since the epoch).
+    pub eta_ms: Option<i64>,
+    /// The predicted run time, ms.
+    pub predicted_ms: Option<i64>,
+}
+
+/// A workload with its DAG and each task's state.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct WorkloadDetail {
+    /// The workload.
+    #[serde(flatten)]
+    pub summary: WorkloadSummary,
+    /// Its tasks, in the spec's order.
+    pub dag: Vec<TaskView>,
+    /// The spec as submitted.
+    #[schema(value_type = Object)]
+    pub spec: serde_json::Value,
+}
+
+/// A submission's outcome.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Submitted {
+    /// The workload's id.
+    pub workload_id: String,
+    /// The same spec and run id were submitted before: nothing new was stored.
+    pub duplicate: bool,
+    /// Where WORKLOADS stored it.
+    pub stream_sequence: u64,
+}
+
+/// Submit options (the body is the spec, YAML or JSON).
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+pub struct SubmitParams {
+    /// The CI run (or other attempt): a spec submitted again with the same run id is the same
+    /// workload.
+    pub run_id: Option<String>,
+    /// What makes two submissions the same one (default: the spec and run id's hash).
+    pub idempotency_key: Option<String>,
+}
+
+/// An abort.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct AbortRequest {
+    /// Why (kept in the event and shown to the team).
+    pub reason: String,
+    /// Abort only this task and what waits for it.
+    #[serde(default)]
+    pub task: Option<String>,
+}
+
+/// An abort, as published.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct AbortAccepted {
+    /// The abort event's id; the planner answers it (`abort_answered` on the event stream).
+    pub event_id: String,
+    /// The workload.
+    pub workload_id: String,
+    /// The task, if one.
+    pub task: Option<String>,
+}
+
+/// One fact of the decision log.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct DecisionView {
+    /// Its id (ascending in log order).
+    pub id: i64,
+    /// The pool.
+    pub pool: String,
+    /// The journal entry.
+    pub entry: i64,
+    /// When (ms since the epoch).
+    pub at_ms: i64,
+    /// submitted | granted | waiting | preempted | released | finished | requeued | withdrawn | predicted | reserved | rejected.
+    pub kind: String,
+    /// The attempt it concerns.
+    pub task_id: Option<i64>,
+    /// Its team.
+    pub team: Option<String>,
+    /// Its workload.
+    pub workload: Option<String>,
+    /// Its name.
+    pub task: Option<String>,
+    /// The rest (reason, ETA, nodes, lease …).
+    #[schema(value_type = Object)]
+    pub detail: serde_json::Value,
+}
+
+/// A page of the decision log.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct DecisionPage {
+    /// Newest first.
+    pub items: Vec<DecisionView>,
+    /// Pass as `cursor` for the next (older) page.
+    pub next_cursor: Option<String>,
+}
+
+/// A task's history, from the decision log.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Explanation {
+    /// The attempt.
+    pub task_id: u64,
+    /// Its workload.
+    pub workload: Option<String>,
+    /// Its name.
+    pub task: Option<String>,
+    /// Its team.
+    pub team: String,
+    /// Where it waits now, if it does.
+    pub waiting: Option<QueueEntry>,
+    /// Every fact about it, oldest first.
+    pub history: Vec<DecisionView>,
+}
+
+/// A page of the queue.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct QueuePage {
+    /// In queue order.
+    pub items: Vec<QueueEntry>,
+    /// Waiting tasks in the caller's view.
+    pub total: usize,
+    /// Pass as `cursor` for the next page.
+    pub next_cursor: Option<String>,
+    /// When the view was built.
+    pub as_of: Option<DateTime<Utc>>,
+}
+
+/// A share of a GPU held by a task.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct GpuAllocation {
+    /// The attempt (absent: another team's work).
+    pub task_id: Option<u64>,
+    /// Its workload.
+    pub workload: Option<String>,
+    /// Its name.
+    pub task: Option<String>,
+    /// Its team.
+    pub team: Option<String>,
+    /// Milli-GPU held.
+    pub milli: u32,
+}
+
+/// One GPU.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct GpuView {
+    /// Its index on the node.
+    pub index: u32,
+    /// Its model.
+    pub model: String,
+    /// Its memory, MiB.
+    pub memory_mib: i64,
+    /// healthy | degraded | unhealthy.
+    pub health: String,
+    /// False while remediation has it out of service.
+    pub in_service: bool,
+    /// Last utilization, %.
+    pub utilization_pct: Option<i64>,
+    /// Last temperature, °C.
+    pub temperature_c: Option<i64>,
+    /// Last memory used, MiB.
+    pub memory_used_mib: Option<i64>,
+    /// Last power draw, mW.
+    pub power_mw: Option<i64>,
+    /// When it was read.
+    pub sampled_at: Option<String>,
+    /// Who holds it.
+    pub allocations: Vec<GpuAllocation>,
+}
+
+/// One node.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct NodeView {
+    /// Its name.
+    pub name: String,
+    /// Its pool.
+    pub pool: String,
+    /// Its host.
+    pub hostname: String,
+    /// ready | unreachable | soft-cordoned | cordoned | drained.
+    pub state: String,
+    /// Why it is not ready.
+    pub reason: Option<String>,
+    /// Whether the allocator places work on it now (absent: not in any journal yet).
+    pub schedulable: Option<bool>,
+    /// Its last heartbeat.
+    pub last_heartbeat: Option<String>,
+    /// Its GPUs.
+    pub gpus: Vec<GpuView>,
+}
+
+fn read_nodes(c: &Connection) -> allot_store::rusqlite::Result<Vec<NodeView>> {
+    let mut nodes: Vec<NodeView> = c
+        .prepare(
+            "SELECT name, pool, hostname, reachable, state, state_reason, operator_hold, \
+             last_heartbeat FROM nodes ORDER BY name",
+        )?
+        .query_map([], |r| {
+            let reachable: bool = r.get(3)?;
+            let state: String = r.get(4)?;
+            let operator: Option<String> = r.get(6)?;
+            let (state, reason) = if !reachable {
+                ("unreachable".to_owned(), Some("no heartbeat".to_owned()))
+            } else if let Some(why) = operator {
+                ("cordoned".to_owned(), Some(format!("operator: {why}")))
+            } else {
+                (state, r.get(5)?)
+            };
+            Ok(NodeView {
+                name: r.get(0)?,
+                pool: r.get(1)?,
+                hostname: r.get(2)?,
+                state,
+                reason,
+                schedulable: None,
+                last_heartbeat: r.get(7)?,
+                gpus: Vec::new(),
+            })
+        })?
+        .collect::<Result<_, _>>()?;
+    let mut stmt = c.prepare(
+        "SELECT node, idx, model, memory_mib, health, in_service, utilization, temperature_c, \
+         memory_used, power_mw, sampled_at FROM gpus ORDER BY node, idx",
+    )?;
+    let gpus = stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            GpuView {
+                index: r.get(1)?,
+                model: r.get(2)?,
+                memory_mib: r.get(3)?,
+                health: r.get(4)?,
+                in_service: r.get(5)?,
+                utilization_pct: r.get(6)?,
+                temperature_c: r.get(7)?,
+                memory_used_mib: r.get(8)?,
+                power_mw: r.get(9)?,
+                sampled_at: r.get(10)?,
+                allocations: Vec::new(),
+            },
+        ))
+    })?;
+    let index: BTreeMap<String, usize> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.name.clone(), i))
+        .collect();
+    for g in gpus {
+        let (node, gpu) = g?;
+        if let Some(&i) = index.get(&node) {
+            nodes[i].gpus.push(gpu);
+        }
+    }
+    Ok(nodes)
+}
+
+/// Per team: what it was charged.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TeamCost {
+    /// The team.
+    pub team: String,
+    /// The currency.
+    pub currency: String,
+    /// The total, in micro-units (exactly the sum of its cost events).
+    pub amount_micros: i64,
+    /// Per workload, micro-units.
+    pub workloads: BTreeMap<String, i64>,
+}
+
+/// Costs.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct CostReport {
+    /// Per team.
+    pub teams: Vec<TeamCost>,
+}
+
+/// A budget, as billing last announced it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct BudgetView {
+    /// The team.
+    pub team: String,
+    /// The period (2026-11, or a day).
+    pub period: String,
+    /// within | warning | exceeded.
+    pub level: String,
+    /// Spent, micro-units.
+    pub spent_micros: i64,
+    /// The budget, micro-units.
+    pub budget_micros: i64,
+    /// The currency.
+    pub currency: String,
+}
+
+/// A pool's capacity now.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct PoolUsage {
+    /// The pool.
+    pub pool: String,
+    /// GPU capacity, milli-GPU.
+    pub capacity_milli: u64,
+    /// Allocated, milli-GPU.
+    pub allocated_milli: u64,
+    /// Waiting tasks.
+    pub waiting: usize,
+}
+
+/// The cluster's KPIs.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Kpis {
+    /// Now, per pool.
+    pub pools: Vec<PoolUsage>,
+    /// Per minute, oldest first.
+    pub series: Vec<KpiPoint>,
+    /// Workloads by state (the caller's view).
+    pub workloads: BTreeMap<String, u32>,
+}
+
+/// The cluster and queue as they were.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LookBack {
+    /// The moment asked for.
+    pub at: DateTime<Utc>,
+    /// Capacity then, per pool.
+    pub pools: Vec<PoolUsage>,
+    /// What ran where then.
+    pub allocations: Vec<Allocation>,
+    /// The queue then.
+    pub queue: Vec<QueueEntry>,
+}
+
+/// A token to issue.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct TokenRequest {
+    /// The team it acts for.
+    pub team: String,
+    /// admin | operator | member | viewer.
+    pub role: String,
+    /// What it is for.
+    #[serde(default)]
+    pub description: String,
+    /// When it stops being accepted.
+    #[serde(default)]
+    pub expires: Option<DateTime<Utc>>,
+}
+
+/// A token, shown once.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct IssuedToken {
+    /// The secret: shown only now.
+    pub token: String,
+    /// Its public id.
+    pub token_id: String,
+    /// Its team.
+    pub team: String,
+    /// Its role.
+    pub role: String,
+}
+
+/// Paging and filters of listings.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+pub struct ListParams {
+    /// Only this team's (admins and operators; others always see their own).
+    pub team: Option<String>,
+    /// Only in this state (workloads).
+    pub state: Option<String>,
+    /// Only this pool (queue).
+    pub pool: Option<String>,
+    /// Only about this attempt (decisions).
+    pub task: Option<u64>,
+    /// At most this many (default 100, at most 1000).
+    pub limit: Option<u32>,
+    /// Where the previous page ended.
+    pub cursor: Option<String>,
+}
+
+impl ListParams {
+    fn limit(&self) -> usize {
+        self.limit.unwrap_or(100).clamp(1, 1000) as usize
+    }
+
+    fn cursor(&self) -> Result<Option<i64>, Problem> {
+        match &self.cursor {
+            None => Ok(None),
+            Some(c) => c.parse::<i64>().map(Some).map_err(|_| {
+                Problem::bad_request(format!("cursor {c:?} is not one this API gave"))
+            }),
+        }
+    }
+}
+
+/// When to look back to.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+pub struct LookBackParams {
+    /// An RFC 3339 time.
+    pub at: DateTime<Utc>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Handlers
+
+#[utoipa::path(get, path = "/api/v1/workloads", params(ListParams),
+    responses((status = 200, body = WorkloadPage), (status = 401, body = Problem)),
+    security(("bearer" = [])))]
+async fn list_workloads(
+    caller: Caller,
+    State(state): State<AppState>,
+    ApiQuery(q): ApiQuery<ListParams>,
+) -> Result<Json<WorkloadPage>, Problem> {
+    let team = caller.scope(q.team.as_deref()).map(str::to_owned);
+    let limit = q.limit();
+    let cursor = q.cursor()?.unwrap_or(i64::MAX);
+    let wanted = q.state.clone();
+    let items = state
+        .inner
+        .db
+        .read(move |c| {
+            let mut stmt = c.prepare(
+                "SELECT id, team, name, project, submitter, submitted_at, state, reason, \
+                 finished_at, seq FROM workloads WHERE seq < ?1 AND (?2 IS NULL OR team = ?2) \
+                 AND (?3 IS NULL OR state = ?3) ORDER BY seq DESC LIMIT ?4",
+            )?;
+            let rows = stmt.query_map(params![cursor, team, wanted, limit as i64 + 1], |r| {
+                Ok((summary_row(r)?, r.get::<_, i64>(9)?))
+            })?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (mut s, seq) = row?;
+                s.tasks = task_counts(c, &s.id)?;
+                out.push((s, seq));
+            }
+            Ok(out)
+        })
+        .await
+        .map_err(internal)?;
+    let next_cursor = (items.len() > limit).then(|| items[limit - 1].1.to_string());
+    Ok(Json(WorkloadPage {
+        items: items.into_iter().take(limit).map(|(s, _)| s).collect(),
+        next_cursor,
+    }))
+}
+
+fn summary_row(
+    r: &allot_store::rusqlite::Row<'_>,
+) -> allot_store::rusqlite::Result<WorkloadSummary> {
+    Ok(WorkloadSummary {
+        id: r.get(0)?,
+        team: r.get(1)?,
+        name: r.get(2)?,
+        project: r.get(3)?,
+        submitter: r.get(4)?,
+        submitted: r.get(5)?,
+        state: r.get(6)?,
+        reason: r.get(7)?,
+        finished: r.get(8)?,
+        tasks: BTreeMap::new(),
+    })
+}
+
+fn task_counts(
+    c: &Connection,
+    workload: &str,
+) -> allot_store::rusqlite::Result<BTreeMap<String, u32>> {
+    let mut stmt =
+        c.prepare_cached("SELECT state, COUNT(*) FROM tasks WHERE workload = ?1 GROUP BY state")?;
+    stmt.query_map([workload], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect()
+}
+
+#[utoipa::path(get, path = "/api/v1/workloads/{id}", params(("id" = String, Path, description = "The workload's id")),
+    responses((status = 200, body = WorkloadDetail), (status = 401, body = Problem), (status = 404, body = Problem)),
+    security(("bearer" = [])))]
+async fn get_workload(
+    caller: Caller,
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<WorkloadDetail>, Problem> {
+    let wanted = id.clone();
+    let found = state
+        .inner
+        .db
+        .read(move |c| {
+            let Some((mut summary, spec)) = c
+                .query_row(
+                    "SELECT id, team, name, project, submitter, submitted_at, state, reason, \
+                     finished_at, spec FROM workloads WHERE id = ?1",
+                    [&wanted],
+                    |r| Ok((summary_row(r)?, r.get::<_, String>(9)?)),
+                )
+                .optional()?
+            else {
+                return Ok(None);
+            };
+            summary.tasks = task_counts(c, &wanted)?;
+            let mut stmt = c.prepare(
+                "SELECT name, after, state, attempt, task_id, pool, node, reason, eta_ms, \
+                 predicted_ms FROM tasks WHERE workload = ?1 ORDER BY position",
+            )?;
+            let dag = stmt
+                .query_map([&wanted], |r| {
+                    let after: String = r.get(1)?;
+                    Ok(TaskView {
+                        name: r.get(0)?,
+                        after: serde_json::from_str(&after).unwrap_or_default(),
+                        state: r.get(2)?,
+                        attempt: r.get(3)?,
+                        task_id: r.get::<_, Option<i64>>(4)?.map(|t| t as u64),
+                        pool: r.get(5)?,
+                        node: r.get(6)?,
+                        reason: r.get(7)?,
+                        eta_ms: r.get(8)?,
+                        predicted_ms: r.get(9)?,
+                    })
+                })?
+                .collect::<Result<_, _>>()?;
+            Ok(Some(WorkloadDetail {
+                summary,
+                dag,
+                spec: serde_json::from_str(&spec).unwrap_or_default(),
+            }))
+        })
+        .await
+        .map_err(internal)?;
+    match found {
+        Some(w) if caller.sees(&w.summary.team) => Ok(Json(w)),
+        _ => Err(Problem::not_found(format!("no workload {id}"))),
+    }
+}
+
+#[utoipa::path(post, path = "/api/v1/workloads", params(SubmitParams),
+    request_body(content = Object, description = "A workload spec (`apiVersion: allot/v1`, `kind: Workload`), YAML or JSON", content_type = "application/json"),
+    responses((status = 201, body = Submitted), (status = 200, description = "Already submitted", body = Submitted),
+        (status = 401, body = Problem), (status = 403, body = Problem), (status = 422, body = Problem), (status = 503, body = Problem)),
+    security(("bearer" = [])))]
+async fn submit_workload(
+    caller: Caller,
+    State(state): State<AppState>,
+    ApiQuery(q): ApiQuery<SubmitParams>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, Problem> {
+    if !matches!(caller.role, TokenRole::Admin | TokenRole::Member) {
+        return Err(Problem::forbidden(format!(
+            "a {} token may not submit workloads",
+            caller.role
+        )));
+    }
+    let text = allot_workload::limits::text(body.to_vec())
+        .map_err(|p| Problem::invalid_spec("the spec was rejected", vec![spec_error(&p)]))?;
+    let yaml = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.contains("yaml"))
+        || !text.trim_start().starts_with('{');
+    let format = if yaml { Format::Yaml } else { Format::Json };
+    let cluster = state.inner.db.read(cluster_shape).await.map_err(internal)?;
+    let ctx = allot_workload::Context {
+        teams: state.inner.teams.as_ref(),
+        cluster: (!cluster.nodes.is_empty()).then_some(&cluster),
+    };
+    let checked = allot_workload::check(&text, format, ctx).map_err(|problems| {
+        Problem::invalid_spec(
+            format!("the spec was rejected: {} problem(s)", problems.len()),
+            problems.iter().map(spec_error).collect(),
+        )
+    })?;
+    let team = checked.workload.metadata.team.clone();
+    if !caller.may_submit(&team) {
+        return Err(Problem::forbidden(format!(
+            "this token submits for team {} only, not {team}",
+            caller.team
+        )));
+    }
+    let Some(bus) = &state.inner.bus else {
+        return Err(Problem::unavailable(
+            "the gateway is not connected to the bus",
+        ));
+    };
+    let key = q.idempotency_key.clone().unwrap_or_else(|| {
+        allot_workload::submit::idempotency_key(&checked.workload, q.run_id.as_deref())
+    });
+    let submission = allot_workload::submit::submission(
+        checked.workload,
+        key,
+        q.run_id,
+        caller.name(),
+        SOURCE,
+        Utc::now(),
+    );
+    let ack = publish(
+        bus,
+        submission.envelope.nats_subject(),
+        Some(submission.msg_id.clone()),
+        submission.envelope.to_json(),
+    )
+    .await?;
+    let status = if ack.duplicate {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((
+        status,
+        [(
+            header::LOCATION,
+            format!("/api/v1/workloads/{}", submission.workload_id),
+        )],
+        Json(Submitted {
+            workload_id: submission.workload_id,
+            duplicate: ack.duplicate,
+            stream_sequence: ack.sequence,
+        }),
+    )
+        .into_response())
+}
+
+fn spec_error(p: &allot_workload::SpecProblem) -> SpecError {
+    let mut message = p.message.clone();
+    if let Some((line, col)) = p.line_column {
+        message = format!("{message} (line {line}, column {col})");
+    }
+    SpecError {
+        path: p.path.clone(),
+        message,
+    }
+}
+
+fn cluster_shape(c: &Connection) -> allot_store::rusqlite::Result<ClusterShape> {
+    let mut cluster = ClusterShape::default();
+    let mut stmt = c.prepare(
+        "SELECT n.cpu_milli, n.memory_mib, COUNT(g.idx), COALESCE(MIN(g.model), ''), \
+         COALESCE(MIN(g.memory_mib), 0) FROM nodes n LEFT JOIN gpus g ON g.node = n.name \
+         GROUP BY n.name",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok(NodeShape {
+            count: 1,
+            cpu_milli: r.get::<_, i64>(0)? as u64,
+            memory_mib: r.get::<_, i64>(1)? as u64,
+            gpus: r.get::<_, i64>(2)? as u32,
+            gpu_model: r.get(3)?,
+            gpu_memory_mib: r.get::<_, i64>(4)? as u64,
+            mig: None,
+        })
+    })?;
+    for row in rows {
+        cluster.add(row?);
+    }
+    Ok(cluster)
+}
+
+async fn publish(
+    bus: &Bus,
+    subject: String,
+    msg_id: Option<String>,
+    payload: Vec<u8>,
+) -> Result<async_nats::jetstream::publish::PublishAck, Problem> {
+    let mut message = PublishMessage::build().payload(Bytes::from(payload));
+    if let Some(id) = msg_id {
+        message = message.message_id(id);
+    }
+    let future = bus
+        .js
+        .send_publish(subject.clone(), message)
+        .await
+        .map_err(|e| Problem::unavailable(format!("publishing on {subject}: {e}")))?;
+    tokio::time::timeout(std::time::Duration::from_secs(10), future)
+        .await
+        .map_err(|_| Problem::unavailable(format!("no acknowledgement for {subject}; retry")))?
+        .map_err(|e| Problem::unavailable(format!("publishing on {subject}: {e}")))
+}
+
+#[utoipa::path(post, path = "/api/v1/workloads/{id}/abort", params(("id" = String, Path, description = "The workload's id")),
+    request_body = AbortRequest,
+    responses((status = 202, body = AbortAccepted), (status = 401, body = Problem), (status = 403, body = Problem),
+        (status = 404, body = Problem), (status = 409, body = Problem), (status = 503, body = Problem)),
+    security(("bearer" = [])))]
+async fn abort_workload(
+    caller: Caller,
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(req): ApiJson<AbortRequest>,
+) -> Result<Response, Problem> {
+    let wanted = id.clone();
+    let found = state
+        .inner
+        .db
+        .read(move |c| {
+            c.query_row(
+                "SELECT team, state FROM workloads WHERE id = ?1",
+                [&wanted],
+                |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
+            )
+            .optional()
+        })
+        .await
+        .map_err(internal)?;
+    let Some((team, current)) = found.filter(|(team, _)| caller.sees(team)) else {
+        return Err(Problem::not_found(format!("no workload {id}")));
+    };
+    if !caller.may_abort(&team) {
+        return Err(Problem::forbidden(format!(
+            "a {} token may not abort workloads",
+            caller.role
+        )));
+    }
+    if current != "running" {
+        return Err(Problem::conflict(format!(
+            "workload {id} already {current}"
+        )));
+    }
+    if req.reason.trim().is_empty() {
+        return Err(Problem::bad_request("an abort needs a reason"));
+    }
+    let Some(bus) = &state.inner.bus else {
+        return Err(Problem::unavailable(
+            "the gateway is not connected to the bus",
+        ));
+    };
+    let event = WorkloadAborted {
+        workload_id: id.clone(),
+        team,
+        task: req.task.clone(),
+        reason: req.reason,
+        by: caller.name(),
+    };
+    let envelope = Envelope::new(SOURCE, allot_events::WorkloadEvent::Aborted(event));
+    let event_id = envelope.id.to_string();
+    publish(
+        bus,
+        envelope.nats_subject(),
+        Some(event_id.clone()),
+        envelope.to_json(),
+    )
+    .await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(AbortAccepted {
+            event_id,
+            workload_id: id,
+            task: req.task,
+        }),
+    )
+        .into_response())
+}
+
+fn decision_row(r: &allot_store::rusqlite::Row<'_>) -> allot_store::rusqlite::Result<DecisionView> {
+    let detail: String = r.get(9)?;
+    Ok(DecisionView {
+        id: r.get(0)?,
+        pool: r.get(1)?,
+        entry: r.get(2)?,
+        at_ms: r.get(3)?,
+        kind: r.get(4)?,
+        task_id: r.get(5)?,
+        team: r.get(6)?,
+        workload: r.get(7)?,
+        task: r.get(8)?,
+        detail: serde_json::from_str(&detail).unwrap_or_default(),
+    })
+}
+
+const DECISION_COLUMNS: &str =
+    "id, pool, entry, at_ms, kind, task_id, team, workload, name, detail";
+
+#[utoipa::path(get, path = "/api/v1/decisions", params(ListParams),
+    responses((status = 200, body = DecisionPage), (status = 401, body = Problem)),
+    security(("bearer" = [])))]
+async fn list_decisions(
+    caller: Caller,
+    State(state): State<AppState>,
+    ApiQuery(q): ApiQuery<ListParams>,
+) -> Result<Json<DecisionPage>, Problem> {
+    let team = caller.scope(q.team.as_deref()).map(str::to_owned);
+    let limit = q.limit();
+    let cursor = q.cursor()?.unwrap_or(i64::MAX);
+    let task = q.task.map(|t| t as i64);
+    let items = state
+        .inner
+        .db
+        .read(move |c| {
+            let mut stmt = c.prepare(&format!(
+                "SELECT {DECISION_COLUMNS} FROM decisions WHERE id < ?1 \
+                 AND (?2 IS NULL OR team = ?2) AND (?3 IS NULL OR task_id = ?3) \
+                 ORDER BY id DESC LIMIT ?4"
+            ))?;
+            stmt.query_map(params![cursor, team, task, limit as i64 + 1], decision_row)?
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .await
+        .map_err(internal)?;
+    let next_cursor = (items.len() > limit).then(|| items[limit - 1].id.to_string());
+    Ok(Json(DecisionPage {
+        items: items.into_iter().take(limit).collect(),
+        next_cursor,
+    }))
+}
+
+#[utoipa::path(get, path = "/api/v1/tasks/{id}/explain", params(("id" = String, Path, description = "The attempt's id (`123` or `task-123`)")),
+    responses((status = 200, body = Explanation), (status = 401, body = Problem), (status = 404, body = Problem)),
+    security(("bearer" = [])))]
+async fn explain_task(
+    caller: Caller,
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<Explanation>, Problem> {
+    let not_found = || Problem::not_found(format!("no task {id}"));
+    let task_id: u64 = id
+        .trim_start_matches("task-")
+        .parse()
+        .map_err(|_| not_found())?;
+    let history = state
+        .inner
+        .db
+        .read(move |c| {
+            let mut stmt = c.prepare(&format!(
+                "SELECT {DECISION_COLUMNS} FROM decisions WHERE task_id = ?1 ORDER BY id"
+            ))?;
+            stmt.query_map([task_id as i64], decision_row)?
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .await
+        .map_err(internal)?;
+    let Some(team) = history.iter().find_map(|d| d.team.clone()) else {
+        return Err(not_found());
+    };
+    if !caller.sees(&team) {
+        return Err(not_found());
+    }
+    let waiting = state
+        .snapshot()
+        .queue
+        .iter()
+        .find(|q| q.task_id == task_id)
+        .cloned();
+    Ok(Json(Explanation {
+        task_id,
+        workload: history.iter().find_map(|d| d.workload.clone()),
+        task: history.iter().find_map(|d| d.task.clone()),
+        team,
+        waiting,
+        history,
+    }))
+}
+
+#[utoipa::path(get, path = "/api/v1/queue", params(ListParams),
+    responses((status = 200, body = QueuePage), (status = 401, body = Problem)),
+    security(("bearer" = [])))]
+async fn get_queue(
+    caller: Caller,
+    State(state): State<AppState>,
+    ApiQuery(q): ApiQuery<ListParams>,
+) -> Result<Json<QueuePage>, Problem> {
+    let snapshot = state.snapshot();
+    let team = caller.scope(q.team.as_deref());
+    let limit = q.limit();
+    let skip = q.cursor()?.unwrap_or(0).max(0) as usize;
+    let mine = snapshot.queue.iter().filter(|e| {
+        team.is_none_or(|t| e.team == t) && q.pool.as_deref().is_none_or(|p| e.pool == p)
+    });
+    let total = mine.clone().count();
+    let items: Vec<QueueEntry> = mine.skip(skip).take(limit).cloned().collect();
+    let next_cursor = (skip + items.len() < total).then(|| (skip + items.len()).to_string());
+    Ok(Json(QueuePage {
+        items,
+        total,
+        next_cursor,
+        as_of: snapshot.built,
+    }))
+}
+
+#[utoipa::path(get, path = "/api/v1/nodes",
+    responses((status = 200, body = [NodeView]), (status = 401, body = Problem)),
+    security(("bearer" = [])))]
+async fn get_nodes(caller: Caller, State(state): State<AppState>) -> Result<Response, Problem> {
+    let snapshot = state.snapshot();
+    if caller.sees_all() {
+        return Ok(Json(&snapshot.nodes).into_response());
+    }
+    // Others' work shows as occupied capacity, without names.
+    let mut nodes = snapshot.nodes.clone();
+    for g in nodes.iter_mut().flat_map(|n| n.gpus.iter_mut()) {
+        for a in &mut g.allocations {
+            if a.team.as_deref() != Some(caller.team.as_str()) {
+                *a = GpuAllocation {
+                    task_id: None,
+                    workload: None,
+                    task: None,
+                    team: None,
+                    milli: a.milli,
+                };
+            }
+        }
+    }
+    Ok(Json(nodes).into_response())
+}
+
+#[utoipa::path(get, path = "/api/v1/costs", params(ListParams),
+    responses((status = 200, body = CostReport), (status = 401, body = Problem)),
+    security(("bearer" = [])))]
+async fn get_costs(
+    caller: Caller,
+    State(state): State<AppState>,
+    ApiQuery(q): ApiQuery<ListParams>,
+) -> Result<Json<CostReport>, Problem> {
+    let team = caller.scope(q.team.as_deref()).map(str::to_owned);
+    let rows = state
+        .inner
+        .db
+        .read(move |c| {
+            let mut stmt = c.prepare(
+                "SELECT team, currency, workload, SUM(amount) FROM costs \
+                 WHERE (?1 IS NULL OR team = ?1) GROUP BY team, currency, workload \
+                 ORDER BY team, workload",
+            )?;
+            stmt.query_map(params![team], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, i64>(3)?,
+                ))
+            })?
+            .collect::<Result<Vec<_>, _>>()
+        })
+        .await
+        .map_err(internal)?;
+    let mut teams: Vec<TeamCost> = Vec::new();
+    for (team, currency, workload, amount) in rows {
+        match teams.last_mut() {
+            Some(t) if t.team == team && t.currency == currency => {
+                t.amount_micros += amount;
+                t.workloads.insert(workload, amount);
+            }
+            _ => teams.push(TeamCost {
+                team,
+                currency,
+                amount_micros: amount,
+                workloads: BTreeMap::from([(workload, amount)]),
+            }),
+        }
+    }
+    Ok(Json(CostReport { teams }))
+}
+
+#[utoipa::path(get, path = "/api/v1/budgets", params(ListParams),
+    responses((status = 200, body = [BudgetView]), (status = 401, body = Problem)),
+    security(("bearer" = [])))]
+async fn get_budgets(
+    caller: Caller,
+    State(state): State<AppState>,
+    ApiQuery(q): ApiQuery<ListParams>,
+) -> Result<Json<Vec<BudgetView>>, Problem> {
+    let team = caller.scope(q.team.as_deref()).map(str::to_owned);
+    let rows = state
+        .inner
+        .db
+        .read(move |c| {
+            let mut stmt = c.prepare(
+                "SELECT team, period, level, spent, budget, currency FROM budgets \
+                 WHERE (?1 IS NULL OR team = ?1) ORDER BY team, period",
+            )?;
+            stmt.query_map(params![team], |r| {
+                Ok(BudgetView {
+                    team: r.get(0)?,
+                    period: r.get(1)?,
+                    level: r.get(2)?,
+                    spent_micros: r.get(3)?,
+                    budget_micros: r.get(4)?,
+                    currency: r.get(5)?,
+                })
+            })?
+            .collect::<Result<Vec<_>, _>>()
+        })
+        .await
+        .map_err(internal)?;
+    Ok(Json(rows))
+}
+
+fn usage(mirror: &Mirror) -> Vec<PoolUsage> {
+    mirror
+        .usage()
+        .into_iter()
+        .map(
+            |(pool, capacity_milli, allocated_milli, waiting)| PoolUsage {
+                pool,
+                capacity_milli,
+                allocated_milli,
+                waiting,
+            },
+        )
+        .collect()
+}
+
+#[utoipa::path(get, path = "/api/v1/kpis",
+    responses((status = 200, body = Kpis), (status = 401, body = Problem)),
+    security(("bearer" = [])))]
+async fn get_kpis(caller: Caller, State(state): State<AppState>) -> Result<Json<Kpis>, Problem> {
+    let (pools, series) = {
+        let mirror = state.inner.mirror.lock().expect("mirror lock");
+        (usage(&mirror), mirror.kpis())
+    };
+    let team = caller.scope(None).map(str::to_owned);
+    let workloads = state
+        .inner
+        .db
+        .read(move |c| {
+            let mut stmt = c.prepare(
+                "SELECT state, COUNT(*) FROM workloads WHERE (?1 IS NULL OR team = ?1) \
+                 GROUP BY state",
+            )?;
+            stmt.query_map(params![team], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<Result<BTreeMap<String, u32>, _>>()
+        })
+        .await
+        .map_err(internal)?;
+    Ok(Json(Kpis {
+        pools,
+        series,
+        workloads,
+    }))
+}
+
+#[utoipa::path(get, path = "/api/v1/lookback", params(LookBackParams),
+    responses((status = 200, body = LookBack), (status = 400, body = Problem), (status = 401, body = Problem), (status = 503, body = Problem)),
+    security(("bearer" = [])))]
+async fn look_back(
+    caller: Caller,
+    State(state): State<AppState>,
+    ApiQuery(q): ApiQuery<LookBackParams>,
+) -> Result<Json<LookBack>, Problem> {
+    let Some(bus) = &state.inner.bus else {
+        return Err(Problem::unavailable(
+            "the gateway is not connected to the bus",
+        ));
+    };
+    let mirror = crate::mirror::lookback(&bus.js, q.at)
+        .await
+        .map_err(Problem::unavailable)?;
+    let mut queue = mirror.queue_at_last();
+    let mut allocations = mirror.allocations();
+    if !caller.sees_all() {
+        queue.retain(|e| e.team == caller.team);
+        allocations.retain(|a| a.team == caller.team);
+    }
+    Ok(Json(LookBack {
+        at: q.at,
+        pools: usage(&mirror),
+        allocations,
+        queue,
+    }))
+}
+
+#[utoipa::path(post, path = "/api/v1/tokens", request_body = TokenRequest,
+    responses((status = 201, body = IssuedToken), (status = 400, body = Problem), (status = 401, body = Problem), (status = 403, body = Problem), (status = 503, body = Problem)),
+    security(("bearer" = [])))]
+async fn create_token(
+    caller: Caller,
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<TokenRequest>,
+) -> Result<Response, Problem> {
+    if !caller.may_issue_tokens() {
+        return Err(Problem::forbidden(format!(
+            "a {} token may not issue tokens",
+            caller.role
+        )));
+    }
+    let Some(role) = TokenRole::parse(&req.role) else {
+        return Err(Problem::bad_request(format!(
+            "role {:?} is not one of admin, operator, member, viewer",
+            req.role
+        )));
+    };
+    if let Err(e) = allot_events::subject::validate_token("team", &req.team) {
+        return Err(Problem::bad_request(e.to_string()));
+    }
+    let Some(bus) = &state.inner.bus else {
+        return Err(Problem::unavailable(
+            "the gateway is not connected to the bus",
+        ));
+    };
+    let token = crate::token::generate();
+    let issued = crate::token::issued(
+        &token,
+        &req.team,
+        role,
+        &caller.name(),
+        &req.description,
+        req.expires,
+    );
+    let sha = issued.sha256.clone();
+    let known = Known {
+        token_id: issued.token_id.clone(),
+        team: issued.team.clone(),
+        role,
+        expires: issued.expires,
+        revoked: false,
+    };
+    let envelope = Envelope::new(SOURCE, AccessEvent::TokenIssued(issued.clone()));
+    publish(
+        bus,
+        envelope.nats_subject(),
+        Some(envelope.id.to_string()),
+        envelope.to_json(),
+    )
+    .await?;
+    // Usable at once from this instance; others learn it from the stream.
+    state.add_token(sha, known);
+    Ok((
+        StatusCode::CREATED,
+        Json(IssuedToken {
+            token,
+            token_id: issued.token_id,
+            team: issued.team,
+            role: role.to_string(),
+        }),
+    )
+        .into_response())
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    if *state.inner.ready.borrow() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "catching up with the streams\n",
+        )
+            .into_response()
+    }
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    let mut text = state
+        .inner
+        .metrics
+        .as_ref()
+        .map(|encode| (encode.0)())
+        .unwrap_or_default();
+    let snapshot = state.snapshot();
+    let mut waiting: BTreeMap<&str, u64> = BTreeMap::new();
+    for e in &snapshot.queue {
+        *waiting.entry(e.team.as_str()).or_default() += 1;
+    }
+    if !text.contains("allot_gateway_queue_waiting_tasks") {
+        text.push_str(
+            "# HELP allot_gateway_queue_waiting_tasks Waiting tasks per team, as the gateway's mirror of the journals shows them.\n# TYPE allot_gateway_queue_waiting_tasks gauge\n",
+        );
+        for (team, n) in waiting {
+            text.push_str(&format!(
+                "allot_gateway_queue_waiting_tasks{{team=\"{team}\"}} {n}\n"
+            ));
+        }
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+async fn openapi_json() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        ApiDoc::openapi().to_json().unwrap_or_default(),
+    )
+        .into_response()
+}
+
+async fn fallback() -> Problem {
+    Problem::not_found("no such endpoint (the API is under /api/v1; see /api/v1/openapi.json)")
+}
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The OpenAPI document, generated from the handlers and types above.
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Allot gateway", description = "Workloads, the queue with reasons and ETAs, nodes, decisions, costs and budgets of an Allot cluster, per team."),
+    paths(list_workloads, get_workload, submit_workload, abort_workload, explain_task, get_queue,
+        get_nodes, list_decisions, get_costs, get_budgets, get_kpis, look_back, create_token,
+        crate::sse::events),
+    components(schemas(Problem, SpecError)),
+    modifiers(&BearerAuth)
+)]
+#[derive(Debug)]
+pub struct ApiDoc;
+
+/// The gateway's router: the API, its document, the probes and the dashboard.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .route(
+            "/api/v1/workloads",
+            get(list_workloads).post(submit_workload),
+        )
+        .route("/api/v1/workloads/{id}", get(get_workload))
+        .route("/api/v1/workloads/{id}/abort", post(abort_workload))
+        .route("/api/v1/tasks/{id}/explain", get(explain_task))
+        .route("/api/v1/queue", get(get_queue))
+        .route("/api/v1/nodes", get(get_nodes))
+        .route("/api/v1/decisions", get(list_decisions))
+        .route("/api/v1/costs", get(get_costs))
+        .route("/api/v1/budgets", get(get_budgets))
+        .route("/api/v1/kpis", get(get_kpis))
+        .route("/api/v1/lookback", get(look_back))
+        .route("/api/v1/tokens", post(create_token))
+        .route("/api/v1/events", get(crate::sse::events))
+        .route("/api/v1/openapi.json", get(openapi_json))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .merge(crate::dashboard::routes())
+        .fallback(fallback)
+        .with_state(state)
+}

@@ -1,0 +1,311 @@
+//! The gateway: Allot's face. Read models of every stream, a REST API under `/api/v1` with
+//! per-team RBAC, the live change log as Server-Sent Events, the dashboard, and the probes.
+//!
+//! # Layout
+//!
+//! - [`model`]: the read models — one projection per stream into `gateway.db`, each applied
+//!   exactly once (rows and stream position in one transaction), each appending what changed
+//!   to the change log.
+//! - [`mirror`]: every pool's scheduler rebuilt in memory from the allocators' journals: the
+//!   queue with reasons and ETAs, what runs where, KPIs per minute, and looking back.
+//! - [`token`]: bearer tokens (random, stored and published as SHA-256 only) and what each
+//!   role may do.
+//! - [`api`]: the router ([`api::app`]), the handlers and the generated OpenAPI document.
+//! - [`sse`]: `GET /api/v1/events`, resumable with `Last-Event-ID`.
+//! - [`problem`]: every error as an RFC 9457 problem.
+//! - [`dashboard`]: the page, built into the binary.
+//! - [`db`]: pooled read-only connections for the handlers.
+//! - This file: the service — its configuration and [`run`].
+//!
+//! The gateway publishes only what its callers do: `WorkloadSubmitted` and `WorkloadAborted`
+//! (naming the caller's token), and `TokenIssued`. The bus lets its user publish nothing else.
+
+pub mod api;
+pub mod dashboard;
+pub mod db;
+pub mod mirror;
+pub mod model;
+pub mod problem;
+pub mod sse;
+pub mod token;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::FutureExt;
+
+use allot_bus::consumer::{ConsumerRunner, ConsumerSpec, Delivery};
+use allot_bus::streams::names;
+use allot_bus::{BusError, ConnectConfig};
+use allot_events::access::TokenRole;
+use allot_runtime::Service;
+use allot_store::rusqlite::Connection;
+use allot_workload::TeamsConfig;
+
+pub use api::{AppState, MetricsEncoder, app};
+
+/// The team the bootstrap admin token (`admin.token`) acts for.
+pub const PLATFORM_TEAM: &str = "platform";
+
+/// The gateway's settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// NATS URL(s).
+    pub nats_url: String,
+    /// Folder for `gateway.db`.
+    pub data_dir: PathBuf,
+    /// Where to listen (`127.0.0.1:0` picks a free port).
+    pub listen: SocketAddr,
+    /// The bootstrap admin token's file: read, or created (mode 0600) with a new token.
+    pub admin_token_file: Option<PathBuf>,
+    /// The teams file, for checking submissions as `allot submit` does.
+    pub teams: Option<TeamsConfig>,
+    /// The durable consumers' name prefix.
+    pub consumer: String,
+    /// What `/metrics` serves besides the gateway's own figures.
+    pub metrics: Option<MetricsEncoder>,
+    /// Told the address once the server listens.
+    pub bound: Option<tokio::sync::mpsc::UnboundedSender<SocketAddr>>,
+    /// Listen on any free port when `listen`'s is taken.
+    pub listen_fallback: bool,
+    /// Where to write the gateway's URL once it listens (removed when it stops).
+    pub url_file: Option<PathBuf>,
+}
+
+impl Config {
+    /// Defaults: consumers `gateway-*`, no bootstrap token, no teams file.
+    pub fn new(
+        nats_url: impl Into<String>,
+        data_dir: impl Into<PathBuf>,
+        listen: SocketAddr,
+    ) -> Self {
+        Self {
+            nats_url: nats_url.into(),
+            data_dir: data_dir.into(),
+            listen,
+            admin_token_file: None,
+            teams: None,
+            consumer: "gateway".into(),
+            metrics: None,
+            bound: None,
+            listen_fallback: false,
+            url_file: None,
+        }
+    }
+
+    /// The database file.
+    pub fn db_path(&self) -> PathBuf {
+        self.data_dir.join("gateway.db")
+    }
+}
+
+/// Why the gateway stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The bus failed.
+    #[error(transparent)]
+    Bus(#[from] BusError),
+    /// The database failed.
+    #[error("gateway database: {0}")]
+    Store(#[from] allot_store::StoreError),
+    /// The listener or the token file.
+    #[error("{0}")]
+    Io(String),
+    /// Following the journals failed.
+    #[error("{0}")]
+    Mirror(String),
+    /// One of its tasks failed or panicked: the task's name and why.
+    #[error("{0}")]
+    Stopped(Box<allot_runtime::Stopped<Error>>),
+}
+
+/// Reads the token in `path`, or writes a new one there (mode 0600) if there is none.
+pub fn admin_token(path: &Path) -> Result<String, Error> {
+    let io = |e: std::io::Error| Error::Io(format!("{}: {e}", path.display()));
+    match std::fs::read_to_string(path) {
+        Ok(t) if !t.trim().is_empty() => return Ok(t.trim().to_owned()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(e)),
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    let token = token::generate();
+    let tmp = path.with_extension("tmp");
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(io)?;
+        f.write_all(format!("{token}\n").as_bytes()).map_err(io)?;
+        f.sync_all().map_err(io)?;
+    }
+    std::fs::rename(&tmp, path).map_err(io)?;
+    Ok(token)
+}
+
+type ApplyFn = fn(&Connection, &Delivery) -> allot_store::rusqlite::Result<()>;
+
+/// The projections: stream, filter, how to apply, linger.
+const PROJECTIONS: &[(&str, &[&str], ApplyFn, u64)] = &[
+    (names::WORKLOADS, &[], model::apply_workloads, 20),
+    (
+        names::DECISIONS,
+        &["allot.alloc.*.journal"],
+        model::apply_decisions,
+        20,
+    ),
+    (names::FLEET, &[], model::apply_fleet, 100),
+    (names::INVENTORY, &[], model::apply_inventory, 20),
+    (names::TELEMETRY, &[], model::apply_telemetry, 250),
+    (names::REMEDIATION, &[], model::apply_remediation, 20),
+    (names::COSTS, &[], model::apply_costs, 50),
+    (names::ACCESS, &[], model::apply_access, 0),
+];
+
+/// Runs the gateway until `shutdown`.
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let mut service = Service::new("gateway", shutdown);
+    let client = allot_bus::connect(
+        &ConnectConfig::new(&config.nats_url, "allot-gateway"),
+        service.stopping(),
+    )
+    .await?;
+    service.drain_on_stop(client.clone());
+    let db_path = config.db_path();
+    drop(allot_store::open(&db_path, model::MIGRATIONS)?);
+
+    for (stream, filters, apply, linger) in PROJECTIONS {
+        let consumer = format!("{}-{}", config.consumer, stream.to_lowercase());
+        let projection = allot_store::Projection::new(
+            allot_store::open(&db_path, model::MIGRATIONS)?,
+            consumer.clone(),
+            "gateway",
+            *apply,
+        );
+        let spec = ConsumerSpec {
+            filter_subjects: filters.iter().map(|s| (*s).to_owned()).collect(),
+            linger: Duration::from_millis(*linger),
+            ..ConsumerSpec::new(*stream, consumer)
+        };
+        service.spawn(
+            format!("consumer {stream}"),
+            ConsumerRunner::new(client.clone(), spec, projection)
+                .run(service.stopping())
+                .map(|r| r.map(drop).map_err(Error::from)),
+        );
+    }
+
+    let js = async_nats::jetstream::new(client.clone());
+    let mirror = Arc::new(Mutex::new(mirror::Mirror::default()));
+    let (caught_up, ready) = tokio::sync::watch::channel(false);
+    {
+        let js = js.clone();
+        let mirror = mirror.clone();
+        let stopping = service.stopping();
+        service.spawn("journal mirror", async move {
+            tokio::select! {
+                r = mirror::follow(js, mirror, caught_up) => r.map_err(Error::Mirror),
+                () = stopping => Ok(()),
+            }
+        });
+    }
+
+    let mut state = AppState::new(
+        Arc::new(db::Db::new(db_path.clone())),
+        mirror,
+        Some(api::Bus { js }),
+        config.teams.clone(),
+        ready,
+    );
+    if let Some(encode) = config.metrics.clone() {
+        state = state.with_metrics(encode);
+    }
+    if let Some(path) = &config.admin_token_file {
+        let t = admin_token(path)?;
+        let sha = token::sha256_hex(&t);
+        state.add_token(
+            sha.clone(),
+            token::Known {
+                token_id: token::token_id(&sha),
+                team: PLATFORM_TEAM.to_owned(),
+                role: TokenRole::Admin,
+                expires: None,
+                revoked: false,
+            },
+        );
+    }
+
+    {
+        let state = state.clone();
+        let stopping = service.stopping();
+        service.spawn("views", async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let views = async {
+                loop {
+                    tick.tick().await;
+                    if let Err(e) = state.refresh().await {
+                        tracing::warn!(error = %e, "rebuilding the live views");
+                    }
+                    if let Err(e) = state.reload_tokens().await {
+                        tracing::warn!(error = %e, "reloading the tokens");
+                    }
+                }
+            };
+            tokio::select! {
+                () = views => Ok(()),
+                () = stopping => Ok(()),
+            }
+        });
+    }
+
+    let listener = match tokio::net::TcpListener::bind(config.listen).await {
+        Ok(l) => l,
+        Err(e) if config.listen_fallback && e.kind() == std::io::ErrorKind::AddrInUse => {
+            let any = SocketAddr::new(config.listen.ip(), 0);
+            tokio::net::TcpListener::bind(any)
+                .await
+                .map_err(|e| Error::Io(format!("listening on {any}: {e}")))?
+        }
+        Err(e) => return Err(Error::Io(format!("listening on {}: {e}", config.listen))),
+    };
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::Io(format!("listening on {}: {e}", config.listen)))?;
+    tracing::info!(url = %format!("http://{addr}/"), db = %db_path.display(), "gateway listening");
+    if let Some(tx) = &config.bound {
+        let _ = tx.send(addr);
+    }
+    if let Some(path) = &config.url_file {
+        std::fs::write(path, format!("http://{addr}/\n"))
+            .map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
+        if let Some(token) = &config.admin_token_file {
+            eprintln!(
+                "allot: dashboard and API at http://{addr}/ (admin token in {})",
+                token.display()
+            );
+        }
+    }
+    let stopping = service.stopping();
+    let router = app(state);
+    service.spawn("http", async move {
+        axum::serve(listener, router)
+            .with_graceful_shutdown(stopping)
+            .await
+            .map_err(|e| Error::Io(format!("serving HTTP: {e}")))
+    });
+    service.run().await.map_err(|s| Error::Stopped(Box::new(s)))
+}

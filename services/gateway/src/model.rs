@@ -1,0 +1,784 @@
+//! The gateway's read models: what every stream says, projected into SQLite exactly once.
+//!
+//! One projection per stream ([`allot_store::Projection`]: the rows and the stream position
+//! commit in one transaction, so a redelivery or a restart never applies an event twice), all
+//! in `gateway.db`. Besides the tables the API reads, each projection appends what changed to
+//! `changes`: the log `GET /api/v1/events` streams. Its ids are assigned by SQLite as rows are
+//! written, and writers are serialised (every apply transaction begins `IMMEDIATE`), so a
+//! reader that has seen id *n* can never later find a new row below *n*: resuming after
+//! `Last-Event-ID: n` loses nothing and repeats nothing.
+//!
+//! Telemetry is kept as each GPU's last reading and is not logged as changes (one a second per
+//! GPU would drown the log); the dashboard reads it with the nodes.
+
+use allot_bus::consumer::Delivery;
+use allot_events::alloc::Applied;
+use allot_events::cost::BudgetLevel;
+use allot_events::task::StopCause;
+use allot_events::{
+    AccessEvent, AllocEvent, AnyEvent, CostEvent, InventoryEvent, NodeEvent, RemediationEvent,
+    TaskEvent, TelemetryEvent, WorkloadEvent,
+};
+use allot_sched::{Decision, Input};
+use allot_store::rusqlite::{Connection, OptionalExtension, params};
+use serde_json::{Value, json};
+
+/// The schema. Never edit a shipped script: add one.
+pub const MIGRATIONS: &[&str] = &["
+-- Workloads as submitted, and how they ended.
+CREATE TABLE workloads (
+    id           TEXT PRIMARY KEY,
+    seq          INTEGER NOT NULL UNIQUE,   -- WORKLOADS stream sequence of the submission
+    team         TEXT NOT NULL,
+    name         TEXT NOT NULL,
+    project      TEXT,
+    submitter    TEXT NOT NULL,
+    submitted_at TEXT NOT NULL,
+    state        TEXT NOT NULL,             -- running | succeeded | failed | aborted
+    reason       TEXT,
+    finished_at  TEXT,
+    spec         TEXT NOT NULL
+) STRICT;
+CREATE INDEX workloads_team ON workloads (team, seq);
+
+-- Each task of each workload, as it stands.
+CREATE TABLE tasks (
+    workload     TEXT NOT NULL,
+    name         TEXT NOT NULL,
+    team         TEXT NOT NULL,
+    position     INTEGER NOT NULL,          -- its place in the spec
+    after        TEXT NOT NULL,             -- JSON array of the tasks it waits for
+    gpus         TEXT,                      -- as requested
+    state        TEXT NOT NULL,             -- pending | waiting | running | succeeded | failed | cancelled | preempted
+    attempt      INTEGER NOT NULL DEFAULT 0,
+    task_id      INTEGER,                   -- the current attempt's id
+    pool         TEXT,
+    node         TEXT,
+    reason       TEXT,
+    eta_ms       INTEGER,
+    predicted_ms INTEGER,
+    updated_at   TEXT NOT NULL,
+    PRIMARY KEY (workload, name)
+) STRICT;
+
+-- Every attempt's id, to name the task that an event about an attempt concerns.
+CREATE TABLE attempts (
+    task_id  INTEGER PRIMARY KEY,
+    workload TEXT NOT NULL,
+    name     TEXT NOT NULL,
+    team     TEXT NOT NULL,
+    attempt  INTEGER NOT NULL
+) STRICT;
+
+-- Every decision and every input about a task, from the allocators' journals.
+CREATE TABLE decisions (
+    id         INTEGER PRIMARY KEY AUTOINCREMENT,
+    stream_seq INTEGER NOT NULL,
+    pool       TEXT NOT NULL,
+    entry      INTEGER NOT NULL,
+    at_ms      INTEGER NOT NULL,
+    kind       TEXT NOT NULL,
+    task_id    INTEGER,
+    team       TEXT,
+    workload   TEXT,
+    name       TEXT,
+    detail     TEXT NOT NULL               -- JSON
+) STRICT;
+CREATE INDEX decisions_task ON decisions (task_id, id);
+CREATE INDEX decisions_team ON decisions (team, id);
+
+-- Nodes, as registered, with reachability and holds.
+CREATE TABLE nodes (
+    name           TEXT PRIMARY KEY,
+    pool           TEXT NOT NULL,
+    hostname       TEXT NOT NULL,
+    rack           TEXT,
+    cpu_milli      INTEGER NOT NULL,
+    memory_mib     INTEGER NOT NULL,
+    gpu_source     TEXT NOT NULL,
+    registered_at  TEXT NOT NULL,
+    last_heartbeat TEXT,
+    reachable      INTEGER NOT NULL DEFAULT 1,
+    state          TEXT NOT NULL DEFAULT 'ready',   -- ready | soft-cordoned | cordoned | drained
+    state_reason   TEXT,
+    operator_hold  TEXT                             -- an operator's cordon reason
+) STRICT;
+
+-- Each GPU: what it is, its health and its last reading.
+CREATE TABLE gpus (
+    node          TEXT NOT NULL,
+    idx           INTEGER NOT NULL,
+    uuid          TEXT NOT NULL,
+    model         TEXT NOT NULL,
+    memory_mib    INTEGER NOT NULL,
+    health        TEXT NOT NULL DEFAULT 'healthy',
+    in_service    INTEGER NOT NULL DEFAULT 1,
+    utilization   INTEGER,
+    temperature_c INTEGER,
+    memory_used   INTEGER,
+    power_mw      INTEGER,
+    sampled_at    TEXT,
+    PRIMARY KEY (node, idx)
+) STRICT;
+
+-- Cost events (each once, by event id).
+CREATE TABLE costs (
+    event_id  TEXT PRIMARY KEY,
+    team      TEXT NOT NULL,
+    workload  TEXT NOT NULL,
+    task_name TEXT NOT NULL,
+    pool      TEXT NOT NULL,
+    from_ms   INTEGER NOT NULL,
+    to_ms     INTEGER NOT NULL,
+    currency  TEXT NOT NULL,
+    amount    INTEGER NOT NULL,             -- micro-units
+    at        TEXT NOT NULL
+) STRICT;
+CREATE INDEX costs_team ON costs (team, workload);
+
+-- Each team's budget state per period, as billing last announced it.
+CREATE TABLE budgets (
+    team     TEXT NOT NULL,
+    period   TEXT NOT NULL,
+    level    TEXT NOT NULL,
+    spent    INTEGER NOT NULL,
+    budget   INTEGER NOT NULL,
+    currency TEXT NOT NULL,
+    at       TEXT NOT NULL,
+    PRIMARY KEY (team, period)
+) STRICT;
+
+-- API tokens (hashes only).
+CREATE TABLE tokens (
+    token_id    TEXT PRIMARY KEY,
+    sha256      TEXT NOT NULL UNIQUE,
+    team        TEXT NOT NULL,
+    role        TEXT NOT NULL,
+    issued_by   TEXT NOT NULL,
+    description TEXT NOT NULL,
+    expires     TEXT,
+    issued_at   TEXT NOT NULL,
+    revoked_at  TEXT
+) STRICT;
+
+-- What changed, in order: the live event log (SSE ids).
+CREATE TABLE changes (
+    id   INTEGER PRIMARY KEY AUTOINCREMENT,
+    at   TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    team TEXT,                              -- NULL: of the cluster, for everyone
+    data TEXT NOT NULL
+) STRICT;
+"];
+
+/// How many changes the log keeps (older ones are trimmed; a client resuming from before the
+/// oldest is told to reload).
+pub const CHANGES_KEPT: i64 = 100_000;
+
+type Result<T> = allot_store::rusqlite::Result<T>;
+
+/// Appends a change to the log.
+fn change(
+    tx: &Connection,
+    d: &Delivery,
+    kind: &str,
+    team: Option<&str>,
+    data: Value,
+) -> Result<()> {
+    tx.execute(
+        "INSERT INTO changes (at, kind, team, data) VALUES (?1, ?2, ?3, ?4)",
+        params![d.published.to_rfc3339(), kind, team, data.to_string()],
+    )?;
+    let id = tx.last_insert_rowid();
+    if id % 1_000 == 0 {
+        tx.execute("DELETE FROM changes WHERE id <= ?1", [id - CHANGES_KEPT])?;
+    }
+    Ok(())
+}
+
+/// WORKLOADS: workloads and their tasks' lifecycle.
+pub fn apply_workloads(tx: &Connection, d: &Delivery) -> Result<()> {
+    let now = d.published.to_rfc3339();
+    match &d.event.data {
+        AnyEvent::Workload(WorkloadEvent::Submitted(s)) => {
+            let spec = &s.spec;
+            let inserted = tx.execute(
+                "INSERT OR IGNORE INTO workloads (id, seq, team, name, project, submitter, \
+                 submitted_at, state, spec) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running', ?8)",
+                params![
+                    s.workload_id,
+                    d.stream_sequence as i64,
+                    spec.metadata.team,
+                    spec.metadata.name,
+                    spec.metadata.project,
+                    s.submitter,
+                    now,
+                    serde_json::to_string(spec).unwrap_or_default(),
+                ],
+            )?;
+            if inserted == 0 {
+                return Ok(());
+            }
+            for (i, t) in spec.spec.tasks.iter().enumerate() {
+                tx.execute(
+                    "INSERT OR IGNORE INTO tasks (workload, name, team, position, after, gpus, \
+                     state, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', ?7)",
+                    params![
+                        s.workload_id,
+                        t.name,
+                        spec.metadata.team,
+                        i as i64,
+                        serde_json::to_string(&t.after).unwrap_or_default(),
+                        serde_json::to_value(&t.resources.gpus)
+                            .ok()
+                            .filter(|v| !v.is_null())
+                            .map(|v| v.to_string()),
+                        now,
+                    ],
+                )?;
+            }
+            change(
+                tx,
+                d,
+                "workload",
+                Some(&spec.metadata.team),
+                json!({"workload": s.workload_id, "state": "running", "name": spec.metadata.name,
+                       "submitter": s.submitter}),
+            )
+        }
+        AnyEvent::Workload(WorkloadEvent::Aborted(a)) => change(
+            tx,
+            d,
+            "abort_requested",
+            Some(&a.team),
+            json!({"workload": a.workload_id, "task": a.task, "by": a.by, "reason": a.reason}),
+        ),
+        AnyEvent::Workload(WorkloadEvent::AbortAnswered(a)) => change(
+            tx,
+            d,
+            "abort_answered",
+            Some(&a.team),
+            serde_json::to_value(a).unwrap_or_default(),
+        ),
+        AnyEvent::Workload(WorkloadEvent::Finished(f)) => {
+            let state = match f.outcome {
+                allot_events::workload::WorkloadOutcome::Succeeded => "succeeded",
+                allot_events::workload::WorkloadOutcome::Failed => "failed",
+                allot_events::workload::WorkloadOutcome::Aborted => "aborted",
+            };
+            tx.execute(
+                "UPDATE workloads SET state = ?2, reason = ?3, finished_at = ?4 WHERE id = ?1",
+                params![f.workload_id, state, f.reason, now],
+            )?;
+            change(
+                tx,
+                d,
+                "workload",
+                Some(&f.team),
+                json!({"workload": f.workload_id, "state": state, "reason": f.reason}),
+            )
+        }
+        AnyEvent::Task(e) => apply_task(tx, d, e, &now),
+        _ => Ok(()),
+    }
+}
+
+fn apply_task(tx: &Connection, d: &Delivery, e: &TaskEvent, now: &str) -> Result<()> {
+    let (task_id, state, node, reason): (u64, &str, Option<&str>, Option<String>) = match e {
+        TaskEvent::Ready(r) => {
+            tx.execute(
+                "INSERT OR IGNORE INTO attempts (task_id, workload, name, team, attempt) \
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![
+                    r.task.id.0 as i64,
+                    r.workload,
+                    r.name,
+                    r.task.team,
+                    r.run.attempt as i64
+                ],
+            )?;
+            tx.execute(
+                "UPDATE tasks SET state = 'waiting', attempt = ?3, task_id = ?4, pool = ?5, \
+                 node = NULL, reason = NULL, eta_ms = NULL, updated_at = ?6 \
+                 WHERE workload = ?1 AND name = ?2",
+                params![
+                    r.workload,
+                    r.name,
+                    r.run.attempt as i64,
+                    r.task.id.0 as i64,
+                    r.pool,
+                    now
+                ],
+            )?;
+            (r.task.id.0, "waiting", None, None)
+        }
+        TaskEvent::Started(s) => (s.task.0, "running", Some(s.node.as_str()), None),
+        TaskEvent::Completed(c) => (c.task.0, "succeeded", Some(c.node.as_str()), None),
+        TaskEvent::Failed(f) => (
+            f.task.0,
+            "failed",
+            Some(f.node.as_str()),
+            Some(f.reason.clone()),
+        ),
+        TaskEvent::Cancelled(c) => (c.task.0, "cancelled", None, Some(c.reason.clone())),
+        TaskEvent::Stopped(s) => {
+            let state = match s.cause {
+                StopCause::Preempted => "preempted",
+                StopCause::Cancelled => "cancelled",
+            };
+            (s.task.0, state, Some(s.node.as_str()), None)
+        }
+        TaskEvent::Predicted(p) => {
+            tx.execute(
+                "UPDATE tasks SET predicted_ms = ?2 WHERE task_id = ?1",
+                params![p.task.0 as i64, p.duration_ms as i64],
+            )?;
+            return Ok(());
+        }
+        TaskEvent::Preload(_) | TaskEvent::Checkpointed(_) => return Ok(()),
+    };
+    let Some((workload, name, team)) = attempt(tx, task_id)? else {
+        return Ok(());
+    };
+    // A late event about an earlier attempt does not overwrite the current one's state.
+    let updated = tx.execute(
+        "UPDATE tasks SET state = ?3, node = COALESCE(?4, node), reason = ?5, updated_at = ?6 \
+         WHERE workload = ?1 AND name = ?2 AND task_id = ?7",
+        params![workload, name, state, node, reason, now, task_id as i64],
+    )?;
+    if updated == 0 {
+        return Ok(());
+    }
+    change(
+        tx,
+        d,
+        "task",
+        Some(&team),
+        json!({"workload": workload, "task": name, "task_id": task_id, "state": state,
+               "node": node, "reason": reason}),
+    )
+}
+
+/// The workload, name and team of attempt `task_id`, if its `TaskReady` was seen.
+pub fn attempt(tx: &Connection, task_id: u64) -> Result<Option<(String, String, String)>> {
+    tx.query_row(
+        "SELECT workload, name, team FROM attempts WHERE task_id = ?1",
+        [task_id as i64],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )
+    .optional()
+}
+
+/// DECISIONS: every input about a task and every decision, per task and team.
+pub fn apply_decisions(tx: &Connection, d: &Delivery) -> Result<()> {
+    let AnyEvent::Alloc(AllocEvent::Applied(a)) = &d.event.data else {
+        return Ok(());
+    };
+    for (kind, task, detail) in facts(a) {
+        let who = match task {
+            Some(t) => attempt(tx, t)?,
+            None => None,
+        };
+        let team = who
+            .as_ref()
+            .map(|w| w.2.clone())
+            .or_else(|| match &a.entry.input {
+                Input::TaskSubmitted { task: spec, .. } if Some(spec.id.0) == task => {
+                    Some(spec.team.clone())
+                }
+                _ => None,
+            });
+        tx.execute(
+            "INSERT INTO decisions (stream_seq, pool, entry, at_ms, kind, task_id, team, \
+             workload, name, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+            params![
+                d.stream_sequence as i64,
+                a.pool,
+                a.entry.seq as i64,
+                a.entry.input.at().unwrap_or(0) as i64,
+                kind,
+                task.map(|t| t as i64),
+                team,
+                who.as_ref().map(|w| &w.0),
+                who.as_ref().map(|w| &w.1),
+                detail.to_string(),
+            ],
+        )?;
+        if kind == "waiting"
+            && let Some(t) = task
+        {
+            tx.execute(
+                "UPDATE tasks SET reason = ?2, eta_ms = ?3 WHERE task_id = ?1 AND state = 'waiting'",
+                params![t as i64, detail["reason"].as_str(), detail["eta_ms"].as_i64()],
+            )?;
+        }
+        if kind != "waiting" || a.entry.decisions.len() < 64 {
+            change(
+                tx,
+                d,
+                "decision",
+                team.as_deref(),
+                json!({"pool": a.pool, "entry": a.entry.seq, "kind": kind, "task_id": task,
+                       "workload": who.as_ref().map(|w| &w.0), "task": who.as_ref().map(|w| &w.1),
+                       "detail": detail}),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// What one journal entry says, task by task: `(kind, task, detail)`.
+pub fn facts(a: &Applied) -> Vec<(&'static str, Option<u64>, Value)> {
+    let mut out = Vec::new();
+    let e = &a.entry;
+    match &e.input {
+        Input::TaskSubmitted { task, .. } => out.push((
+            "submitted",
+            Some(task.id.0),
+            json!({"priority": task.priority, "gpus": task.gpus, "gpu_milli": task.gpu_milli,
+                   "models": task.gpu_models, "predicted_ms": task.predicted_duration}),
+        )),
+        Input::TaskFinished { task, .. } => {
+            out.push(("finished", Some(task.0), json!({})));
+        }
+        Input::TaskRequeued { task, .. } => out.push(("requeued", Some(task.0), json!({}))),
+        Input::TaskWithdrawn { task, .. } => out.push(("withdrawn", Some(task.0), json!({}))),
+        Input::TaskPredicted { task, duration, .. } => {
+            out.push(("predicted", Some(task.0), json!({"predicted_ms": duration})));
+        }
+        _ => {}
+    }
+    if let Some(why) = &e.rejected {
+        out.push(("rejected", None, json!({"reason": why})));
+    }
+    for decision in &e.decisions {
+        match decision {
+            Decision::Granted {
+                task,
+                lease,
+                reason,
+                ..
+            } => {
+                let nodes: Vec<Value> = a
+                    .dispatch
+                    .iter()
+                    .filter(|d| d.task == *task)
+                    .flat_map(|d| d.nodes.iter())
+                    .map(|g| json!({"node": g.node, "gpus": g.gpus, "model": g.gpu_model}))
+                    .collect();
+                out.push((
+                    "granted",
+                    Some(task.0),
+                    json!({"lease": lease.0, "reason": reason, "nodes": nodes}),
+                ));
+            }
+            Decision::Waiting {
+                task,
+                reason,
+                eta,
+                at_risk,
+                ..
+            } => out.push((
+                "waiting",
+                Some(task.0),
+                json!({"reason": reason.to_string(), "eta_ms": eta, "at_risk": at_risk}),
+            )),
+            Decision::Preempted {
+                task,
+                lease,
+                for_task,
+                ..
+            } => out.push((
+                "preempted",
+                Some(task.0),
+                json!({"lease": lease.0, "for_task": for_task.map(|t| t.0)}),
+            )),
+            Decision::Released { task, lease, .. } => {
+                out.push(("released", Some(task.0), json!({"lease": lease.0})));
+            }
+            Decision::Withdrawn { task, reason, .. } => {
+                out.push(("withdrawn", Some(task.0), json!({"reason": reason})));
+            }
+            Decision::Reserved { task, until, .. } => {
+                out.push(("reserved", Some(task.0), json!({"until_ms": until})));
+            }
+        }
+    }
+    out
+}
+
+/// FLEET: nodes as registered, and their heartbeats.
+pub fn apply_fleet(tx: &Connection, d: &Delivery) -> Result<()> {
+    let now = d.published.to_rfc3339();
+    match &d.event.data {
+        AnyEvent::Node(NodeEvent::Registered(r)) => {
+            tx.execute(
+                "INSERT INTO nodes (name, pool, hostname, rack, cpu_milli, memory_mib, gpu_source, \
+                 registered_at, last_heartbeat) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8) \
+                 ON CONFLICT (name) DO UPDATE SET pool = ?2, hostname = ?3, rack = ?4, \
+                 cpu_milli = ?5, memory_mib = ?6, gpu_source = ?7, registered_at = ?8, \
+                 last_heartbeat = ?8, reachable = 1",
+                params![
+                    r.node,
+                    r.pool,
+                    r.hostname,
+                    r.rack,
+                    r.cpu_milli as i64,
+                    r.memory_mib as i64,
+                    serde_json::to_value(r.gpu_source)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default(),
+                    now
+                ],
+            )?;
+            for g in &r.gpus {
+                tx.execute(
+                    "INSERT INTO gpus (node, idx, uuid, model, memory_mib) VALUES (?1, ?2, ?3, ?4, ?5) \
+                     ON CONFLICT (node, idx) DO UPDATE SET uuid = ?3, model = ?4, memory_mib = ?5",
+                    params![
+                        r.node,
+                        g.index as i64,
+                        g.uuid,
+                        g.model,
+                        g.memory_total_mib as i64
+                    ],
+                )?;
+            }
+            change(
+                tx,
+                d,
+                "node",
+                None,
+                json!({"node": r.node, "event": "registered", "gpus": r.gpus.len()}),
+            )
+        }
+        AnyEvent::Node(NodeEvent::HeartbeatSent(h)) => {
+            tx.execute(
+                "UPDATE nodes SET last_heartbeat = ?2 WHERE name = ?1",
+                params![h.node, now],
+            )?;
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// INVENTORY: reachability and GPU health.
+pub fn apply_inventory(tx: &Connection, d: &Delivery) -> Result<()> {
+    match &d.event.data {
+        AnyEvent::Inventory(InventoryEvent::NodeUnreachable(u)) => {
+            tx.execute("UPDATE nodes SET reachable = 0 WHERE name = ?1", [&u.node])?;
+            change(
+                tx,
+                d,
+                "node",
+                None,
+                json!({"node": u.node, "event": "unreachable"}),
+            )
+        }
+        AnyEvent::Inventory(InventoryEvent::NodeRecovered(r)) => {
+            tx.execute("UPDATE nodes SET reachable = 1 WHERE name = ?1", [&r.node])?;
+            change(
+                tx,
+                d,
+                "node",
+                None,
+                json!({"node": r.node, "event": "recovered"}),
+            )
+        }
+        AnyEvent::Inventory(InventoryEvent::GpuHealthChanged(g)) => {
+            let health = serde_json::to_value(g.to)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            tx.execute(
+                "UPDATE gpus SET health = ?3 WHERE node = ?1 AND idx = ?2",
+                params![g.node, g.index as i64, health],
+            )?;
+            change(
+                tx,
+                d,
+                "node",
+                None,
+                json!({"node": g.node, "event": "gpu_health", "gpu": g.index, "health": health,
+                       "reason": g.reason}),
+            )
+        }
+        _ => Ok(()),
+    }
+}
+
+/// TELEMETRY: each GPU's last reading (not logged as changes).
+pub fn apply_telemetry(tx: &Connection, d: &Delivery) -> Result<()> {
+    let AnyEvent::Telemetry(TelemetryEvent::GpusSampled(s)) = &d.event.data else {
+        return Ok(());
+    };
+    let now = d.published.to_rfc3339();
+    let mut stmt = tx.prepare_cached(
+        "UPDATE gpus SET utilization = ?3, temperature_c = ?4, memory_used = ?5, power_mw = ?6, \
+         sampled_at = ?7 WHERE node = ?1 AND idx = ?2",
+    )?;
+    for g in &s.samples {
+        stmt.execute(params![
+            s.node,
+            g.index as i64,
+            g.utilization_pct.map(i64::from),
+            g.temperature_c.map(i64::from),
+            g.memory_used_mib as i64,
+            g.power_mw.map(|p| p as i64),
+            now
+        ])?;
+    }
+    Ok(())
+}
+
+/// REMEDIATION: holds on nodes, GPUs out of service.
+pub fn apply_remediation(tx: &Connection, d: &Delivery) -> Result<()> {
+    use allot_events::remediation::Action;
+    match &d.event.data {
+        AnyEvent::Remediation(RemediationEvent::ActionTaken(a)) => {
+            let node_state = match a.action {
+                Action::SoftCordon => Some("soft-cordoned"),
+                Action::Cordon => Some("cordoned"),
+                Action::Drain => Some("drained"),
+                Action::ReturnToService => Some("ready"),
+                _ => None,
+            };
+            if a.downgraded.is_none()
+                && let Some(state) = node_state
+            {
+                tx.execute(
+                    "UPDATE nodes SET state = ?2, state_reason = ?3 WHERE name = ?1",
+                    params![a.node, state, a.reason],
+                )?;
+            }
+            if let Some(gpu) = a.gpu {
+                let in_service = match a.action {
+                    Action::GpuOutOfService => Some(0),
+                    Action::GpuReturnToService => Some(1),
+                    _ => None,
+                };
+                if let Some(v) = in_service {
+                    tx.execute(
+                        "UPDATE gpus SET in_service = ?3 WHERE node = ?1 AND idx = ?2",
+                        params![a.node, gpu as i64, v],
+                    )?;
+                }
+            }
+            change(
+                tx,
+                d,
+                "remediation",
+                None,
+                json!({"node": a.node, "gpu": a.gpu, "action": a.action.as_str(), "rule": a.rule,
+                       "reason": a.reason}),
+            )
+        }
+        AnyEvent::Remediation(RemediationEvent::OperatorCordon(c)) => {
+            let hold = c.cordoned.then(|| c.reason.clone());
+            tx.execute(
+                "UPDATE nodes SET operator_hold = ?2 WHERE name = ?1",
+                params![c.node, hold],
+            )?;
+            change(
+                tx,
+                d,
+                "node",
+                None,
+                json!({"node": c.node, "event": if c.cordoned {"cordoned"} else {"uncordoned"},
+                       "reason": c.reason, "by": c.by}),
+            )
+        }
+        _ => Ok(()),
+    }
+}
+
+/// COSTS: every cost event once; budgets as last announced.
+pub fn apply_costs(tx: &Connection, d: &Delivery) -> Result<()> {
+    let at = d.published.to_rfc3339();
+    match &d.event.data {
+        AnyEvent::Cost(CostEvent::Accrued(c)) => {
+            let inserted = tx.execute(
+                "INSERT OR IGNORE INTO costs (event_id, team, workload, task_name, pool, from_ms, \
+                 to_ms, currency, amount, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                params![
+                    d.event.id.to_string(),
+                    c.team,
+                    c.workload,
+                    c.task_name,
+                    c.pool,
+                    c.from_ms as i64,
+                    c.to_ms as i64,
+                    c.currency,
+                    c.amount,
+                    at
+                ],
+            )?;
+            if inserted == 0 {
+                return Ok(());
+            }
+            change(
+                tx,
+                d,
+                "cost",
+                Some(&c.team),
+                json!({"team": c.team, "workload": c.workload, "task": c.task_name,
+                       "amount_micros": c.amount, "currency": c.currency}),
+            )
+        }
+        AnyEvent::Cost(CostEvent::BudgetCrossed(b)) => {
+            let level = match b.level {
+                BudgetLevel::Warning => "warning",
+                BudgetLevel::Exceeded => "exceeded",
+                BudgetLevel::Within => "within",
+            };
+            tx.execute(
+                "INSERT INTO budgets (team, period, level, spent, budget, currency, at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (team, period) DO UPDATE \
+                 SET level = ?3, spent = ?4, budget = ?5, currency = ?6, at = ?7",
+                params![b.team, b.period, level, b.spent, b.budget, b.currency, at],
+            )?;
+            change(
+                tx,
+                d,
+                "budget",
+                Some(&b.team),
+                json!({"team": b.team, "period": b.period, "level": level, "spent_micros": b.spent,
+                       "budget_micros": b.budget, "currency": b.currency}),
+            )
+        }
+        _ => Ok(()),
+    }
+}
+
+/// ACCESS: tokens issued and revoked.
+pub fn apply_access(tx: &Connection, d: &Delivery) -> Result<()> {
+    match &d.event.data {
+        AnyEvent::Access(AccessEvent::TokenIssued(t)) => {
+            tx.execute(
+                "INSERT OR IGNORE INTO tokens (token_id, sha256, team, role, issued_by, description, \
+                 expires, issued_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![
+                    t.token_id,
+                    t.sha256,
+                    t.team,
+                    t.role.as_str(),
+                    t.by,
+                    t.description,
+                    t.expires.map(|e| e.to_rfc3339()),
+                    d.published.to_rfc3339()
+                ],
+            )?;
+            Ok(())
+        }
+        AnyEvent::Access(AccessEvent::TokenRevoked(t)) => {
+            tx.execute(
+                "UPDATE tokens SET revoked_at = ?2 WHERE token_id = ?1 AND team = ?3",
+                params![t.token_id, d.published.to_rfc3339(), t.team],
+            )?;
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
