@@ -1,0 +1,419 @@
+//! The gateway's API through its router (`oneshot`), over read models built by the real
+//! projections and a real nats-server to publish to: who may see and do what (every role ×
+//! own team / another team × endpoint), errors as RFC 9457 problems, the OpenAPI document, and
+//! submissions that publish exactly what `allot submit` would.
+
+use std::sync::{Arc, Mutex};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use chrono::Utc;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+use allot_bus::consumer::Delivery;
+use allot_bus::{catalog, ensure_streams};
+use allot_events::access::TokenRole;
+use allot_events::alloc::{Applied, Launch};
+use allot_events::cost::CostAccrued;
+use allot_events::task::{RunSpec, TaskReady};
+use allot_events::{AllocEvent, AnyEvent, CostEvent, Envelope, TaskEvent, WorkloadEvent};
+use allot_gateway::api::Bus;
+use allot_gateway::mirror::Mirror;
+use allot_gateway::token::{Known, sha256_hex};
+use allot_gateway::{AppState, app, db::Db, model};
+use allot_sched::journal::Entry;
+use allot_sched::{Decision, Input, LeaseId, TaskId, TaskSpec, WaitReason};
+use allot_testkit::NatsServer;
+
+fn spec(name: &str, team: &str) -> String {
+    format!(
+        "apiVersion: allot/v1\nkind: Workload\nmetadata: {{name: {name}, team: {team}}}\n\
+         spec:\n  tasks:\n    - {{name: train, command: [\"true\"], resources: {{gpus: 1}}}}\n"
+    )
+}
+
+struct Seeded {
+    _dir: tempfile::TempDir,
+    _nats: NatsServer,
+    state: AppState,
+    client: async_nats::Client,
+    /// Workload id per team.
+    workloads: Vec<(String, String)>,
+}
+
+fn delivery(seq: u64, event: impl Into<AnyEvent>) -> Delivery {
+    let envelope = Envelope::new("/test", event);
+    Delivery {
+        stream_sequence: seq,
+        subject: envelope.nats_subject(),
+        published: Utc::now(),
+        deliveries: 1,
+        event: envelope,
+    }
+}
+
+/// Two teams' workloads, one waiting task each with its journal entries and a cost, and a
+/// token per role for team `vision`.
+async fn seeded() -> Seeded {
+    let nats = NatsServer::start();
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let js = async_nats::jetstream::new(client.clone());
+    ensure_streams(&js, &catalog(1)).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.db");
+    let conn = allot_store::open(&path, model::MIGRATIONS).unwrap();
+    let mut workloads = Vec::new();
+    for (i, team) in ["vision", "nlp"].iter().enumerate() {
+        let checked = allot_workload::check(
+            &spec(&format!("job-{team}"), team),
+            allot_workload::Format::Yaml,
+            Default::default(),
+        )
+        .unwrap();
+        let key = allot_workload::submit::idempotency_key(&checked.workload, None);
+        let s = allot_workload::submit::submission(
+            checked.workload,
+            key,
+            None,
+            "ci".into(),
+            "/test",
+            Utc::now(),
+        );
+        let AnyEvent::Workload(WorkloadEvent::Submitted(sub)) = s.envelope.data.clone() else {
+            unreachable!()
+        };
+        let id = sub.workload_id.clone();
+        let seq = i as u64 * 10;
+        model::apply_workloads(&conn, &delivery(seq + 1, WorkloadEvent::Submitted(sub))).unwrap();
+        let task = TaskSpec::new(100 + i as u64, *team, 1);
+        let ready = TaskReady {
+            pool: "default".into(),
+            workload: id.clone(),
+            name: "train".into(),
+            task: task.clone(),
+            run: RunSpec::default(),
+        };
+        model::apply_workloads(&conn, &delivery(seq + 2, TaskEvent::Ready(ready))).unwrap();
+        let applied = Applied {
+            pool: "default".into(),
+            source: None,
+            entry: Entry {
+                seq: i as u64 + 1,
+                input: Input::TaskSubmitted { task, at: 1_000 },
+                decisions: vec![Decision::Waiting {
+                    task: TaskId(100 + i as u64),
+                    reason: WaitReason::NoCapacity { gpus: 1, free_gpus: 0 },
+                    eta: None,
+                    at_risk: false,
+                    at: 1_000,
+                }],
+                rejected: None,
+            },
+            launch: Some(Launch {
+                workload: id.clone(),
+                name: "train".into(),
+                team: team.to_string(),
+                run: RunSpec::default(),
+            }),
+            dispatch: vec![],
+        };
+        model::apply_decisions(&conn, &delivery(seq + 3, AllocEvent::Applied(applied))).unwrap();
+        let cost = CostAccrued {
+            team: team.to_string(),
+            workload: id.clone(),
+            task_name: "train".into(),
+            task: TaskId(100 + i as u64),
+            pool: "default".into(),
+            lease: LeaseId(1 + i as u64),
+            from_ms: 0,
+            to_ms: 60_000,
+            last: true,
+            currency: "EUR".into(),
+            lines: vec![],
+            amount: 1_250_000 * (i as i64 + 1),
+            idle: None,
+        };
+        model::apply_costs(&conn, &delivery(seq + 4, CostEvent::Accrued(cost))).unwrap();
+        workloads.push((team.to_string(), id));
+    }
+    drop(conn);
+    let (_tx, ready) = tokio::sync::watch::channel(true);
+    let state = AppState::new(
+        Arc::new(Db::new(path)),
+        Arc::new(Mutex::new(Mirror::default())),
+        Some(Bus { js }),
+        None,
+        ready,
+    );
+    for role in TokenRole::ALL {
+        state.add_token(
+            sha256_hex(&token(role)),
+            Known {
+                token_id: format!("t-{role}"),
+                team: "vision".into(),
+                role,
+                expires: None,
+                revoked: false,
+            },
+        );
+    }
+    state.refresh().await.unwrap();
+    Seeded {
+        _dir: dir,
+        _nats: nats,
+        state,
+        client,
+        workloads,
+    }
+}
+
+fn token(role: TokenRole) -> String {
+    format!("allot_test-{role}")
+}
+
+async fn call(
+    state: &AppState,
+    method: &str,
+    uri: &str,
+    token: Option<&str>,
+    body: Option<(&str, String)>,
+) -> (StatusCode, String, Value) {
+    let mut req = Request::builder().method(method).uri(uri);
+    if let Some(t) = token {
+        req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
+    }
+    let req = match body {
+        Some((ty, b)) => req.header(header::CONTENT_TYPE, ty).body(Body::from(b)),
+        None => req.body(Body::empty()),
+    }
+    .unwrap();
+    let resp = app(state.clone()).oneshot(req).await.unwrap();
+    let status = resp.status();
+    let ty = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 24).await.unwrap();
+    let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    (status, ty, value)
+}
+
+#[tokio::test]
+async fn every_role_sees_and_does_what_it_may_on_its_own_team_and_another() {
+    let s = seeded().await;
+    let own = &s.workloads[0].1;
+    let other = &s.workloads[1].1;
+    use TokenRole::*;
+    // (role, own-team status, other-team status) per endpoint.
+    type Want = [(TokenRole, u16, u16); 4];
+    let cases: Vec<(&str, &str, String, String, Option<(&str, String, String)>, Want)> = vec![
+        (
+            "read a workload",
+            "GET",
+            format!("/api/v1/workloads/{own}"),
+            format!("/api/v1/workloads/{other}"),
+            None,
+            [(Admin, 200, 200), (Operator, 200, 200), (Member, 200, 404), (Viewer, 200, 404)],
+        ),
+        (
+            "explain a task",
+            "GET",
+            "/api/v1/tasks/100/explain".into(),
+            "/api/v1/tasks/task-101/explain".into(),
+            None,
+            [(Admin, 200, 200), (Operator, 200, 200), (Member, 200, 404), (Viewer, 200, 404)],
+        ),
+        (
+            "abort a workload",
+            "POST",
+            format!("/api/v1/workloads/{own}/abort"),
+            format!("/api/v1/workloads/{other}/abort"),
+            Some(("application/json", json!({"reason": "test"}).to_string(), json!({"reason": "test"}).to_string())),
+            [(Admin, 202, 202), (Operator, 202, 202), (Member, 202, 404), (Viewer, 403, 404)],
+        ),
+        (
+            "submit a workload",
+            "POST",
+            "/api/v1/workloads".into(),
+            "/api/v1/workloads".into(),
+            Some(("application/yaml", spec("fresh", "vision"), spec("fresh", "nlp"))),
+            [(Admin, 201, 201), (Operator, 403, 403), (Member, 201, 403), (Viewer, 403, 403)],
+        ),
+        (
+            "issue a token",
+            "POST",
+            "/api/v1/tokens".into(),
+            "/api/v1/tokens".into(),
+            Some((
+                "application/json",
+                json!({"team": "vision", "role": "viewer"}).to_string(),
+                json!({"team": "nlp", "role": "member"}).to_string(),
+            )),
+            [(Admin, 201, 201), (Operator, 403, 403), (Member, 403, 403), (Viewer, 403, 403)],
+        ),
+    ];
+    for (name, method, own_uri, other_uri, body, want) in &cases {
+        for (role, want_own, want_other) in want {
+            for (which, uri, want, b) in [
+                ("own", own_uri, want_own, body.as_ref().map(|b| (b.0, b.1.clone()))),
+                ("other", other_uri, want_other, body.as_ref().map(|b| (b.0, b.2.clone()))),
+            ] {
+                // A fresh submission per try: the second identical one is a duplicate (200).
+                let b = b.map(|(ty, text)| {
+                    (ty, text.replace("name: fresh", &format!("name: fresh-{role}-{which}")))
+                });
+                let (status, ty, problem) =
+                    call(&s.state, method, uri, Some(&token(*role)), b).await;
+                assert_eq!(
+                    status.as_u16(),
+                    *want,
+                    "{name}, {role} of vision, {which} team's: {problem}"
+                );
+                if status.is_client_error() {
+                    assert_eq!(ty, "application/problem+json", "{name}: {problem}");
+                    assert_eq!(problem["status"], *want, "{problem}");
+                }
+            }
+        }
+    }
+    // Nobody without a token, or with a made-up one.
+    for uri in ["/api/v1/workloads", "/api/v1/queue", "/api/v1/nodes", "/api/v1/costs"] {
+        let (status, ty, _) = call(&s.state, "GET", uri, None, None).await;
+        assert_eq!((status.as_u16(), ty.as_str()), (401, "application/problem+json"), "{uri}");
+        let (status, _, _) = call(&s.state, "GET", uri, Some("allot_forged"), None).await;
+        assert_eq!(status.as_u16(), 401, "{uri}");
+    }
+}
+
+#[tokio::test]
+async fn listings_show_a_member_only_its_team_and_operators_every_team() {
+    let s = seeded().await;
+    let teams = |v: &Value, key: &str| -> Vec<String> {
+        let mut t: Vec<String> = v[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["team"].as_str().unwrap().to_owned())
+            .collect();
+        t.sort();
+        t.dedup();
+        t
+    };
+    for (role, want) in [
+        (TokenRole::Member, vec!["vision"]),
+        (TokenRole::Viewer, vec!["vision"]),
+        (TokenRole::Operator, vec!["nlp", "vision"]),
+        (TokenRole::Admin, vec!["nlp", "vision"]),
+    ] {
+        let t = token(role);
+        for (uri, key) in [
+            ("/api/v1/workloads", "items"),
+            ("/api/v1/decisions", "items"),
+            ("/api/v1/costs", "teams"),
+        ] {
+            let (status, _, v) = call(&s.state, "GET", uri, Some(&t), None).await;
+            assert_eq!(status, StatusCode::OK, "{uri}: {v}");
+            assert_eq!(teams(&v, key), want, "{role} {uri}: {v}");
+        }
+        // Asking for another team changes nothing for those who see only their own.
+        let (_, _, v) = call(&s.state, "GET", "/api/v1/workloads?team=nlp", Some(&t), None).await;
+        let want_asked = if role == TokenRole::Member || role == TokenRole::Viewer {
+            vec!["vision"]
+        } else {
+            vec!["nlp"]
+        };
+        assert_eq!(teams(&v, "items"), want_asked, "{role}");
+    }
+    // Costs are the sum of the events, to the micro-unit.
+    let (_, _, v) = call(&s.state, "GET", "/api/v1/costs?team=nlp", Some(&token(TokenRole::Admin)), None).await;
+    assert_eq!(v["teams"][0]["amount_micros"], 2_500_000, "{v}");
+}
+
+#[tokio::test]
+async fn errors_are_problems_and_the_openapi_document_covers_every_route() {
+    let s = seeded().await;
+    let admin = token(TokenRole::Admin);
+    let (status, ty, p) = call(&s.state, "GET", "/api/v1/workloads?cursor=zz", Some(&admin), None).await;
+    assert_eq!((status.as_u16(), ty.as_str()), (400, "application/problem+json"));
+    assert!(p["detail"].as_str().unwrap().contains("cursor"), "{p}");
+    let (status, ty, _) = call(&s.state, "GET", "/api/v1/nope", Some(&admin), None).await;
+    assert_eq!((status.as_u16(), ty.as_str()), (404, "application/problem+json"));
+    let (status, _, p) = call(
+        &s.state,
+        "POST",
+        "/api/v1/workloads/x/abort",
+        Some(&admin),
+        Some(("application/json", "{not json".into())),
+    )
+    .await;
+    assert_eq!(status.as_u16(), 400, "{p}");
+
+    let (status, _, doc) = call(&s.state, "GET", "/api/v1/openapi.json", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."), "{doc}");
+    let paths: Vec<&str> = doc["paths"].as_object().unwrap().keys().map(String::as_str).collect();
+    for p in [
+        "/api/v1/workloads",
+        "/api/v1/workloads/{id}",
+        "/api/v1/workloads/{id}/abort",
+        "/api/v1/tasks/{id}/explain",
+        "/api/v1/queue",
+        "/api/v1/nodes",
+        "/api/v1/decisions",
+        "/api/v1/costs",
+        "/api/v1/budgets",
+        "/api/v1/kpis",
+        "/api/v1/tokens",
+        "/api/v1/events",
+        "/api/v1/lookback",
+    ] {
+        assert!(paths.contains(&p), "{p} missing from {paths:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_submission_is_checked_then_published_once_naming_the_caller() {
+    let s = seeded().await;
+    let member = token(TokenRole::Member);
+    let bad = "apiVersion: allot/v1\nkind: Workload\nmetadata: {name: x, team: vision}\n\
+               spec:\n  tasks:\n    - {name: a, command: [\"true\"], after: [ghost], colour: red}\n";
+    let (status, ty, p) = call(
+        &s.state,
+        "POST",
+        "/api/v1/workloads",
+        Some(&member),
+        Some(("application/yaml", bad.into())),
+    )
+    .await;
+    assert_eq!((status.as_u16(), ty.as_str()), (422, "application/problem+json"), "{p}");
+    let paths: Vec<&str> = p["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert!(paths.iter().any(|p| p.contains("colour")), "every problem listed: {p}");
+
+    let body = Some(("application/yaml", spec("nightly", "vision")));
+    let (status, _, first) = call(&s.state, "POST", "/api/v1/workloads?run_id=ci-7", Some(&member), body.clone()).await;
+    assert_eq!(status, StatusCode::CREATED, "{first}");
+    let (status, _, again) = call(&s.state, "POST", "/api/v1/workloads?run_id=ci-7", Some(&member), body).await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again["duplicate"], true);
+    assert_eq!(again["workload_id"], first["workload_id"]);
+    // What WORKLOADS holds: one submission, the same id `allot submit` derives, naming the token.
+    let stored = allot_testkit::streams::read_all(&s.client, "WORKLOADS").await;
+    let subs: Vec<_> = stored
+        .iter()
+        .filter_map(|m| match allot_events::decode(&m.payload).unwrap().data {
+            AnyEvent::Workload(WorkloadEvent::Submitted(w)) => Some(w),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(subs.len(), 1);
+    assert_eq!(subs[0].workload_id, first["workload_id"].as_str().unwrap());
+    assert_eq!(subs[0].run_id.as_deref(), Some("ci-7"));
+    assert!(subs[0].submitter.contains("t-member") && subs[0].submitter.contains("vision"), "{}", subs[0].submitter);
+}

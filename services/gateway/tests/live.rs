@@ -1,0 +1,161 @@
+//! The gateway as a service, on a real listener and a real nats-server: what the collectors
+//! publish reaches `GET /api/v1/nodes`, and the event stream, cut mid-way and resumed with
+//! `Last-Event-ID`, delivers every change exactly once.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use allot_bus::{Publisher, catalog, ensure_streams};
+use allot_events::NodeEvent;
+use allot_testkit::{NatsServer, node};
+
+/// One HTTP/1.1 exchange; the response's status, and its body de-chunked, read until `done`
+/// says enough or the server closes.
+async fn http(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, String)],
+    mut done: impl FnMut(&str) -> bool,
+) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let mut req = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    stream.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 8192];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = String::from_utf8_lossy(&raw).to_string();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let status: u16 = head.split(' ').nth(1).unwrap().parse().unwrap();
+            let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+                dechunk(body)
+            } else {
+                body.to_owned()
+            };
+            if done(&body) {
+                return (status, body);
+            }
+        }
+        assert!(Instant::now() < deadline, "no answer in time: {text}");
+        match tokio::time::timeout(Duration::from_secs(1), stream.read(&mut buf)).await {
+            Ok(Ok(0)) => {
+                let text = String::from_utf8_lossy(&raw).to_string();
+                let (head, body) = text.split_once("\r\n\r\n").unwrap();
+                let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+                let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+                    dechunk(body)
+                } else {
+                    body.to_owned()
+                };
+                return (status, body);
+            }
+            Ok(Ok(n)) => raw.extend_from_slice(&buf[..n]),
+            Ok(Err(e)) => panic!("reading: {e}"),
+            Err(_) => {}
+        }
+    }
+}
+
+/// The chunks received so far, joined (a chunk still arriving is left out).
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+fn ids(sse: &str) -> Vec<u64> {
+    sse.lines()
+        .filter_map(|l| l.strip_prefix("id: ").or_else(|| l.strip_prefix("id:")))
+        .map(|v| v.trim().parse().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn nodes_reach_the_api_and_the_event_stream_resumes_without_loss_or_repeat() {
+    let nats = NatsServer::start();
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    ensure_streams(&async_nats::jetstream::new(client.clone()), &catalog(1))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = allot_gateway::Config::new(nats.url(), dir.path(), ([127, 0, 0, 1], 0).into());
+    let token_file = dir.path().join("admin.token");
+    config.admin_token_file = Some(token_file.clone());
+    let (tx, mut bound) = tokio::sync::mpsc::unbounded_channel();
+    config.bound = Some(tx);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let service = tokio::spawn(allot_gateway::run(config, async {
+        let _ = stopped.await;
+    }));
+    let addr = bound.recv().await.expect("the gateway listens");
+    let token = std::fs::read_to_string(&token_file).unwrap().trim().to_owned();
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&token_file).unwrap().permissions().mode() & 0o777, 0o600);
+    let auth = [("Authorization", format!("Bearer {token}"))];
+
+    let publisher = Publisher::new(client.clone(), "/test");
+    for i in 1..=6 {
+        let n = node(&format!("n{i}")).gpus(4);
+        publisher.publish(NodeEvent::Registered(n.registered())).await.unwrap();
+    }
+    // The nodes appear in the API once projected (views are rebuilt every second).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = http(addr, "/api/v1/nodes", &auth, |_| false).await;
+        assert_eq!(status, 200, "{body}");
+        let nodes: serde_json::Value = serde_json::from_str(&body).unwrap();
+        if nodes.as_array().unwrap().len() == 6 {
+            assert_eq!(nodes[0]["gpus"].as_array().unwrap().len(), 4, "{nodes}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "nodes never appeared: {body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (status, _) = http(addr, "/api/v1/nodes", &[], |_| false).await;
+    assert_eq!(status, 401);
+
+    // Read three changes, drop the connection, resume after the third.
+    let (status, first) = http(addr, "/api/v1/events?after=0", &auth, |b| ids(b).len() >= 3).await;
+    assert_eq!(status, 200);
+    let first: Vec<u64> = ids(&first).into_iter().take(3).collect();
+    for i in 7..=9 {
+        let n = node(&format!("n{i}")).gpus(2);
+        publisher.publish(NodeEvent::Registered(n.registered())).await.unwrap();
+    }
+    let resume = [auth[0].clone(), ("Last-Event-ID", first[2].to_string())];
+    let (_, rest) = http(addr, "/api/v1/events", &resume, |b| ids(b).len() >= 6).await;
+    let rest = ids(&rest);
+    let mut all = first.clone();
+    all.extend(&rest[..6]);
+    assert_eq!(all, (1..=9).collect::<Vec<u64>>(), "first {first:?}, then {rest:?}");
+    // And the changes are about the nodes, in the order they registered.
+    let (_, whole) = http(addr, "/api/v1/events?after=0", &auth, |b| ids(b).len() >= 9).await;
+    for i in 1..=9 {
+        assert!(whole.contains(&format!("\"node\":\"n{i}\"")), "{whole}");
+    }
+    // The probes.
+    assert_eq!(http(addr, "/healthz", &[], |_| false).await.0, 200);
+    assert_eq!(http(addr, "/readyz", &[], |_| false).await.0, 200);
+    let (status, page) = http(addr, "/", &[], |_| false).await;
+    assert_eq!(status, 200);
+    assert!(page.contains("/assets/app.js"), "{page}");
+
+    let _ = stop.send(());
+    service.await.unwrap().unwrap();
+}
