@@ -728,6 +728,7 @@ mod tests {
             nats_restarts: None,
             health_rules: None,
             inject: Vec::new(),
+            listen: None,
         }
     }
 

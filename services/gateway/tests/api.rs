@@ -103,7 +103,10 @@ async fn seeded() -> Seeded {
                 input: Input::TaskSubmitted { task, at: 1_000 },
                 decisions: vec![Decision::Waiting {
                     task: TaskId(100 + i as u64),
-                    reason: WaitReason::NoCapacity { gpus: 1, free_gpus: 0 },
+                    reason: WaitReason::NoCapacity {
+                        gpus: 1,
+                        free_gpus: 0,
+                    },
                     eta: None,
                     at_risk: false,
                     at: 1_000,
@@ -195,7 +198,9 @@ async fn call(
         .get(header::CONTENT_TYPE)
         .map(|v| v.to_str().unwrap().to_owned())
         .unwrap_or_default();
-    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 24).await.unwrap();
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 24)
+        .await
+        .unwrap();
     let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
     (status, ty, value)
 }
@@ -208,14 +213,22 @@ async fn every_role_sees_and_does_what_it_may_on_its_own_team_and_another() {
     use TokenRole::*;
     // (role, own-team status, other-team status) per endpoint.
     type Want = [(TokenRole, u16, u16); 4];
-    let cases: Vec<(&str, &str, String, String, Option<(&str, String, String)>, Want)> = vec![
+    /// Content type, own team's body, other team's body.
+    type Bodies<'a> = Option<(&'a str, String, String)>;
+    type Case<'a> = (&'a str, &'a str, String, String, Bodies<'a>, Want);
+    let cases: Vec<Case> = vec![
         (
             "read a workload",
             "GET",
             format!("/api/v1/workloads/{own}"),
             format!("/api/v1/workloads/{other}"),
             None,
-            [(Admin, 200, 200), (Operator, 200, 200), (Member, 200, 404), (Viewer, 200, 404)],
+            [
+                (Admin, 200, 200),
+                (Operator, 200, 200),
+                (Member, 200, 404),
+                (Viewer, 200, 404),
+            ],
         ),
         (
             "explain a task",
@@ -223,23 +236,46 @@ async fn every_role_sees_and_does_what_it_may_on_its_own_team_and_another() {
             "/api/v1/tasks/100/explain".into(),
             "/api/v1/tasks/task-101/explain".into(),
             None,
-            [(Admin, 200, 200), (Operator, 200, 200), (Member, 200, 404), (Viewer, 200, 404)],
+            [
+                (Admin, 200, 200),
+                (Operator, 200, 200),
+                (Member, 200, 404),
+                (Viewer, 200, 404),
+            ],
         ),
         (
             "abort a workload",
             "POST",
             format!("/api/v1/workloads/{own}/abort"),
             format!("/api/v1/workloads/{other}/abort"),
-            Some(("application/json", json!({"reason": "test"}).to_string(), json!({"reason": "test"}).to_string())),
-            [(Admin, 202, 202), (Operator, 202, 202), (Member, 202, 404), (Viewer, 403, 404)],
+            Some((
+                "application/json",
+                json!({"reason": "test"}).to_string(),
+                json!({"reason": "test"}).to_string(),
+            )),
+            [
+                (Admin, 202, 202),
+                (Operator, 202, 202),
+                (Member, 202, 404),
+                (Viewer, 403, 404),
+            ],
         ),
         (
             "submit a workload",
             "POST",
             "/api/v1/workloads".into(),
             "/api/v1/workloads".into(),
-            Some(("application/yaml", spec("fresh", "vision"), spec("fresh", "nlp"))),
-            [(Admin, 201, 201), (Operator, 403, 403), (Member, 201, 403), (Viewer, 403, 403)],
+            Some((
+                "application/yaml",
+                spec("fresh", "vision"),
+                spec("fresh", "nlp"),
+            )),
+            [
+                (Admin, 201, 201),
+                (Operator, 403, 403),
+                (Member, 201, 403),
+                (Viewer, 403, 403),
+            ],
         ),
         (
             "issue a token",
@@ -251,18 +287,36 @@ async fn every_role_sees_and_does_what_it_may_on_its_own_team_and_another() {
                 json!({"team": "vision", "role": "viewer"}).to_string(),
                 json!({"team": "nlp", "role": "member"}).to_string(),
             )),
-            [(Admin, 201, 201), (Operator, 403, 403), (Member, 403, 403), (Viewer, 403, 403)],
+            [
+                (Admin, 201, 201),
+                (Operator, 403, 403),
+                (Member, 403, 403),
+                (Viewer, 403, 403),
+            ],
         ),
     ];
     for (name, method, own_uri, other_uri, body, want) in &cases {
         for (role, want_own, want_other) in want {
             for (which, uri, want, b) in [
-                ("own", own_uri, want_own, body.as_ref().map(|b| (b.0, b.1.clone()))),
-                ("other", other_uri, want_other, body.as_ref().map(|b| (b.0, b.2.clone()))),
+                (
+                    "own",
+                    own_uri,
+                    want_own,
+                    body.as_ref().map(|b| (b.0, b.1.clone())),
+                ),
+                (
+                    "other",
+                    other_uri,
+                    want_other,
+                    body.as_ref().map(|b| (b.0, b.2.clone())),
+                ),
             ] {
                 // A fresh submission per try: the second identical one is a duplicate (200).
                 let b = b.map(|(ty, text)| {
-                    (ty, text.replace("name: fresh", &format!("name: fresh-{role}-{which}")))
+                    (
+                        ty,
+                        text.replace("name: fresh", &format!("name: fresh-{role}-{which}")),
+                    )
                 });
                 let (status, ty, problem) =
                     call(&s.state, method, uri, Some(&token(*role)), b).await;
@@ -279,9 +333,18 @@ async fn every_role_sees_and_does_what_it_may_on_its_own_team_and_another() {
         }
     }
     // Nobody without a token, or with a made-up one.
-    for uri in ["/api/v1/workloads", "/api/v1/queue", "/api/v1/nodes", "/api/v1/costs"] {
+    for uri in [
+        "/api/v1/workloads",
+        "/api/v1/queue",
+        "/api/v1/nodes",
+        "/api/v1/costs",
+    ] {
         let (status, ty, _) = call(&s.state, "GET", uri, None, None).await;
-        assert_eq!((status.as_u16(), ty.as_str()), (401, "application/problem+json"), "{uri}");
+        assert_eq!(
+            (status.as_u16(), ty.as_str()),
+            (401, "application/problem+json"),
+            "{uri}"
+        );
         let (status, _, _) = call(&s.state, "GET", uri, Some("allot_forged"), None).await;
         assert_eq!(status.as_u16(), 401, "{uri}");
     }
@@ -318,7 +381,14 @@ async fn listings_show_a_member_only_its_team_and_operators_every_team() {
             assert_eq!(teams(&v, key), want, "{role} {uri}: {v}");
         }
         // Asking for another team changes nothing for those who see only their own.
-        let (_, _, v) = call(&s.state, "GET", "/api/v1/workloads?team=nlp", Some(&t), None).await;
+        let (_, _, v) = call(
+            &s.state,
+            "GET",
+            "/api/v1/workloads?team=nlp",
+            Some(&t),
+            None,
+        )
+        .await;
         let want_asked = if role == TokenRole::Member || role == TokenRole::Viewer {
             vec!["vision"]
         } else {
@@ -327,7 +397,14 @@ async fn listings_show_a_member_only_its_team_and_operators_every_team() {
         assert_eq!(teams(&v, "items"), want_asked, "{role}");
     }
     // Costs are the sum of the events, to the micro-unit.
-    let (_, _, v) = call(&s.state, "GET", "/api/v1/costs?team=nlp", Some(&token(TokenRole::Admin)), None).await;
+    let (_, _, v) = call(
+        &s.state,
+        "GET",
+        "/api/v1/costs?team=nlp",
+        Some(&token(TokenRole::Admin)),
+        None,
+    )
+    .await;
     assert_eq!(v["teams"][0]["amount_micros"], 2_500_000, "{v}");
 }
 
@@ -335,11 +412,24 @@ async fn listings_show_a_member_only_its_team_and_operators_every_team() {
 async fn errors_are_problems_and_the_openapi_document_covers_every_route() {
     let s = seeded().await;
     let admin = token(TokenRole::Admin);
-    let (status, ty, p) = call(&s.state, "GET", "/api/v1/workloads?cursor=zz", Some(&admin), None).await;
-    assert_eq!((status.as_u16(), ty.as_str()), (400, "application/problem+json"));
+    let (status, ty, p) = call(
+        &s.state,
+        "GET",
+        "/api/v1/workloads?cursor=zz",
+        Some(&admin),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status.as_u16(), ty.as_str()),
+        (400, "application/problem+json")
+    );
     assert!(p["detail"].as_str().unwrap().contains("cursor"), "{p}");
     let (status, ty, _) = call(&s.state, "GET", "/api/v1/nope", Some(&admin), None).await;
-    assert_eq!((status.as_u16(), ty.as_str()), (404, "application/problem+json"));
+    assert_eq!(
+        (status.as_u16(), ty.as_str()),
+        (404, "application/problem+json")
+    );
     let (status, _, p) = call(
         &s.state,
         "POST",
@@ -353,7 +443,12 @@ async fn errors_are_problems_and_the_openapi_document_covers_every_route() {
     let (status, _, doc) = call(&s.state, "GET", "/api/v1/openapi.json", None, None).await;
     assert_eq!(status, StatusCode::OK);
     assert!(doc["openapi"].as_str().unwrap().starts_with("3."), "{doc}");
-    let paths: Vec<&str> = doc["paths"].as_object().unwrap().keys().map(String::as_str).collect();
+    let paths: Vec<&str> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
     for p in [
         "/api/v1/workloads",
         "/api/v1/workloads/{id}",
@@ -387,19 +482,40 @@ async fn a_submission_is_checked_then_published_once_naming_the_caller() {
         Some(("application/yaml", bad.into())),
     )
     .await;
-    assert_eq!((status.as_u16(), ty.as_str()), (422, "application/problem+json"), "{p}");
+    assert_eq!(
+        (status.as_u16(), ty.as_str()),
+        (422, "application/problem+json"),
+        "{p}"
+    );
     let paths: Vec<&str> = p["errors"]
         .as_array()
         .unwrap()
         .iter()
         .map(|e| e["path"].as_str().unwrap())
         .collect();
-    assert!(paths.iter().any(|p| p.contains("colour")), "every problem listed: {p}");
+    assert!(
+        paths.iter().any(|p| p.contains("colour")),
+        "every problem listed: {p}"
+    );
 
     let body = Some(("application/yaml", spec("nightly", "vision")));
-    let (status, _, first) = call(&s.state, "POST", "/api/v1/workloads?run_id=ci-7", Some(&member), body.clone()).await;
+    let (status, _, first) = call(
+        &s.state,
+        "POST",
+        "/api/v1/workloads?run_id=ci-7",
+        Some(&member),
+        body.clone(),
+    )
+    .await;
     assert_eq!(status, StatusCode::CREATED, "{first}");
-    let (status, _, again) = call(&s.state, "POST", "/api/v1/workloads?run_id=ci-7", Some(&member), body).await;
+    let (status, _, again) = call(
+        &s.state,
+        "POST",
+        "/api/v1/workloads?run_id=ci-7",
+        Some(&member),
+        body,
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{again}");
     assert_eq!(again["duplicate"], true);
     assert_eq!(again["workload_id"], first["workload_id"]);
@@ -415,5 +531,9 @@ async fn a_submission_is_checked_then_published_once_naming_the_caller() {
     assert_eq!(subs.len(), 1);
     assert_eq!(subs[0].workload_id, first["workload_id"].as_str().unwrap());
     assert_eq!(subs[0].run_id.as_deref(), Some("ci-7"));
-    assert!(subs[0].submitter.contains("t-member") && subs[0].submitter.contains("vision"), "{}", subs[0].submitter);
+    assert!(
+        subs[0].submitter.contains("t-member") && subs[0].submitter.contains("vision"),
+        "{}",
+        subs[0].submitter
+    );
 }

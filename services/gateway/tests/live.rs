@@ -34,7 +34,10 @@ async fn http(
         let text = String::from_utf8_lossy(&raw).to_string();
         if let Some((head, body)) = text.split_once("\r\n\r\n") {
             let status: u16 = head.split(' ').nth(1).unwrap().parse().unwrap();
-            let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+            let body = if head
+                .to_ascii_lowercase()
+                .contains("transfer-encoding: chunked")
+            {
                 dechunk(body)
             } else {
                 body.to_owned()
@@ -49,7 +52,10 @@ async fn http(
                 let text = String::from_utf8_lossy(&raw).to_string();
                 let (head, body) = text.split_once("\r\n\r\n").unwrap();
                 let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-                let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+                let body = if head
+                    .to_ascii_lowercase()
+                    .contains("transfer-encoding: chunked")
+                {
                     dechunk(body)
                 } else {
                     body.to_owned()
@@ -104,15 +110,24 @@ async fn nodes_reach_the_api_and_the_event_stream_resumes_without_loss_or_repeat
         let _ = stopped.await;
     }));
     let addr = bound.recv().await.expect("the gateway listens");
-    let token = std::fs::read_to_string(&token_file).unwrap().trim().to_owned();
+    let token = std::fs::read_to_string(&token_file)
+        .unwrap()
+        .trim()
+        .to_owned();
     use std::os::unix::fs::PermissionsExt;
-    assert_eq!(std::fs::metadata(&token_file).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(
+        std::fs::metadata(&token_file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
     let auth = [("Authorization", format!("Bearer {token}"))];
 
     let publisher = Publisher::new(client.clone(), "/test");
     for i in 1..=6 {
         let n = node(&format!("n{i}")).gpus(4);
-        publisher.publish(NodeEvent::Registered(n.registered())).await.unwrap();
+        publisher
+            .publish(NodeEvent::Registered(n.registered()))
+            .await
+            .unwrap();
     }
     // The nodes appear in the API once projected (views are rebuilt every second).
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -136,14 +151,21 @@ async fn nodes_reach_the_api_and_the_event_stream_resumes_without_loss_or_repeat
     let first: Vec<u64> = ids(&first).into_iter().take(3).collect();
     for i in 7..=9 {
         let n = node(&format!("n{i}")).gpus(2);
-        publisher.publish(NodeEvent::Registered(n.registered())).await.unwrap();
+        publisher
+            .publish(NodeEvent::Registered(n.registered()))
+            .await
+            .unwrap();
     }
     let resume = [auth[0].clone(), ("Last-Event-ID", first[2].to_string())];
     let (_, rest) = http(addr, "/api/v1/events", &resume, |b| ids(b).len() >= 6).await;
     let rest = ids(&rest);
     let mut all = first.clone();
     all.extend(&rest[..6]);
-    assert_eq!(all, (1..=9).collect::<Vec<u64>>(), "first {first:?}, then {rest:?}");
+    assert_eq!(
+        all,
+        (1..=9).collect::<Vec<u64>>(),
+        "first {first:?}, then {rest:?}"
+    );
     // And the changes are about the nodes, in the order they registered.
     let (_, whole) = http(addr, "/api/v1/events?after=0", &auth, |b| ids(b).len() >= 9).await;
     for i in 1..=9 {

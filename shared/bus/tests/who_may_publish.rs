@@ -703,3 +703,43 @@ async fn a_collector_cannot_speak_for_another_node_through_the_content_of_its_ow
     ensure!(letter.subject.as_str() == "allot.deadletter.allot.task.completed.default.node-2");
     Ok(())
 }
+
+fn token_issued(team: &str) -> allot_events::AccessEvent {
+    allot_events::AccessEvent::TokenIssued(allot_events::access::TokenIssued {
+        token_id: "0123456789ab".into(),
+        sha256: "0123456789ab".repeat(5) + "cdef",
+        team: team.into(),
+        role: allot_events::access::TokenRole::Admin,
+        by: "forger".into(),
+        description: String::new(),
+        expires: None,
+    })
+}
+
+#[tokio::test]
+async fn api_tokens_are_issued_only_by_the_gateway_or_an_operator() -> anyhow::Result<()> {
+    let bus = Bus::start().await?;
+    for role in [
+        team("A"),
+        collector("node-1"),
+        Role::Planner,
+        Role::Allocator,
+        Role::Remediation,
+    ] {
+        bus.login(&role).await?.refused(token_issued("A")).await?;
+    }
+    ensure!(
+        bus.held(names::ACCESS).await? == 0,
+        "a forged token was stored"
+    );
+    // The gateway issues for its callers, and may not write the journal.
+    let mut gateway = bus.login(&Role::Gateway).await?;
+    gateway.publish(token_issued("A")).await?;
+    gateway.refused(journal_entry()).await?;
+    bus.login(&Role::Admin)
+        .await?
+        .publish(token_issued("B"))
+        .await?;
+    ensure!(bus.held(names::ACCESS).await? == 2);
+    Ok(())
+}

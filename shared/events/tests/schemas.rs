@@ -364,6 +364,22 @@ fn samples() -> Vec<AnyEvent> {
             by: "admin".into(),
         }
         .into(),
+        allot_events::access::TokenIssued {
+            token_id: "9815b06ea193".into(),
+            sha256: "9815b06ea193".repeat(5) + "abcd",
+            team: "vision".into(),
+            role: allot_events::access::TokenRole::Member,
+            by: "admin".into(),
+            description: "CI of the detector repo".into(),
+            expires: Some(chrono::Utc::now()),
+        }
+        .into(),
+        allot_events::access::TokenRevoked {
+            token_id: "9815b06ea193".into(),
+            team: "vision".into(),
+            by: "admin".into(),
+        }
+        .into(),
         LeaderElected {
             pool: "default".into(),
             leader: "allocator-0192".into(),
