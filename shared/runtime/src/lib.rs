@@ -184,7 +184,7 @@ impl<E: fmt::Display + Send + 'static> Service<E> {
     /// A start-up step the service is not ready without, named by `what` (`/readyz` lists
     /// those still closed): open the gate once the step is done — a consumer, once its
     /// durable consumer exists.
-    pub fn gate(&mut self, what: impl Into<String>) -> Gate {
+    pub fn gate(&self, what: impl Into<String>) -> Gate {
         self.status.gate(what.into())
     }
 
