@@ -23,6 +23,10 @@ pub struct RunArgs {
     /// Stream replicas when creating streams: 1, or 3 on a cluster (ALLOT_STREAM_REPLICAS).
     #[arg(long, global = true)]
     pub stream_replicas: Option<String>,
+    /// Where to serve /metrics, /healthz and /readyz: IP:PORT (port 0 picks a free one),
+    /// or `off` (ALLOT_OPS_ADDR; default 0.0.0.0:9090).
+    #[arg(long, global = true)]
+    pub ops_addr: Option<String>,
     #[command(subcommand)]
     pub service: Service,
 }
@@ -241,6 +245,7 @@ pub async fn run(args: RunArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
             "--stream-replicas / ALLOT_STREAM_REPLICAS: {replicas}; use 1 to 5"
         ));
     }
+    let ops_addr = ops_addr(args.ops_addr.as_deref(), &mut s);
     let service = match &args.service {
         Service::Inventory(a) => Configured::Inventory(inventory_config(a, &url, &mut s)),
         Service::Collector(a) => Configured::Collector(collector_config(a, &url, &mut s)),
@@ -295,6 +300,12 @@ pub async fn run(args: RunArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
     tracing::info!(nats = %allot_bus::users::without_credentials(&url), from = %origin, "using NATS");
 
     let (_trigger, shutdown) = shutdown_on_signal();
+    // Up before connecting: alive (/healthz) while NATS is away, not ready (/readyz) until the
+    // service runs, and still answering while it drains.
+    let _ops = match ops_addr {
+        Some(addr) => Some(serve_ops(addr).await?),
+        None => None,
+    };
     let admin = allot_bus::connect(
         &allot_bus::ConnectConfig::new(&url, "allot-run"),
         shutdown.clone(),
@@ -319,6 +330,55 @@ pub async fn run(args: RunArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
         Configured::Gateway(config) => allot_gateway::run(*config, shutdown).await?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The ops address from `--ops-addr` / ALLOT_OPS_ADDR: `None` for `off`.
+fn ops_addr(flag: Option<&str>, s: &mut Settings<'_>) -> Option<std::net::SocketAddr> {
+    let value = s.string(flag, "ALLOT_OPS_ADDR", DEFAULT_OPS_ADDR);
+    if value.trim() == "off" {
+        return None;
+    }
+    match value.trim().parse() {
+        Ok(addr) => Some(addr),
+        Err(e) => {
+            s.problem(format!(
+                "--ops-addr / ALLOT_OPS_ADDR: {value:?}: {e}; use IP:PORT (e.g. \
+                 {DEFAULT_OPS_ADDR}, 127.0.0.1:0) or off"
+            ));
+            None
+        }
+    }
+}
+
+/// Where `allot run` serves its ops endpoints unless told otherwise: the port the manifests
+/// in deploy/k8s probe and scrape.
+const DEFAULT_OPS_ADDR: &str = "0.0.0.0:9090";
+
+/// Serves /metrics, /healthz and /readyz on `addr` until the returned guard is dropped.
+async fn serve_ops(addr: std::net::SocketAddr) -> anyhow::Result<AbortOnDrop> {
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        anyhow::anyhow!(
+            "serving the ops endpoints on {addr}: {e} (choose another with --ops-addr / \
+             ALLOT_OPS_ADDR, or off)"
+        )
+    })?;
+    let bound = listener.local_addr()?;
+    tracing::info!(ops = %bound, "serving /metrics, /healthz and /readyz");
+    let server = tokio::spawn(async move {
+        if let Err(e) = allot_runtime::ops::serve(listener, std::future::pending()).await {
+            tracing::error!(error = %e, "the ops endpoints stopped");
+        }
+    });
+    Ok(AbortOnDrop(server))
+}
+
+/// Aborts its task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// A service with its settings checked.

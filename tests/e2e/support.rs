@@ -13,6 +13,8 @@ pub fn allot(cwd: &Path) -> Command {
         .env_remove("ALLOT_DATA_DIR")
         .env_remove("ALLOT_TEAM")
         .env("ALLOT_LOG", "info,async_nats=warn")
+        // Tests run several `allot run` at once: each takes a free port for its ops endpoints.
+        .env("ALLOT_OPS_ADDR", "127.0.0.1:0")
         .stdin(Stdio::null());
     if let Ok(binary) = allot_testkit::nats_server_binary() {
         cmd.env("ALLOT_NATS_SERVER", binary);

@@ -358,7 +358,9 @@ impl Journal {
     /// Runs a scheduling pass at `at`; journals it only if it decided something (see the
     /// leader's docs for why an empty pass need not be journalled).
     pub async fn pass(&mut self, scheduler: &mut Scheduler, at: Time) -> Result<(), JournalError> {
+        let started = std::time::Instant::now();
         let entry = journal::apply(scheduler, self.entries + 1, Input::Schedule { at });
+        crate::metrics::pass_took(&self.pool, started.elapsed());
         if entry.decisions.is_empty() && entry.rejected.is_none() {
             return Ok(());
         }

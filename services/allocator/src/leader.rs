@@ -55,7 +55,7 @@ use allot_sched::{Input, Scheduler, TaskId, TaskSpec, Time};
 
 use crate::journal::{self, Journal, JournalError, Rebuilt};
 use crate::lease::{self, Lease, Renewal};
-use crate::{AllocatorError, Config, inputs};
+use crate::{AllocatorError, Config, inputs, metrics};
 
 type Stop = allot_runtime::Stopping;
 
@@ -208,7 +208,9 @@ async fn term(
         positions,
         last_at,
         parked,
+        metrics: metrics::Term::lead(&config.pool),
     };
+    leading.observe();
     info!(
         pool = %config.pool,
         entries = leading.journal.entries(),
@@ -240,10 +242,11 @@ async fn term(
             () = stop.clone() => break Ok(()),
             lost = keeper.lost() => break Err(lost),
             _ = passes.tick() => {
-                if leading.scheduler.pending() > 0
-                    && let Err(e) = leading.pass().await
-                {
-                    break Err(e);
+                if leading.scheduler.pending() > 0 {
+                    if let Err(e) = leading.pass().await {
+                        break Err(e);
+                    }
+                    leading.observe();
                 }
             }
             arrival = rx.recv() => {
@@ -260,6 +263,7 @@ async fn term(
                 if let Err(e) = leading.handle(batch).await {
                     break Err(e);
                 }
+                leading.observe();
             }
         }
     };
@@ -398,9 +402,16 @@ struct Leading<'a> {
     positions: HashMap<String, u64>,
     last_at: Time,
     parked: BTreeMap<TaskId, TaskSpec>,
+    /// The pool's series, reported for this term.
+    metrics: metrics::Term,
 }
 
 impl Leading<'_> {
+    /// Reports the pool as it now is.
+    fn observe(&mut self) {
+        self.metrics.observe(&self.scheduler, &self.parked);
+    }
+
     /// The time of the next input: the wall clock, never earlier than an input already
     /// journalled.
     fn now(&mut self) -> Time {

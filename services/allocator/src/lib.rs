@@ -17,6 +17,8 @@
 //! - [`inputs`]: which bus events become which scheduler inputs.
 //! - `leader`: the leader's loop — durable consumers feed one channel, so the scheduler sees
 //!   one total order; a message is acknowledged only after its input is journalled.
+//! - `metrics`: what the leader reports of its pool while it leads — tasks pending per team,
+//!   scheduling pass latency, GPUs and GPUs allocated, the Wastage Ratio.
 //!
 //! Exactly once: every journalled input records the stream message it came from, so after a
 //! crash the consumers resume right after the last journalled message of each stream, and a
@@ -31,6 +33,7 @@ pub mod inputs;
 pub mod journal;
 mod leader;
 pub mod lease;
+mod metrics;
 
 pub use journal::Journal;
 

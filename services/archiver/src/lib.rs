@@ -218,6 +218,7 @@ pub async fn run(
     service.spawn(
         format!("consumer {}", config.stream),
         ConsumerRunner::new(client.clone(), consumer_spec(&config), archiver)
+            .with_gate(service.gate(format!("consumer {}", config.stream)))
             .run(service.stopping())
             .map(|r| r.map(drop).map_err(Error::from)),
     );

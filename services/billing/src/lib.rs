@@ -22,9 +22,12 @@
 //!   last cost event reports the idle share of its GPU cost beside its amount (`idle`).
 //!   Telemetry and the journal are separate streams: samples read after the lease's close are
 //!   not counted, so the share is a measurement, not an invoice line.
+//! - `metrics`: what billing counts for Prometheus — the amount billed per team and currency
+//!   (`allot_cost_total`), budget thresholds crossed.
 
 pub mod budget;
 pub mod ledger;
+mod metrics;
 /// The price table lives in `allot-prices` (the predictor right-sizes with it too); this path
 /// stays for billing's callers.
 pub use allot_prices as prices;
@@ -185,12 +188,14 @@ pub async fn run(
     service.spawn(
         format!("consumer {}", names::TELEMETRY),
         ConsumerRunner::new(client.clone(), telemetry_spec, telemetry)
+            .with_gate(service.gate(format!("consumer {}", names::TELEMETRY)))
             .run(service.stopping())
             .map(|r| r.map(drop).map_err(Error::from)),
     );
     service.spawn(
         format!("consumer {}", names::DECISIONS),
         ConsumerRunner::new(client.clone(), spec, handler)
+            .with_gate(service.gate(format!("consumer {}", names::DECISIONS)))
             .run(service.stopping())
             .map(|r| r.map(drop).map_err(Error::from)),
     );
@@ -421,6 +426,7 @@ impl Handler for Billing {
             holdings(&tx, &pool, applied).map_err(db)?;
             allot_store::record_position(&tx, &self.consumer, d.stream_sequence).map_err(db)?;
             tx.commit().map_err(db)?;
+            metrics::billed(&events, budgets.events.iter().map(|(_, b)| b));
             self.ledgers.insert(pool, ledger);
             outcomes.push(Outcome::Handled);
         }

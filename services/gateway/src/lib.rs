@@ -230,9 +230,13 @@ pub async fn run(
         config.teams.clone(),
         ready,
     );
-    if let Some(encode) = config.metrics.clone() {
-        state = state.with_metrics(encode);
-    }
+    // Every service of this process registers in the runtime's registry: under `allot up` the
+    // gateway's `/metrics` carries them all.
+    let encode = config
+        .metrics
+        .clone()
+        .unwrap_or_else(|| MetricsEncoder(Arc::new(allot_runtime::metrics::encode)));
+    state = state.with_metrics(encode);
     if let Some(path) = &config.admin_token_file {
         let t = admin_token(path)?;
         let sha = token::sha256_hex(&t);

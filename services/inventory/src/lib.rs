@@ -125,7 +125,8 @@ pub async fn run(
         client.clone(),
         consumer(names::FLEET, "fleet"),
         Projector::new(fleet_conn, format!("{}-fleet", config.consumer_prefix)),
-    );
+    )
+    .with_gate(service.gate(format!("consumer {}", names::FLEET)));
     let telemetry = ConsumerRunner::new(
         client.clone(),
         consumer(names::TELEMETRY, "telemetry"),
@@ -133,7 +134,8 @@ pub async fn run(
             telemetry_conn,
             format!("{}-telemetry", config.consumer_prefix),
         ),
-    );
+    )
+    .with_gate(service.gate(format!("consumer {}", names::TELEMETRY)));
     let holds = ConsumerRunner::new(
         client.clone(),
         consumer(names::REMEDIATION, "remediation"),
@@ -141,7 +143,8 @@ pub async fn run(
             remediation_conn,
             format!("{}-remediation", config.consumer_prefix),
         ),
-    );
+    )
+    .with_gate(service.gate(format!("consumer {}", names::REMEDIATION)));
     let reporter = reporter::Reporter {
         conn: reporter_conn,
         publisher: Publisher::new(client.clone(), "/allot/inventory"),

@@ -196,7 +196,10 @@ pub async fn run(
             wake.clone(),
         )
         .with_settle(config.capacity_settle.as_millis() as allot_sched::Time);
-        Ok::<_, Error>(ConsumerRunner::new(client.clone(), spec, handler))
+        Ok::<_, Error>(
+            ConsumerRunner::new(client.clone(), spec, handler)
+                .with_gate(service.gate(format!("consumer {stream}"))),
+        )
     };
     let workloads = consumer(
         names::WORKLOADS,

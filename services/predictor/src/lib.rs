@@ -52,6 +52,8 @@
 //! and the consumers check that an event's content matches its subject. The allocator journals
 //! a prediction before its scheduler weighs the task by it, so `allot replay --verify` reads
 //! predictions and never runs a model.
+//!
+//! `metrics` counts the predictions published by pool and basis (`allot_predictions_total`).
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -73,6 +75,7 @@ use allot_sched::{TaskId, TaskSpec};
 use allot_store::Projection;
 use allot_store::rusqlite::{Connection, OptionalExtension, Transaction, params};
 
+mod metrics;
 pub mod report;
 pub mod usage;
 
@@ -254,6 +257,7 @@ pub async fn run(
     service.spawn(
         format!("consumer {}", names::WORKLOADS),
         ConsumerRunner::new(client.clone(), spec, handler)
+            .with_gate(service.gate(format!("consumer {}", names::WORKLOADS)))
             .run(service.stopping())
             .map(|r| r.map(drop).map_err(Error::from)),
     );
@@ -271,6 +275,7 @@ pub async fn run(
     service.spawn(
         format!("consumer {}", names::FLEET),
         ConsumerRunner::new(client.clone(), fleet_spec, fleet)
+            .with_gate(service.gate(format!("consumer {}", names::FLEET)))
             .run(service.stopping())
             .map(|r| r.map(drop).map_err(Error::from)),
     );
@@ -284,6 +289,7 @@ pub async fn run(
     service.spawn(
         format!("consumer {}", names::TELEMETRY),
         ConsumerRunner::new(client.clone(), telemetry_spec, telemetry)
+            .with_gate(service.gate(format!("consumer {}", names::TELEMETRY)))
             .run(service.stopping())
             .map(|r| r.map(drop).map_err(Error::from)),
     );
@@ -492,6 +498,7 @@ impl Predicting {
             .publish_envelope(&envelope)
             .await
             .map_err(|e| HandlerError::transient(format!("publishing a prediction: {e}")))?;
+        metrics::published(&event.pool, event.basis);
         let text = serde_json::to_string(&event).expect("a prediction serializes");
         let tx = self.conn.transaction().map_err(db)?;
         tx.execute(

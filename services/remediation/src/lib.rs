@@ -31,6 +31,8 @@
 //! The server lets only a node's own collector publish its heartbeats and telemetry and only
 //! `admin` publish an operator's cordon; every consumer here also checks that an event's node
 //! is the one its subject names, and dead-letters it otherwise.
+//!
+//! `metrics` counts the actions decided, by action (`allot_remediation_actions_total`).
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -53,6 +55,7 @@ use allot_health::{Millis, RuleSet};
 use allot_runtime::Service;
 use allot_store::rusqlite::{Connection, TransactionBehavior};
 
+mod metrics;
 pub mod store;
 pub mod watch;
 
@@ -168,6 +171,7 @@ impl Core {
             allot_store::record_position(&tx, consumer, seq)?;
         }
         tx.commit()?;
+        metrics::decided(actions);
         Ok(())
     }
 
@@ -245,7 +249,8 @@ pub async fn run(
                 consumer: durable,
                 wake: wake.clone(),
             },
-        );
+        )
+        .with_gate(service.gate(format!("consumer {stream}")));
         service.spawn(
             format!("consumer {stream}"),
             runner

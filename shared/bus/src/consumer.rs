@@ -24,6 +24,10 @@
 //!    that SIGKILLs the inventory mid-stream found exactly that.)
 //! 5. On shutdown the runner stops pulling, finishes the batch in hand, and returns.
 //!
+//! Every runner counts what it applied and dead-lettered and how far it lags ([`metrics`]),
+//! and, given a [`Gate`] ([`ConsumerRunner::with_gate`]), opens it once its durable consumer
+//! exists, so its service reports ready only then.
+//!
 //! What the handler receives is its [`Content`]: by default the decoded [`Envelope`]; a consumer
 //! that copies a stream (the audit archiver) takes [`Raw`] instead — the payload and headers
 //! exactly as stored — so that no message is dead-lettered for being undecodable here.
@@ -43,6 +47,10 @@ use chrono::{DateTime, Utc};
 use futures::{FutureExt, StreamExt};
 
 use allot_events::{Envelope, decode, subject};
+use allot_runtime::Gate;
+
+pub mod metrics;
+pub use metrics::ConsumerMetrics;
 
 use crate::connect::backoff;
 use crate::error::BusError;
@@ -248,6 +256,8 @@ pub struct ConsumerRunner<H, E = Envelope> {
     /// The batch a fatal handler error left unsettled, negatively acknowledged only once the
     /// pull that brought it is gone (see [`Self::run`]).
     unsettled: Vec<jetstream::Message>,
+    /// Opened once the durable consumer exists.
+    gate: Option<Gate>,
     content: PhantomData<fn() -> E>,
 }
 
@@ -257,6 +267,7 @@ pub struct ConsumerRunner<H, E = Envelope> {
 struct Settler {
     spec: ConsumerSpec,
     dead_letters: Publisher,
+    metrics: ConsumerMetrics,
 }
 
 /// A pulled message: the raw message and, if it decoded, the delivery.
@@ -270,13 +281,25 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
     pub fn new(client: async_nats::Client, spec: ConsumerSpec, handler: H) -> Self {
         let dead_letters =
             Publisher::new(client.clone(), format!("/allot/consumer/{}", spec.durable));
+        let metrics = ConsumerMetrics::new(&spec.durable);
         Self {
             js: jetstream::new(client),
-            settler: Settler { spec, dead_letters },
+            settler: Settler {
+                spec,
+                dead_letters,
+                metrics,
+            },
             handler,
             unsettled: Vec::new(),
+            gate: None,
             content: PhantomData,
         }
+    }
+
+    /// Opens `gate` once the durable consumer exists: its service is not ready before.
+    pub fn with_gate(mut self, gate: Gate) -> Self {
+        self.gate = Some(gate);
+        self
     }
 
     /// Creates (or updates) the durable consumer and runs until `shutdown` completes.
@@ -292,6 +315,9 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
                 message: e.to_string(),
             })?;
         let consumer = create_consumer(&self.js, &self.settler.spec, resume_after).await?;
+        if let Some(gate) = self.gate.take() {
+            gate.open();
+        }
         'pull: loop {
             let messages = consumer
                 .stream()
@@ -325,8 +351,11 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
                         }
                     }
                 }
-                if pulled.is_empty() {
+                let Some(last) = pulled.last() else {
                     continue;
+                };
+                if let Ok(info) = last.message.info() {
+                    self.settler.metrics.pending(info.pending);
                 }
                 let flow = match self.process(pulled, &mut shutdown).await {
                     Ok(flow) => flow,
@@ -511,7 +540,10 @@ impl Settler {
     async fn settle<E>(&self, run: &[Pulled<E>], outcomes: Vec<Outcome>) {
         for (p, outcome) in run.iter().zip(outcomes) {
             match outcome {
-                Outcome::Handled => self.ack(&p.message).await,
+                Outcome::Handled => {
+                    self.ack(&p.message).await;
+                    self.metrics.handled(1);
+                }
                 Outcome::Rejected(reason) => self.dead_letter(&p.message, &reason).await,
             }
         }
@@ -610,7 +642,10 @@ pub async fn dead_letter(publisher: &Publisher, letter: DeadLetter<'_>) {
             Err(e) => Err(e),
         };
         match result {
-            Ok(()) => return,
+            Ok(()) => {
+                metrics::dead_lettered(letter.consumer);
+                return;
+            }
             Err(e) => {
                 let wait = backoff(attempt, Duration::from_secs(5));
                 tracing::error!(

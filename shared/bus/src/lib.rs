@@ -10,7 +10,8 @@
 //!   awaits the PubAck within a timeout. A publish that was not acknowledged did not happen.
 //! - [`consumer`]: [`ConsumerRunner`], which drives a [`Handler`] from a durable pull consumer
 //!   with explicit acks, retries with backoff, and dead-letters what cannot be handled —
-//!   undecodable messages and permanent handler failures — with the reason attached.
+//!   undecodable messages and permanent handler failures — with the reason attached; each
+//!   runner counts what it applied, dead-lettered and has yet to receive (`consumer::metrics`).
 //! - [`accounts`]: per-team isolation — the nats-server accounts configuration (a PLATFORM
 //!   account and one account per team that can read only its own cost events, live and through
 //!   its own stream) and [`ensure_team_streams`], which creates those team streams.

@@ -19,10 +19,21 @@
 //!
 //! Learned from linkerd2-proxy's and mini-redis's shape: one shutdown signal fanned out to
 //! every task, and a join that treats the first error as the service's.
+//!
+//! # Layout
+//!
+//! - This file: [`Service`], the named tasks, the first failure, the grace period.
+//! - [`ready`]: whether each service of the process is starting, ready or stopping — a
+//!   service is ready once it runs and every [`Gate`] it handed out (one per consumer) is open.
+//! - [`metrics`]: the process-wide Prometheus registry every crate registers its `allot_*`
+//!   families in, and [`metrics::encode`].
+//! - [`ops`]: the ops HTTP endpoints — `/metrics`, `/healthz`, `/readyz` — that `allot run`
+//!   serves on its ops address.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -31,6 +42,13 @@ use tokio::task::{Id, JoinError, JoinSet};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
+
+pub mod metrics;
+pub mod ops;
+pub mod ready;
+
+use ready::Status;
+pub use ready::{Gate, Readiness, State};
 
 /// How long a stopping service's tasks and NATS drain get, together, by default.
 pub const GRACE: Duration = Duration::from_secs(10);
@@ -92,6 +110,7 @@ pub struct Service<E> {
     names: HashMap<Id, String>,
     grace: Duration,
     client: Option<async_nats::Client>,
+    status: Arc<Status>,
 }
 
 impl<E> fmt::Debug for Service<E> {
@@ -101,16 +120,27 @@ impl<E> fmt::Debug for Service<E> {
         f.debug_struct("Service")
             .field("name", &self.name)
             .field("tasks", &running)
-            .field("stopping", &self.token.is_cancelled())
+            .field("state", &self.status.state())
             .finish_non_exhaustive()
     }
 }
 
 impl<E: fmt::Display + Send + 'static> Service<E> {
-    /// The service `name`, stopping when `shutdown` completes. Call from within a Tokio
-    /// runtime.
+    /// The service `name`, stopping when `shutdown` completes, reporting its readiness to
+    /// the process's [`Readiness`]. Call from within a Tokio runtime.
     pub fn new(name: &'static str, shutdown: impl Future<Output = ()> + Send + 'static) -> Self {
+        Self::reporting_to(Readiness::process(), name, shutdown)
+    }
+
+    /// [`Service::new`], reporting its readiness to `readiness` instead.
+    pub fn reporting_to(
+        readiness: &Readiness,
+        name: &'static str,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Self {
         let token = CancellationToken::new();
+        let status = Status::new(name, token.clone());
+        readiness.add(&status);
         let watcher = token.clone();
         tokio::spawn(async move {
             tokio::select! {
@@ -125,6 +155,7 @@ impl<E: fmt::Display + Send + 'static> Service<E> {
             names: HashMap::new(),
             grace: GRACE,
             client: None,
+            status,
         }
     }
 
@@ -143,6 +174,18 @@ impl<E: fmt::Display + Send + 'static> Service<E> {
     pub fn stopping(&self) -> Stopping {
         let token = self.token.clone();
         async move { token.cancelled().await }.boxed().shared()
+    }
+
+    /// Where the service stands: starting, ready or stopping (see [`ready`]).
+    pub fn state(&self) -> State {
+        self.status.state()
+    }
+
+    /// A start-up step the service is not ready without, named by `what` (`/readyz` lists
+    /// those still closed): open the gate once the step is done — a consumer, once its
+    /// durable consumer exists.
+    pub fn gate(&self, what: impl Into<String>) -> Gate {
+        self.status.gate(what.into())
     }
 
     /// Drains `client` when the service stops (after its tasks, within the grace period).
@@ -166,6 +209,7 @@ impl<E: fmt::Display + Send + 'static> Service<E> {
     /// then stops the rest within the grace period and drains the client. `Ok` when the service
     /// was asked to stop (or every task ended well), else what stopped it.
     pub async fn run(mut self) -> Result<(), Stopped<E>> {
+        self.status.running();
         let mut first: Option<Stopped<E>> = None;
         loop {
             let next = tokio::select! {

@@ -564,6 +564,7 @@ impl Service {
             .arg(data_dir)
             .env("ALLOT_NATS_URL", url)
             .env("ALLOT_LOG", "info,async_nats=warn")
+            .env("ALLOT_OPS_ADDR", "127.0.0.1:0")
             .current_dir(data_dir)
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
