@@ -70,6 +70,8 @@ for _ in $(seq 50); do
   sleep 0.1
 done
 export ALLOT_NATS_URL=$url ALLOT_LOG=${ALLOT_LOG:-info,async_nats=warn} NO_COLOR=1
+# Several services on one host: each takes a free port for its ops endpoints (9090 is a pod's).
+export ALLOT_OPS_ADDR=${ALLOT_OPS_ADDR:-127.0.0.1:0}
 run() { # service, then its flags
   local name=$1
   shift

@@ -7,7 +7,7 @@
 //! from their first entry (an ordered consumer; nothing durable to keep in step), then follows
 //! them. Looking back is the same, stopped at the moment asked for ([`lookback`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use async_nats::jetstream::{self, consumer::DeliverPolicy};
@@ -118,7 +118,7 @@ struct Pool {
     last_at: Time,
     fits: bool,
     minute: Minute,
-    kpis: Vec<KpiPoint>,
+    kpis: VecDeque<KpiPoint>,
 }
 
 /// At most this many minutes of KPIs per pool (a week).
@@ -134,13 +134,30 @@ impl Pool {
             last_at: 0,
             fits: false,
             minute: Minute::default(),
-            kpis: Vec::new(),
+            kpis: VecDeque::new(),
         })
     }
 
     /// Integrates the cluster's state from the last input's time to `at`.
     fn advance(&mut self, pool: &str, at: Time) {
+        let minute_of = |t: Time| t - t % 60_000;
+        if self.last_at == 0 {
+            // The first input: the journal's clock starts here.
+            self.last_at = at;
+            self.minute.start = minute_of(at);
+            return;
+        }
         if at <= self.last_at {
+            return;
+        }
+        if at - self.last_at > KPI_MINUTES as u64 * 60_000 {
+            // A pause longer than the window kept: nothing before it would be kept anyway.
+            self.kpis.clear();
+            self.minute = Minute {
+                start: minute_of(at),
+                ..Minute::default()
+            };
+            self.last_at = at;
             return;
         }
         let cluster = self.scheduler.cluster();
@@ -148,9 +165,6 @@ impl Pool {
         let allocated = cluster.allocated_milli() as f64;
         let mut from = self.last_at;
         while from < at {
-            if self.minute.start == 0 {
-                self.minute.start = from - from % 60_000;
-            }
             let end = (self.minute.start + 60_000).min(at);
             let dt = (end - from) as f64;
             self.minute.capacity += capacity * dt;
@@ -182,9 +196,9 @@ impl Pool {
             waiting: self.scheduler.pending() as u64,
         };
         if self.kpis.len() == KPI_MINUTES {
-            self.kpis.remove(0);
+            self.kpis.pop_front();
         }
-        self.kpis.push(point);
+        self.kpis.push_back(point);
         self.minute.start = m.start + 60_000;
     }
 
