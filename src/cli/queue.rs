@@ -128,19 +128,16 @@ pub fn rows(
     team: Option<&str>,
 ) -> Vec<Waiting> {
     let mut out = Vec::new();
-    for (i, spec) in scheduler.pending_specs().enumerate() {
+    for (position, spec, w) in scheduler.queue(now) {
         if team.is_some_and(|t| t != spec.team) {
             continue;
         }
-        let Some(w) = scheduler.waiting(spec.id, now) else {
-            continue;
-        };
         let (workload, name) = names
             .get(&spec.id)
             .cloned()
             .map_or((None, None), |(w, n)| (Some(w), Some(n)));
         out.push(Waiting {
-            position: i + 1,
+            position,
             task_id: spec.id,
             workload,
             name,

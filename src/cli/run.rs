@@ -355,7 +355,9 @@ fn ops_addr(flag: Option<&str>, s: &mut Settings<'_>) -> Option<std::net::Socket
 const DEFAULT_OPS_ADDR: &str = "0.0.0.0:9090";
 
 /// Serves /metrics, /healthz and /readyz on `addr` until the returned guard is dropped.
-async fn serve_ops(addr: std::net::SocketAddr) -> anyhow::Result<AbortOnDrop> {
+async fn serve_ops(
+    addr: std::net::SocketAddr,
+) -> anyhow::Result<tokio_util::task::AbortOnDropHandle<()>> {
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
         anyhow::anyhow!(
             "serving the ops endpoints on {addr}: {e} (choose another with --ops-addr / \
@@ -369,16 +371,7 @@ async fn serve_ops(addr: std::net::SocketAddr) -> anyhow::Result<AbortOnDrop> {
             tracing::error!(error = %e, "the ops endpoints stopped");
         }
     });
-    Ok(AbortOnDrop(server))
-}
-
-/// Aborts its task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
+    Ok(tokio_util::task::AbortOnDropHandle::new(server))
 }
 
 /// A service with its settings checked.

@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
 
+use allot_bus::{PublishError, Published, Publisher};
 use async_nats::jetstream::message::PublishMessage;
 use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
@@ -22,9 +23,9 @@ use serde::{Deserialize, Serialize};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{IntoParams, Modify, OpenApi, ToSchema};
 
+use allot_events::AccessEvent;
 use allot_events::access::TokenRole;
 use allot_events::workload::WorkloadAborted;
-use allot_events::{AccessEvent, Envelope};
 use allot_store::rusqlite::{Connection, OptionalExtension, params};
 use allot_workload::{ClusterShape, Format, NodeShape, TeamsConfig};
 
@@ -39,8 +40,20 @@ pub const SOURCE: &str = "/allot/gateway";
 /// What the API publishes with.
 #[derive(Debug, Clone)]
 pub struct Bus {
-    /// The JetStream context.
+    /// For look-back: reading the journals.
     pub js: async_nats::jetstream::Context,
+    /// Acknowledged publishing, as every service does it.
+    pub publisher: Publisher,
+}
+
+impl Bus {
+    /// Publishing and reading on `client`.
+    pub fn new(client: async_nats::Client) -> Self {
+        Self {
+            js: async_nats::jetstream::new(client.clone()),
+            publisher: Publisher::new(client, SOURCE),
+        }
+    }
 }
 
 /// The live views the busiest endpoints answer from, rebuilt about once a second.
@@ -68,18 +81,6 @@ struct Inner {
     snapshot: RwLock<Arc<Snapshot>>,
     bus: Option<Bus>,
     teams: Option<TeamsConfig>,
-    ready: tokio::sync::watch::Receiver<bool>,
-    metrics: Option<MetricsEncoder>,
-}
-
-/// What `/metrics` serves besides the gateway's own figures.
-#[derive(Clone)]
-pub struct MetricsEncoder(pub Arc<dyn Fn() -> String + Send + Sync>);
-
-impl std::fmt::Debug for MetricsEncoder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("MetricsEncoder")
-    }
 }
 
 impl AppState {
@@ -89,7 +90,6 @@ impl AppState {
         mirror: Arc<Mutex<Mirror>>,
         bus: Option<Bus>,
         teams: Option<TeamsConfig>,
-        ready: tokio::sync::watch::Receiver<bool>,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -99,18 +99,8 @@ impl AppState {
                 snapshot: RwLock::new(Arc::new(Snapshot::default())),
                 bus,
                 teams,
-                ready,
-                metrics: None,
             }),
         }
-    }
-
-    /// Serves `encode()` at `/metrics` (every in-process service's metrics under `allot up`).
-    pub fn with_metrics(mut self, encode: MetricsEncoder) -> Self {
-        if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            inner.metrics = Some(encode);
-        }
-        self
     }
 
     /// Accepts a token known by its hash (the bootstrap admin's, or tests').
@@ -122,45 +112,13 @@ impl AppState {
             .insert(sha256, known);
     }
 
-    /// Reloads the tokens from the read model (issued and revoked since).
-    pub async fn reload_tokens(&self) -> Result<(), String> {
-        let rows = self
-            .inner
-            .db
-            .read(|c| {
-                let mut stmt = c.prepare(
-                    "SELECT sha256, token_id, team, role, expires, revoked_at FROM tokens",
-                )?;
-                let rows = stmt.query_map([], |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, String>(1)?,
-                        r.get::<_, String>(2)?,
-                        r.get::<_, String>(3)?,
-                        r.get::<_, Option<String>>(4)?,
-                        r.get::<_, Option<String>>(5)?,
-                    ))
-                })?;
-                rows.collect::<Result<Vec<_>, _>>()
-            })
-            .await?;
+    /// Reloads the tokens from the read model (issued and revoked since), or only the one
+    /// with hash `sha256`.
+    pub async fn reload_tokens(&self, sha256: Option<String>) -> Result<(), String> {
+        let rows = self.inner.db.read(move |c| read_tokens(c, sha256)).await?;
         let mut tokens = self.inner.tokens.write().expect("tokens lock");
-        for (sha, id, team, role, expires, revoked) in rows {
-            let Some(role) = TokenRole::parse(&role) else {
-                continue;
-            };
-            tokens.insert(
-                sha,
-                Known {
-                    token_id: id,
-                    team,
-                    role,
-                    expires: expires
-                        .and_then(|e| DateTime::parse_from_rfc3339(&e).ok())
-                        .map(|e| e.with_timezone(&Utc)),
-                    revoked: revoked.is_some(),
-                },
-            );
+        for (sha, known) in rows {
+            tokens.insert(sha, known);
         }
         Ok(())
     }
@@ -260,6 +218,49 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequest<
     }
 }
 
+/// The tokens in the read model (revoked ones included), or only the one with `sha256`.
+fn read_tokens(
+    c: &Connection,
+    sha256: Option<String>,
+) -> allot_store::rusqlite::Result<Vec<(String, Known)>> {
+    let mut stmt = c.prepare_cached(
+        "SELECT sha256, token_id, team, role, expires, revoked_at FROM tokens \
+         WHERE ?1 IS NULL OR sha256 = ?1",
+    )?;
+    let rows = stmt.query_map([sha256], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, String>(2)?,
+            r.get::<_, String>(3)?,
+            r.get::<_, Option<String>>(4)?,
+            r.get::<_, Option<String>>(5)?.is_some(),
+        ))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (sha, token_id, team, role, expires, revoked) = row?;
+        // A role this build does not know grants nothing.
+        let Some(role) = TokenRole::parse(&role) else {
+            continue;
+        };
+        let expires = expires
+            .and_then(|e| DateTime::parse_from_rfc3339(&e).ok())
+            .map(|e| e.with_timezone(&Utc));
+        out.push((
+            sha,
+            Known {
+                token_id,
+                team,
+                role,
+                expires,
+                revoked,
+            },
+        ));
+    }
+    Ok(out)
+}
+
 fn internal(e: String) -> Problem {
     tracing::error!(error = %e, "request failed");
     Problem::unavailable(e)
@@ -309,53 +310,18 @@ impl FromRequestParts<AppState> for Caller {
             return Ok(caller);
         }
         // Perhaps issued a moment ago: look at the read model once before refusing.
-        let sha = crate::token::sha256_hex(&token);
-        let row = state
-            .inner
-            .db
-            .read(move |c| {
-                c.query_row(
-                    "SELECT token_id, team, role, expires FROM tokens \
-                     WHERE sha256 = ?1 AND revoked_at IS NULL",
-                    [&sha],
-                    |r| {
-                        Ok((
-                            sha.clone(),
-                            r.get::<_, String>(0)?,
-                            r.get::<_, String>(1)?,
-                            r.get::<_, String>(2)?,
-                            r.get::<_, Option<String>>(3)?,
-                        ))
-                    },
-                )
-                .optional()
-            })
+        state
+            .reload_tokens(Some(crate::token::sha256_hex(&token)))
             .await
             .map_err(internal)?;
-        if let Some((sha, id, team, role, expires)) = row
-            && let Some(role) = TokenRole::parse(&role)
+        if let Some(caller) = state
+            .inner
+            .tokens
+            .read()
+            .expect("tokens lock")
+            .authenticate(&token, now)
         {
-            state.add_token(
-                sha,
-                Known {
-                    token_id: id,
-                    team,
-                    role,
-                    expires: expires
-                        .and_then(|e| DateTime::parse_from_rfc3339(&e).ok())
-                        .map(|e| e.with_timezone(&Utc)),
-                    revoked: false,
-                },
-            );
-            if let Some(caller) = state
-                .inner
-                .tokens
-                .read()
-                .expect("tokens lock")
-                .authenticate(&token, now)
-            {
-                return Ok(caller);
-            }
+            return Ok(caller);
         }
         Err(Problem::unauthorized(
             "the bearer token is not one this gateway accepts (unknown, revoked or expired)",
@@ -1005,13 +971,18 @@ async fn submit_workload(
         SOURCE,
         Utc::now(),
     );
-    let ack = publish(
-        bus,
-        submission.envelope.nats_subject(),
-        Some(submission.msg_id.clone()),
-        submission.envelope.to_json(),
-    )
-    .await?;
+    // Sent as `allot submit` sends it: `Nats-Msg-Id` from the team, key and spec.
+    let message = PublishMessage::build()
+        .message_id(submission.msg_id.clone())
+        .payload(Bytes::from(submission.envelope.to_json()));
+    let ack: Published = bus
+        .publisher
+        .send_raw(submission.envelope.nats_subject(), message)
+        .await
+        .map_err(unavailable)?
+        .wait()
+        .await
+        .map_err(unavailable)?;
     let status = if ack.duplicate {
         StatusCode::OK
     } else {
@@ -1067,25 +1038,8 @@ fn cluster_shape(c: &Connection) -> allot_store::rusqlite::Result<ClusterShape> 
     Ok(cluster)
 }
 
-async fn publish(
-    bus: &Bus,
-    subject: String,
-    msg_id: Option<String>,
-    payload: Vec<u8>,
-) -> Result<async_nats::jetstream::publish::PublishAck, Problem> {
-    let mut message = PublishMessage::build().payload(Bytes::from(payload));
-    if let Some(id) = msg_id {
-        message = message.message_id(id);
-    }
-    let future = bus
-        .js
-        .send_publish(subject.clone(), message)
-        .await
-        .map_err(|e| Problem::unavailable(format!("publishing on {subject}: {e}")))?;
-    tokio::time::timeout(std::time::Duration::from_secs(10), future)
-        .await
-        .map_err(|_| Problem::unavailable(format!("no acknowledgement for {subject}; retry")))?
-        .map_err(|e| Problem::unavailable(format!("publishing on {subject}: {e}")))
+fn unavailable(e: PublishError) -> Problem {
+    Problem::unavailable(format!("{e}; retry"))
 }
 
 #[utoipa::path(post, path = "/api/v1/workloads/{id}/abort", params(("id" = String, Path, description = "The workload's id")),
@@ -1142,15 +1096,14 @@ async fn abort_workload(
         reason: req.reason,
         by: caller.name(),
     };
-    let envelope = Envelope::new(SOURCE, allot_events::WorkloadEvent::Aborted(event));
+    let envelope = bus
+        .publisher
+        .envelope(allot_events::WorkloadEvent::Aborted(event));
     let event_id = envelope.id.to_string();
-    publish(
-        bus,
-        envelope.nats_subject(),
-        Some(event_id.clone()),
-        envelope.to_json(),
-    )
-    .await?;
+    bus.publisher
+        .publish_envelope(&envelope)
+        .await
+        .map_err(unavailable)?;
     Ok((
         StatusCode::ACCEPTED,
         Json(AbortAccepted {
@@ -1514,14 +1467,10 @@ async fn create_token(
         expires: issued.expires,
         revoked: false,
     };
-    let envelope = Envelope::new(SOURCE, AccessEvent::TokenIssued(issued.clone()));
-    publish(
-        bus,
-        envelope.nats_subject(),
-        Some(envelope.id.to_string()),
-        envelope.to_json(),
-    )
-    .await?;
+    bus.publisher
+        .publish(AccessEvent::TokenIssued(issued.clone()))
+        .await
+        .map_err(unavailable)?;
     // Usable at once from this instance; others learn it from the stream.
     state.add_token(sha, known);
     Ok((
@@ -1534,54 +1483,6 @@ async fn create_token(
         }),
     )
         .into_response())
-}
-
-async fn healthz() -> &'static str {
-    "ok\n"
-}
-
-async fn readyz(State(state): State<AppState>) -> Response {
-    if *state.inner.ready.borrow() {
-        (StatusCode::OK, "ready\n").into_response()
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "catching up with the streams\n",
-        )
-            .into_response()
-    }
-}
-
-async fn metrics(State(state): State<AppState>) -> Response {
-    let mut text = state
-        .inner
-        .metrics
-        .as_ref()
-        .map(|encode| (encode.0)())
-        .unwrap_or_default();
-    let snapshot = state.snapshot();
-    let mut waiting: BTreeMap<&str, u64> = BTreeMap::new();
-    for e in &snapshot.queue {
-        *waiting.entry(e.team.as_str()).or_default() += 1;
-    }
-    if !text.contains("allot_gateway_queue_waiting_tasks") {
-        text.push_str(
-            "# HELP allot_gateway_queue_waiting_tasks Waiting tasks per team, as the gateway's mirror of the journals shows them.\n# TYPE allot_gateway_queue_waiting_tasks gauge\n",
-        );
-        for (team, n) in waiting {
-            text.push_str(&format!(
-                "allot_gateway_queue_waiting_tasks{{team=\"{team}\"}} {n}\n"
-            ));
-        }
-    }
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        text,
-    )
-        .into_response()
 }
 
 async fn openapi_json() -> Response {
@@ -1641,10 +1542,11 @@ pub fn app(state: AppState) -> Router {
         .route("/api/v1/tokens", post(create_token))
         .route("/api/v1/events", get(crate::sse::events))
         .route("/api/v1/openapi.json", get(openapi_json))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
         .merge(crate::dashboard::routes())
         .fallback(fallback)
         .with_state(state)
+        // `/metrics` (every service of the process), `/healthz`, `/readyz`: the runtime's.
+        .merge(allot_runtime::ops::app(
+            allot_runtime::Readiness::process().clone(),
+        ))
 }

@@ -45,7 +45,7 @@ use allot_runtime::Service;
 use allot_store::rusqlite::Connection;
 use allot_workload::TeamsConfig;
 
-pub use api::{AppState, MetricsEncoder, app};
+pub use api::{AppState, app};
 
 /// The team the bootstrap admin token (`admin.token`) acts for.
 pub const PLATFORM_TEAM: &str = "platform";
@@ -65,8 +65,6 @@ pub struct Config {
     pub teams: Option<TeamsConfig>,
     /// The durable consumers' name prefix.
     pub consumer: String,
-    /// What `/metrics` serves besides the gateway's own figures.
-    pub metrics: Option<MetricsEncoder>,
     /// Told the address once the server listens.
     pub bound: Option<tokio::sync::mpsc::UnboundedSender<SocketAddr>>,
     /// Listen on any free port when `listen`'s is taken.
@@ -89,7 +87,6 @@ impl Config {
             admin_token_file: None,
             teams: None,
             consumer: "gateway".into(),
-            metrics: None,
             bound: None,
             listen_fallback: false,
             url_file: None,
@@ -203,16 +200,19 @@ pub async fn run(
         service.spawn(
             format!("consumer {stream}"),
             ConsumerRunner::new(client.clone(), spec, projection)
+                .with_gate(service.gate(format!("consumer {stream}")))
                 .run(service.stopping())
                 .map(|r| r.map(drop).map_err(Error::from)),
         );
     }
 
-    let js = async_nats::jetstream::new(client.clone());
+    let bus = api::Bus::new(client.clone());
     let mirror = Arc::new(Mutex::new(mirror::Mirror::default()));
-    let (caught_up, ready) = tokio::sync::watch::channel(false);
+    // Not ready until the journals as they were at the start are applied: before, the queue
+    // it would show is an old one.
+    let caught_up = service.gate("journal mirror");
     {
-        let js = js.clone();
+        let js = bus.js.clone();
         let mirror = mirror.clone();
         let stopping = service.stopping();
         service.spawn("journal mirror", async move {
@@ -223,20 +223,12 @@ pub async fn run(
         });
     }
 
-    let mut state = AppState::new(
+    let state = AppState::new(
         Arc::new(db::Db::new(db_path.clone())),
         mirror,
-        Some(api::Bus { js }),
+        Some(bus),
         config.teams.clone(),
-        ready,
     );
-    // Every service of this process registers in the runtime's registry: under `allot up` the
-    // gateway's `/metrics` carries them all.
-    let encode = config
-        .metrics
-        .clone()
-        .unwrap_or_else(|| MetricsEncoder(Arc::new(allot_runtime::metrics::encode)));
-    state = state.with_metrics(encode);
     if let Some(path) = &config.admin_token_file {
         let t = admin_token(path)?;
         let sha = token::sha256_hex(&t);
@@ -264,7 +256,7 @@ pub async fn run(
                     if let Err(e) = state.refresh().await {
                         tracing::warn!(error = %e, "rebuilding the live views");
                     }
-                    if let Err(e) = state.reload_tokens().await {
+                    if let Err(e) = state.reload_tokens(None).await {
                         tracing::warn!(error = %e, "reloading the tokens");
                     }
                 }

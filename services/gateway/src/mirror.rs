@@ -140,21 +140,15 @@ impl Pool {
 
     /// Integrates the cluster's state from the last input's time to `at`.
     fn advance(&mut self, pool: &str, at: Time) {
-        let minute_of = |t: Time| t - t % 60_000;
-        if self.last_at == 0 {
-            // The first input: the journal's clock starts here.
-            self.last_at = at;
-            self.minute.start = minute_of(at);
-            return;
-        }
         if at <= self.last_at {
             return;
         }
         if at - self.last_at > KPI_MINUTES as u64 * 60_000 {
-            // A pause longer than the window kept: nothing before it would be kept anyway.
+            // The first input (the journal's clock starts there, not at the epoch), or a pause
+            // longer than the window kept: nothing before it would be kept anyway.
             self.kpis.clear();
             self.minute = Minute {
-                start: minute_of(at),
+                start: at - at % 60_000,
                 ..Minute::default()
             };
             self.last_at = at;
@@ -251,31 +245,29 @@ impl Pool {
     }
 
     fn queue(&self, pool: &str, now: Time) -> Vec<QueueEntry> {
-        let mut out = Vec::new();
-        for (i, spec) in self.scheduler.pending_specs().enumerate() {
-            let Some(w) = self.scheduler.waiting(spec.id, now) else {
-                continue;
-            };
-            let names = self.names.get(&spec.id);
-            out.push(QueueEntry {
-                pool: pool.to_owned(),
-                position: i + 1,
-                task_id: spec.id.0,
-                workload: names.map(|n| n.0.clone()),
-                task: names.map(|n| n.1.clone()),
-                team: spec.team.clone(),
-                priority: spec.priority,
-                gpus: spec.gpus,
-                gpu_milli: spec.gpu_milli,
-                submitted: self.submitted.get(&spec.id).and_then(|t| at_utc(*t)),
-                reason: w.reason.to_string(),
-                eta: w.eta.and_then(at_utc),
-                predicted_ms: spec.predicted_duration,
-                deadline: spec.deadline.and_then(at_utc),
-                at_risk: w.at_risk,
-            });
-        }
-        out
+        self.scheduler
+            .queue(now)
+            .map(|(position, spec, w)| {
+                let names = self.names.get(&spec.id);
+                QueueEntry {
+                    pool: pool.to_owned(),
+                    position,
+                    task_id: spec.id.0,
+                    workload: names.map(|n| n.0.clone()),
+                    task: names.map(|n| n.1.clone()),
+                    team: spec.team.clone(),
+                    priority: spec.priority,
+                    gpus: spec.gpus,
+                    gpu_milli: spec.gpu_milli,
+                    submitted: self.submitted.get(&spec.id).and_then(|t| at_utc(*t)),
+                    reason: w.reason.to_string(),
+                    eta: w.eta.and_then(at_utc),
+                    predicted_ms: spec.predicted_duration,
+                    deadline: spec.deadline.and_then(at_utc),
+                    at_risk: w.at_risk,
+                }
+            })
+            .collect()
     }
 
     fn allocations(&self, pool: &str) -> Vec<Allocation> {
@@ -309,14 +301,11 @@ pub fn at_utc(ms: Time) -> Option<DateTime<Utc>> {
 #[derive(Debug, Default)]
 pub struct Mirror {
     pools: BTreeMap<String, Pool>,
-    /// The DECISIONS stream sequence of the last entry applied.
-    pub position: u64,
 }
 
 impl Mirror {
     /// Applies one journal event.
-    pub fn apply(&mut self, sequence: u64, event: &AllocEvent) {
-        self.position = self.position.max(sequence);
+    pub fn apply(&mut self, event: &AllocEvent) {
         match event {
             AllocEvent::LeaderElected(e) => {
                 if !self.pools.contains_key(&e.pool) {
@@ -404,50 +393,92 @@ impl Mirror {
     }
 }
 
-/// Follows every pool's journal from its first entry into `mirror`, until the stream ends
-/// (it does not) or the bus fails. `caught_up` is told once the journals as they were at the
-/// start have been applied.
-pub async fn follow(
-    js: jetstream::Context,
-    mirror: Arc<Mutex<Mirror>>,
-    caught_up: tokio::sync::watch::Sender<bool>,
-) -> Result<(), String> {
+/// The messages of an ordered read of every pool's journal from its first entry.
+type Journals = async_nats::jetstream::consumer::pull::Ordered;
+
+/// Starts reading every pool's journal from its first entry; with it, the DECISIONS stream's
+/// last sequence at the start (0: nothing to read).
+async fn journals(js: &jetstream::Context) -> Result<(u64, Journals), String> {
+    let failed = |e: &dyn std::fmt::Display| format!("reading the journals: {e}");
     let stream = js
         .get_stream(allot_bus::streams::names::DECISIONS)
         .await
-        .map_err(|e| format!("opening DECISIONS: {e}"))?;
+        .map_err(|e| failed(&e))?;
     let last = stream
         .get_info()
         .await
-        .map(|i| i.state.last_sequence)
-        .unwrap_or(0);
-    if last == 0 {
-        caught_up.send_replace(true);
-    }
-    let consumer = stream
+        .map_err(|e| failed(&e))?
+        .state
+        .last_sequence;
+    let messages = stream
         .create_consumer(jetstream::consumer::pull::OrderedConfig {
             filter_subject: subject::alloc_journal("*"),
             deliver_policy: DeliverPolicy::All,
             ..Default::default()
         })
         .await
-        .map_err(|e| format!("reading the journals: {e}"))?;
-    let mut messages = consumer
+        .map_err(|e| failed(&e))?
         .messages()
         .await
-        .map_err(|e| format!("reading the journals: {e}"))?;
-    while let Some(message) = messages.next().await {
+        .map_err(|e| failed(&e))?;
+    Ok((last, messages))
+}
+
+/// One journal message: its stream sequence, when it was stored, whether it is the last one
+/// for now (the server says none is pending), and its event if it is one.
+struct Read {
+    sequence: u64,
+    published: DateTime<Utc>,
+    newest: bool,
+    event: Option<AllocEvent>,
+}
+
+async fn next(messages: &mut Journals) -> Result<Option<Read>, String> {
+    loop {
+        let Some(message) = messages.next().await else {
+            return Ok(None);
+        };
         let message = message.map_err(|e| format!("reading the journals: {e}"))?;
         let Ok(info) = message.info() else { continue };
-        let sequence = info.stream_sequence;
-        let pending = info.pending;
-        if let Ok(env) = decode(&message.payload)
-            && let AnyEvent::Alloc(event) = env.data
-        {
-            mirror.lock().expect("mirror lock").apply(sequence, &event);
+        let event = match decode(&message.payload).map(|e| e.data) {
+            Ok(AnyEvent::Alloc(event)) => Some(event),
+            _ => None,
+        };
+        return Ok(Some(Read {
+            sequence: info.stream_sequence,
+            published: DateTime::from_timestamp(
+                info.published.unix_timestamp(),
+                info.published.nanosecond(),
+            )
+            .unwrap_or_default(),
+            newest: info.pending == 0,
+            event,
+        }));
+    }
+}
+
+/// Follows every pool's journal from its first entry into `mirror`, until the bus fails.
+/// `caught_up` opens once the journals as they were at the start have been applied.
+pub async fn follow(
+    js: jetstream::Context,
+    mirror: Arc<Mutex<Mirror>>,
+    caught_up: allot_runtime::Gate,
+) -> Result<(), String> {
+    let (last, mut messages) = journals(&js).await?;
+    let mut caught_up = Some(caught_up);
+    if last == 0
+        && let Some(gate) = caught_up.take()
+    {
+        gate.open();
+    }
+    while let Some(read) = next(&mut messages).await? {
+        if let Some(event) = &read.event {
+            mirror.lock().expect("mirror lock").apply(event);
         }
-        if sequence >= last || pending == 0 {
-            caught_up.send_if_modified(|c| !std::mem::replace(c, true));
+        if (read.sequence >= last || read.newest)
+            && let Some(gate) = caught_up.take()
+        {
+            gate.open();
         }
     }
     Err("the journals' consumer ended".to_owned())
@@ -455,48 +486,24 @@ pub async fn follow(
 
 /// Every pool as its journal stood at `at` (entries stored at or before it).
 pub async fn lookback(js: &jetstream::Context, at: DateTime<Utc>) -> Result<Mirror, String> {
-    let stream = js
-        .get_stream(allot_bus::streams::names::DECISIONS)
-        .await
-        .map_err(|e| format!("opening DECISIONS: {e}"))?;
-    let last = stream
-        .get_info()
-        .await
-        .map(|i| i.state.last_sequence)
-        .unwrap_or(0);
     let mut mirror = Mirror::default();
+    let (last, mut messages) = journals(js).await?;
     if last == 0 {
         return Ok(mirror);
     }
-    let consumer = stream
-        .create_consumer(jetstream::consumer::pull::OrderedConfig {
-            filter_subject: subject::alloc_journal("*"),
-            deliver_policy: DeliverPolicy::All,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| format!("reading the journals: {e}"))?;
-    let mut messages = consumer
-        .messages()
-        .await
-        .map_err(|e| format!("reading the journals: {e}"))?;
-    while let Some(message) = messages.next().await {
-        let message = message.map_err(|e| format!("reading the journals: {e}"))?;
-        let Ok(info) = message.info() else { continue };
-        let published: DateTime<Utc> =
-            DateTime::from_timestamp(info.published.unix_timestamp(), info.published.nanosecond())
-                .unwrap_or_default();
-        if published > at {
+    while let Some(read) = next(&mut messages).await? {
+        if read.published > at {
             break;
         }
-        if let Ok(env) = decode(&message.payload)
-            && let AnyEvent::Alloc(event) = env.data
-        {
-            mirror.apply(info.stream_sequence, &event);
+        if let Some(event) = &read.event {
+            mirror.apply(event);
         }
-        if info.stream_sequence >= last || info.pending == 0 {
+        if read.sequence >= last || read.newest {
             break;
         }
     }
     Ok(mirror)
 }
+
+#[cfg(test)]
+mod tests;

@@ -148,16 +148,6 @@ impl Tokens {
         self.by_hash.insert(sha256, known);
     }
 
-    /// How many are known (revoked ones included).
-    pub fn len(&self) -> usize {
-        self.by_hash.len()
-    }
-
-    /// Whether none is known.
-    pub fn is_empty(&self) -> bool {
-        self.by_hash.is_empty()
-    }
-
     /// The caller presenting `token` at `now`, if it is known, not revoked and not expired.
     pub fn authenticate(&self, token: &str, now: DateTime<Utc>) -> Option<Caller> {
         let known = self.by_hash.get(&sha256_hex(token))?;

@@ -141,13 +141,11 @@ async fn seeded() -> Seeded {
         workloads.push((team.to_string(), id));
     }
     drop(conn);
-    let (_tx, ready) = tokio::sync::watch::channel(true);
     let state = AppState::new(
         Arc::new(Db::new(path)),
         Arc::new(Mutex::new(Mirror::default())),
-        Some(Bus { js }),
+        Some(Bus::new(client.clone())),
         None,
-        ready,
     );
     for role in TokenRole::ALL {
         state.add_token(

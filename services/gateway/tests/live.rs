@@ -31,42 +31,39 @@ async fn http(
     let mut buf = [0u8; 8192];
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let text = String::from_utf8_lossy(&raw).to_string();
-        if let Some((head, body)) = text.split_once("\r\n\r\n") {
-            let status: u16 = head.split(' ').nth(1).unwrap().parse().unwrap();
-            let body = if head
-                .to_ascii_lowercase()
-                .contains("transfer-encoding: chunked")
-            {
-                dechunk(body)
-            } else {
-                body.to_owned()
-            };
-            if done(&body) {
-                return (status, body);
-            }
+        if let Some((status, body)) = response(&raw)
+            && done(&body)
+        {
+            return (status, body);
         }
-        assert!(Instant::now() < deadline, "no answer in time: {text}");
+        assert!(
+            Instant::now() < deadline,
+            "no answer in time: {}",
+            String::from_utf8_lossy(&raw)
+        );
         match tokio::time::timeout(Duration::from_secs(1), stream.read(&mut buf)).await {
-            Ok(Ok(0)) => {
-                let text = String::from_utf8_lossy(&raw).to_string();
-                let (head, body) = text.split_once("\r\n\r\n").unwrap();
-                let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-                let body = if head
-                    .to_ascii_lowercase()
-                    .contains("transfer-encoding: chunked")
-                {
-                    dechunk(body)
-                } else {
-                    body.to_owned()
-                };
-                return (status, body);
-            }
+            Ok(Ok(0)) => return response(&raw).expect("a whole response head"),
             Ok(Ok(n)) => raw.extend_from_slice(&buf[..n]),
             Ok(Err(e)) => panic!("reading: {e}"),
             Err(_) => {}
         }
     }
+}
+
+/// The status and the body received so far (de-chunked), once the head is complete.
+fn response(raw: &[u8]) -> Option<(u16, String)> {
+    let text = String::from_utf8_lossy(raw);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    Some((status, body))
 }
 
 /// The chunks received so far, joined (a chunk still arriving is left out).

@@ -532,6 +532,15 @@ impl Scheduler {
             .any(|(_, spec)| self.place_on(&self.cluster, spec).is_some())
     }
 
+    /// The queue at `now`: each waiting task in the order the scheduler would start them,
+    /// with its place (from 1, counting every pending task) and why it waits — what `allot
+    /// queue` and the gateway show.
+    pub fn queue(&self, now: Time) -> impl Iterator<Item = (usize, &TaskSpec, Waiting)> + '_ {
+        self.pending_specs()
+            .enumerate()
+            .filter_map(move |(i, spec)| self.waiting(spec.id, now).map(|w| (i + 1, spec, w)))
+    }
+
     /// Why a pending task waits and when it is expected to start; `None` if it is not
     /// pending. The ETA looks further than a pass's `Waiting` decision, whose `eta` is only
     /// the blocked head's reservation: the units ahead in the queue start first, quotas admit
