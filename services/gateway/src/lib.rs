@@ -111,9 +111,6 @@ pub enum Error {
     /// The listener or the token file.
     #[error("{0}")]
     Io(String),
-    /// Following the journals failed.
-    #[error("{0}")]
-    Mirror(String),
     /// One of its tasks failed or panicked: the task's name and why.
     #[error("{0}")]
     Stopped(Box<allot_runtime::Stopped<Error>>),
@@ -217,7 +214,7 @@ pub async fn run(
         let stopping = service.stopping();
         service.spawn("journal mirror", async move {
             tokio::select! {
-                r = mirror::follow(js, mirror, caught_up) => r.map_err(Error::Mirror),
+                () = mirror::follow(js, mirror, caught_up) => Ok(()),
                 () = stopping => Ok(()),
             }
         });

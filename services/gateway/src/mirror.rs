@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer::DeliverPolicy};
 use chrono::{DateTime, Utc};
@@ -457,31 +458,64 @@ async fn next(messages: &mut Journals) -> Result<Option<Read>, String> {
     }
 }
 
-/// Follows every pool's journal from its first entry into `mirror`, until the bus fails.
-/// `caught_up` opens once the journals as they were at the start have been applied.
+/// Follows every pool's journal into `mirror` for as long as the service runs. `caught_up`
+/// opens once the journals as they were at the start have been applied.
+///
+/// The read is an ordered consumer, which the server does not keep across its own restart:
+/// when the read fails, the mirror is rebuilt from the journals' first entry (it is derived
+/// from them alone), in the background, and swapped in once caught up — meanwhile the last one
+/// keeps answering.
 pub async fn follow(
     js: jetstream::Context,
     mirror: Arc<Mutex<Mirror>>,
     caught_up: allot_runtime::Gate,
-) -> Result<(), String> {
-    let (last, mut messages) = journals(&js).await?;
+) {
     let mut caught_up = Some(caught_up);
-    if last == 0
-        && let Some(gate) = caught_up.take()
-    {
-        gate.open();
+    let mut backoff = Duration::from_millis(250);
+    loop {
+        match follow_once(&js, &mirror, &mut caught_up).await {
+            Ok(()) => backoff = Duration::from_millis(250),
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in = ?backoff, "reading the journals; rebuilding the mirror from their start");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// One read of the journals from their first entry: into a fresh mirror until caught up, then
+/// swapped in and followed in place. Returns when the read ends.
+async fn follow_once(
+    js: &jetstream::Context,
+    shared: &Mutex<Mirror>,
+    caught_up: &mut Option<allot_runtime::Gate>,
+) -> Result<(), String> {
+    let (last, mut messages) = journals(js).await?;
+    let mut fresh = Some(Mirror::default());
+    let mut swap = |fresh: &mut Option<Mirror>| {
+        if let Some(m) = fresh.take() {
+            *shared.lock().expect("mirror lock") = m;
+        }
+        if let Some(gate) = caught_up.take() {
+            gate.open();
+        }
+    };
+    if last == 0 {
+        swap(&mut fresh);
     }
     while let Some(read) = next(&mut messages).await? {
         if let Some(event) = &read.event {
-            mirror.lock().expect("mirror lock").apply(event);
+            match &mut fresh {
+                Some(m) => m.apply(event),
+                None => shared.lock().expect("mirror lock").apply(event),
+            }
         }
-        if (read.sequence >= last || read.newest)
-            && let Some(gate) = caught_up.take()
-        {
-            gate.open();
+        if read.sequence >= last || read.newest {
+            swap(&mut fresh);
         }
     }
-    Err("the journals' consumer ended".to_owned())
+    Ok(())
 }
 
 /// Every pool as its journal stood at `at` (entries stored at or before it).
