@@ -1,9 +1,11 @@
 //! End-to-end tests: the `allot` binary as users and operators run it, against a real
 //! nats-server, SQLite on disk and real processes (signals included).
 
+mod api_fuzz;
 mod audit;
 mod cluster;
 mod costs;
+mod dashboard;
 mod deadlines;
 mod gpu_check;
 mod inventory_crash;

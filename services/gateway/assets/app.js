@@ -51,7 +51,7 @@ function renderQueue(items, total) {
   $("#queue tbody").innerHTML = items.map((q) => `
     <tr data-task="${q.task_id}"><td>${q.position}</td><td>${esc(q.workload ? q.workload + "/" + q.task : "task-" + q.task_id)}</td>
     <td>${esc(q.team)}</td><td>${q.gpus === 1 && q.gpu_milli < 1000 ? q.gpu_milli + "m" : q.gpus}</td>
-    <td title="${esc(q.reason)}">${esc(q.reason)}</td><td class="${q.at_risk ? "at-risk" : ""}">${eta(q.eta)}${q.at_risk ? " (deadline at risk)" : ""}</td></tr>`).join("")
+    <td class="reason">${esc(q.reason)}</td><td class="${q.at_risk ? "at-risk" : ""}">${eta(q.eta)}${q.at_risk ? " (deadline at risk)" : ""}</td></tr>`).join("")
     || '<tr><td colspan="6" class="muted">no task is waiting</td></tr>';
 }
 
@@ -79,7 +79,11 @@ function money(micros, currency) {
 
 function chart(id, series, key, max) {
   const svg = $(id);
-  if (!series.length) { svg.innerHTML = ""; return; }
+  if (series.length < 2) {
+    // One point a minute: a line needs two.
+    svg.innerHTML = '<text class="empty" x="150" y="55" font-size="10" text-anchor="middle">collecting: one point a minute</text>';
+    return;
+  }
   const top = max ?? Math.max(1, ...series.map((p) => p[key]));
   const step = series.length > 1 ? 300 / (series.length - 1) : 0;
   const pts = series.map((p, i) => `${(i * step).toFixed(1)},${(98 - (p[key] / top) * 96).toFixed(1)}`).join(" ");

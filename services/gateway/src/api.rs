@@ -417,6 +417,7 @@ pub struct Submitted {
 
 /// Submit options (the body is the spec, YAML or JSON).
 #[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct SubmitParams {
     /// The CI run (or other attempt): a spec submitted again with the same run id is the same
     /// workload.
@@ -429,6 +430,7 @@ pub struct SubmitParams {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 pub struct AbortRequest {
     /// Why (kept in the event and shown to the team).
+    #[schema(pattern = "\\S")]
     pub reason: String,
     /// Abort only this task and what waits for it.
     #[serde(default)]
@@ -717,15 +719,23 @@ pub struct LookBack {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 pub struct TokenRequest {
     /// The team it acts for.
+    #[schema(pattern = "^[A-Za-z0-9_-]{1,64}$")]
     pub team: String,
     /// admin | operator | member | viewer.
+    #[schema(pattern = "^(admin|operator|member|viewer)$")]
     pub role: String,
     /// What it is for.
     #[serde(default)]
     pub description: String,
-    /// When it stops being accepted.
-    #[serde(default)]
+    /// When it stops being accepted (RFC 3339; left out: never).
+    #[serde(default, deserialize_with = "some_time")]
+    #[schema(value_type = String, format = DateTime)]
     pub expires: Option<DateTime<Utc>>,
+}
+
+/// A time that, when given, is one: `null` is not a time (leave the field out instead).
+fn some_time<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<DateTime<Utc>>, D::Error> {
+    DateTime::<Utc>::deserialize(d).map(Some)
 }
 
 /// A token, shown once.
@@ -741,40 +751,87 @@ pub struct IssuedToken {
     pub role: String,
 }
 
-/// Paging and filters of listings.
+/// Filters and paging of `GET /workloads`.
 #[derive(Debug, Clone, Default, Deserialize, IntoParams)]
-pub struct ListParams {
+#[into_params(parameter_in = Query)]
+pub struct WorkloadQuery {
     /// Only this team's (admins and operators; others always see their own).
     pub team: Option<String>,
-    /// Only in this state (workloads).
+    /// Only in this state (`pending`, `running`, `succeeded`, `failed`, `aborted`).
     pub state: Option<String>,
-    /// Only this pool (queue).
-    pub pool: Option<String>,
-    /// Only about this attempt (decisions).
-    pub task: Option<u64>,
-    /// At most this many (default 100, at most 1000).
+    /// At most this many (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
-    /// Where the previous page ended.
+    /// Where the previous page ended (its `next_cursor`).
+    #[param(pattern = "^[0-9]{1,18}$")]
     pub cursor: Option<String>,
 }
 
-impl ListParams {
-    fn limit(&self) -> usize {
-        self.limit.unwrap_or(100).clamp(1, 1000) as usize
-    }
+/// Filters and paging of `GET /decisions`.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DecisionQuery {
+    /// Only this team's (admins and operators; others always see their own).
+    pub team: Option<String>,
+    /// Only about this attempt.
+    pub task: Option<u64>,
+    /// At most this many (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<u32>,
+    /// Where the previous page ended (its `next_cursor`).
+    #[param(pattern = "^[0-9]{1,18}$")]
+    pub cursor: Option<String>,
+}
 
-    fn cursor(&self) -> Result<Option<i64>, Problem> {
-        match &self.cursor {
-            None => Ok(None),
-            Some(c) => c.parse::<i64>().map(Some).map_err(|_| {
-                Problem::bad_request(format!("cursor {c:?} is not one this API gave"))
-            }),
+/// Filters and paging of `GET /queue`.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct QueueQuery {
+    /// Only this team's (admins and operators; others always see their own).
+    pub team: Option<String>,
+    /// Only this pool.
+    pub pool: Option<String>,
+    /// At most this many (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<u32>,
+    /// Where the previous page ended (its `next_cursor`).
+    #[param(pattern = "^[0-9]{1,18}$")]
+    pub cursor: Option<String>,
+}
+
+/// The team filter of `GET /costs` and `GET /budgets`.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct TeamQuery {
+    /// Only this team's (admins and operators; others always see their own).
+    pub team: Option<String>,
+}
+
+/// A page's size and start, checked: `limit` within 1..=1000 (default 100), `cursor` one this
+/// API gave.
+fn page(limit: Option<u32>, cursor: Option<&str>) -> Result<(usize, Option<i64>), Problem> {
+    let limit = match limit {
+        None => 100,
+        Some(n @ 1..=1000) => n as usize,
+        Some(n) => {
+            return Err(Problem::bad_request(format!(
+                "limit {n} is out of range: ask for 1 to 1000"
+            )));
         }
-    }
+    };
+    let cursor =
+        match cursor {
+            None => None,
+            Some(c) => Some(c.parse::<i64>().map_err(|_| {
+                Problem::bad_request(format!("cursor {c:?} is not one this API gave"))
+            })?),
+        };
+    Ok((limit, cursor))
 }
 
 /// When to look back to.
 #[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct LookBackParams {
     /// An RFC 3339 time.
     pub at: DateTime<Utc>,
@@ -783,17 +840,17 @@ pub struct LookBackParams {
 // ---------------------------------------------------------------------------------------------
 // Handlers
 
-#[utoipa::path(get, path = "/api/v1/workloads", params(ListParams),
+#[utoipa::path(get, path = "/api/v1/workloads", params(WorkloadQuery),
     responses((status = 200, body = WorkloadPage), (status = 401, body = Problem)),
     security(("bearer" = [])))]
 async fn list_workloads(
     caller: Caller,
     State(state): State<AppState>,
-    ApiQuery(q): ApiQuery<ListParams>,
+    ApiQuery(q): ApiQuery<WorkloadQuery>,
 ) -> Result<Json<WorkloadPage>, Problem> {
     let team = caller.scope(q.team.as_deref()).map(str::to_owned);
-    let limit = q.limit();
-    let cursor = q.cursor()?.unwrap_or(i64::MAX);
+    let (limit, cursor) = page(q.limit, q.cursor.as_deref())?;
+    let cursor = cursor.unwrap_or(i64::MAX);
     let wanted = q.state.clone();
     let items = state
         .inner
@@ -1054,22 +1111,42 @@ async fn abort_workload(
     ApiJson(req): ApiJson<AbortRequest>,
 ) -> Result<Response, Problem> {
     let wanted = id.clone();
+    let task = req.task.clone();
     let found = state
         .inner
         .db
         .read(move |c| {
-            c.query_row(
-                "SELECT team, state FROM workloads WHERE id = ?1",
-                [&wanted],
-                |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
-            )
-            .optional()
+            let workload = c
+                .query_row(
+                    "SELECT team, state FROM workloads WHERE id = ?1",
+                    [&wanted],
+                    |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
+                )
+                .optional()?;
+            let has_task = match &task {
+                None => true,
+                Some(t) => c
+                    .query_row(
+                        "SELECT 1 FROM tasks WHERE workload = ?1 AND name = ?2",
+                        [&wanted, t],
+                        |_| Ok(()),
+                    )
+                    .optional()?
+                    .is_some(),
+            };
+            Ok(workload.map(|w| (w, has_task)))
         })
         .await
         .map_err(internal)?;
-    let Some((team, current)) = found.filter(|(team, _)| caller.sees(team)) else {
+    let Some(((team, current), has_task)) = found.filter(|((team, _), _)| caller.sees(team)) else {
         return Err(Problem::not_found(format!("no workload {id}")));
     };
+    if !has_task {
+        return Err(Problem::not_found(format!(
+            "workload {id} has no task {:?}",
+            req.task.as_deref().unwrap_or_default()
+        )));
+    }
     if !caller.may_abort(&team) {
         return Err(Problem::forbidden(format!(
             "a {} token may not abort workloads",
@@ -1134,18 +1211,23 @@ fn decision_row(r: &allot_store::rusqlite::Row<'_>) -> allot_store::rusqlite::Re
 const DECISION_COLUMNS: &str =
     "id, pool, entry, at_ms, kind, task_id, team, workload, name, detail";
 
-#[utoipa::path(get, path = "/api/v1/decisions", params(ListParams),
+#[utoipa::path(get, path = "/api/v1/decisions", params(DecisionQuery),
     responses((status = 200, body = DecisionPage), (status = 401, body = Problem)),
     security(("bearer" = [])))]
 async fn list_decisions(
     caller: Caller,
     State(state): State<AppState>,
-    ApiQuery(q): ApiQuery<ListParams>,
+    ApiQuery(q): ApiQuery<DecisionQuery>,
 ) -> Result<Json<DecisionPage>, Problem> {
     let team = caller.scope(q.team.as_deref()).map(str::to_owned);
-    let limit = q.limit();
-    let cursor = q.cursor()?.unwrap_or(i64::MAX);
-    let task = q.task.map(|t| t as i64);
+    let (limit, cursor) = page(q.limit, q.cursor.as_deref())?;
+    let cursor = cursor.unwrap_or(i64::MAX);
+    let task = q
+        .task
+        .map(|t| {
+            i64::try_from(t).map_err(|_| Problem::bad_request(format!("task {t} is out of range")))
+        })
+        .transpose()?;
     let items = state
         .inner
         .db
@@ -1214,18 +1296,18 @@ async fn explain_task(
     }))
 }
 
-#[utoipa::path(get, path = "/api/v1/queue", params(ListParams),
+#[utoipa::path(get, path = "/api/v1/queue", params(QueueQuery),
     responses((status = 200, body = QueuePage), (status = 401, body = Problem)),
     security(("bearer" = [])))]
 async fn get_queue(
     caller: Caller,
     State(state): State<AppState>,
-    ApiQuery(q): ApiQuery<ListParams>,
+    ApiQuery(q): ApiQuery<QueueQuery>,
 ) -> Result<Json<QueuePage>, Problem> {
     let snapshot = state.snapshot();
     let team = caller.scope(q.team.as_deref());
-    let limit = q.limit();
-    let skip = q.cursor()?.unwrap_or(0).max(0) as usize;
+    let (limit, cursor) = page(q.limit, q.cursor.as_deref())?;
+    let skip = cursor.unwrap_or(0).max(0) as usize;
     let mine = snapshot.queue.iter().filter(|e| {
         team.is_none_or(|t| e.team == t) && q.pool.as_deref().is_none_or(|p| e.pool == p)
     });
@@ -1266,13 +1348,13 @@ async fn get_nodes(caller: Caller, State(state): State<AppState>) -> Result<Resp
     Ok(Json(nodes).into_response())
 }
 
-#[utoipa::path(get, path = "/api/v1/costs", params(ListParams),
+#[utoipa::path(get, path = "/api/v1/costs", params(TeamQuery),
     responses((status = 200, body = CostReport), (status = 401, body = Problem)),
     security(("bearer" = [])))]
 async fn get_costs(
     caller: Caller,
     State(state): State<AppState>,
-    ApiQuery(q): ApiQuery<ListParams>,
+    ApiQuery(q): ApiQuery<TeamQuery>,
 ) -> Result<Json<CostReport>, Problem> {
     let team = caller.scope(q.team.as_deref()).map(str::to_owned);
     let rows = state
@@ -1314,13 +1396,13 @@ async fn get_costs(
     Ok(Json(CostReport { teams }))
 }
 
-#[utoipa::path(get, path = "/api/v1/budgets", params(ListParams),
+#[utoipa::path(get, path = "/api/v1/budgets", params(TeamQuery),
     responses((status = 200, body = [BudgetView]), (status = 401, body = Problem)),
     security(("bearer" = [])))]
 async fn get_budgets(
     caller: Caller,
     State(state): State<AppState>,
-    ApiQuery(q): ApiQuery<ListParams>,
+    ApiQuery(q): ApiQuery<TeamQuery>,
 ) -> Result<Json<Vec<BudgetView>>, Problem> {
     let team = caller.scope(q.team.as_deref()).map(str::to_owned);
     let rows = state
@@ -1499,6 +1581,58 @@ async fn fallback() -> Problem {
 
 struct BearerAuth;
 
+/// Every error is `application/problem+json` (RFC 9457), and every operation says so for the
+/// errors any of them can give: 401 without a valid token, 400 for a malformed parameter or body.
+struct Problems;
+
+impl Modify for Problems {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+        let problem = |description: &str| {
+            RefOr::T(
+                ResponseBuilder::new()
+                    .description(description)
+                    .content(
+                        crate::problem::CONTENT_TYPE,
+                        ContentBuilder::new()
+                            .schema(Some(Ref::from_schema_name("Problem")))
+                            .build(),
+                    )
+                    .build(),
+            )
+        };
+        for item in openapi.paths.paths.values_mut() {
+            for op in [&mut item.get, &mut item.post].into_iter().flatten() {
+                let responses = &mut op.responses.responses;
+                for response in responses.values_mut() {
+                    let RefOr::T(response) = response else {
+                        continue;
+                    };
+                    let is_problem = response.content.get("application/json").is_some_and(|c| {
+                        matches!(c, RefOr::T(c) if matches!(&c.schema, Some(RefOr::Ref(r)) if r.ref_location.ends_with("/Problem")))
+                    });
+                    if is_problem {
+                        let content = response.content.shift_remove("application/json");
+                        response
+                            .content
+                            .extend(content.map(|c| (crate::problem::CONTENT_TYPE.to_owned(), c)));
+                    }
+                }
+                responses.entry("401".to_owned()).or_insert_with(|| {
+                    problem("No token, or one that is unknown, revoked or expired")
+                });
+                let takes_input = op.parameters.as_ref().is_some_and(|p| !p.is_empty())
+                    || op.request_body.is_some();
+                if takes_input {
+                    responses.entry("400".to_owned()).or_insert_with(|| {
+                        problem("A parameter or the body is malformed; the detail says which")
+                    });
+                }
+            }
+        }
+    }
+}
+
 impl Modify for BearerAuth {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         let components = openapi.components.get_or_insert_with(Default::default);
@@ -1517,7 +1651,7 @@ impl Modify for BearerAuth {
         get_nodes, list_decisions, get_costs, get_budgets, get_kpis, look_back, create_token,
         crate::sse::events),
     components(schemas(Problem, SpecError)),
-    modifiers(&BearerAuth)
+    modifiers(&BearerAuth, &Problems)
 )]
 #[derive(Debug)]
 pub struct ApiDoc;

@@ -17,14 +17,28 @@ use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::Stream;
 use serde::Deserialize;
-use utoipa::IntoParams;
+use utoipa::{IntoParams, ToSchema};
 
 use crate::api::{ApiQuery, AppState};
 use crate::problem::Problem;
 use crate::token::Caller;
 
+/// One event of the stream, as `text/event-stream` frames it.
+#[derive(Debug, Clone, ToSchema)]
+pub struct StreamEvent {
+    /// The change's id: resume after it with `Last-Event-ID` or `?after=` (none on `reset`).
+    pub id: Option<String>,
+    /// What changed: `workload`, `task`, `decision`, `node`, `remediation`, `cost`, `budget`,
+    /// `abort_requested`, `abort_answered`; or `reset` (changes were missed: read the views
+    /// again).
+    pub event: String,
+    /// The change as JSON: `{"id", "at", "team", "data"}`.
+    pub data: String,
+}
+
 /// Where to start.
 #[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct EventParams {
     /// Start after this change id (`Last-Event-ID` wins when both are given; `0`: from the
     /// oldest kept).
@@ -41,8 +55,8 @@ type Row = (i64, String, String, Option<String>, String);
 
 /// The live change log.
 #[utoipa::path(get, path = "/api/v1/events", params(EventParams,
-        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event id")),
-    responses((status = 200, description = "A stream of changes (`text/event-stream`): events `workload`, `task`, `decision`, `node`, `remediation`, `cost`, `budget`, `abort_requested`, `abort_answered`, and `reset`", content_type = "text/event-stream", body = String),
+        ("Last-Event-ID" = Option<i64>, Header, nullable = false, description = "Resume after this event id")),
+    responses((status = 200, description = "A stream of changes (`text/event-stream`): events `workload`, `task`, `decision`, `node`, `remediation`, `cost`, `budget`, `abort_requested`, `abort_answered`, and `reset`", content_type = "text/event-stream", body = StreamEvent),
         (status = 400, body = Problem), (status = 401, body = Problem)),
     security(("bearer" = [])))]
 pub async fn events(

@@ -437,6 +437,34 @@ async fn errors_are_problems_and_the_openapi_document_covers_every_route() {
     )
     .await;
     assert_eq!(status.as_u16(), 400, "{p}");
+    // An abort of a task the workload does not have is refused, not published.
+    let own = &s.workloads[0].1;
+    let (status, _, p) = call(
+        &s.state,
+        "POST",
+        &format!("/api/v1/workloads/{own}/abort"),
+        Some(&admin),
+        Some((
+            "application/json",
+            json!({"reason": "test", "task": "nope"}).to_string(),
+        )),
+    )
+    .await;
+    assert_eq!(status.as_u16(), 404, "{p}");
+    assert!(
+        p["detail"].as_str().unwrap().contains("no task \"nope\""),
+        "{p}"
+    );
+    // Out of the documented range: refused, not clamped or wrapped.
+    for (path, word) in [
+        ("/api/v1/queue?limit=0", "limit"),
+        ("/api/v1/workloads?limit=1001", "limit"),
+        ("/api/v1/decisions?task=9223372036854775808", "task"),
+    ] {
+        let (status, _, p) = call(&s.state, "GET", path, Some(&admin), None).await;
+        assert_eq!(status.as_u16(), 400, "{path}: {p}");
+        assert!(p["detail"].as_str().unwrap().contains(word), "{path}: {p}");
+    }
 
     let (status, _, doc) = call(&s.state, "GET", "/api/v1/openapi.json", None, None).await;
     assert_eq!(status, StatusCode::OK);
@@ -463,6 +491,32 @@ async fn errors_are_problems_and_the_openapi_document_covers_every_route() {
         "/api/v1/lookback",
     ] {
         assert!(paths.contains(&p), "{p} missing from {paths:?}");
+    }
+    // Every operation documents its errors as problem documents, 401 included, and its query
+    // parameters as query parameters.
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let responses = op["responses"].as_object().unwrap();
+            assert!(responses.contains_key("401"), "{method} {path}");
+            for (status, r) in responses {
+                if status.starts_with('4') || status.starts_with('5') {
+                    let content = r["content"].as_object().unwrap();
+                    assert!(
+                        content.contains_key("application/problem+json"),
+                        "{method} {path} {status}: {r}"
+                    );
+                }
+            }
+            for param in op["parameters"].as_array().into_iter().flatten() {
+                let name = param["name"].as_str().unwrap();
+                let wanted = match name {
+                    "id" => "path",
+                    "Last-Event-ID" => "header",
+                    _ => "query",
+                };
+                assert_eq!(param["in"], wanted, "{method} {path} {name}");
+            }
+        }
     }
 }
 
