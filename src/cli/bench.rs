@@ -11,6 +11,8 @@
 //! allocator, against a raw JetStream publish → consume round trip on the same server (see
 //! [`submit`]).
 //!
+//! `allot bench gateway` measures the gateway's busiest reads under load (see [`gateway`]).
+//!
 //! `allot bench remediation` measures fault detection → action latency of the remediation
 //! service (a child process) under a simulated fleet's telemetry and heartbeats, with injected
 //! overheat faults, against the bus's own stored → delivered latency on the same server, and
@@ -33,6 +35,7 @@ use allot_events::telemetry::{GpuSample, GpusSampled};
 use super::local;
 use super::settings::Lookup;
 
+mod gateway;
 mod remediation;
 mod submit;
 
@@ -47,6 +50,9 @@ pub enum BenchCommand {
     /// Fault detection → remediation action latency under a simulated fleet's telemetry, with
     /// the service's CPU, memory and lag, against the bus's own delivery latency.
     Remediation(remediation::RemediationArgs),
+    /// Requests/s and latency of the gateway's `GET /api/v1/queue` and `/api/v1/nodes` with a
+    /// large cluster and queue in the system, against `GET /healthz` on the same server.
+    Gateway(gateway::GatewayArgs),
 }
 
 /// Latency percentiles, ms (nearest rank), shared by the benchmarks.
@@ -114,6 +120,7 @@ pub async fn bench(cmd: BenchCommand, env: Lookup<'_>) -> anyhow::Result<ExitCod
         BenchCommand::Telemetry(args) => telemetry(args, env).await,
         BenchCommand::Submit(args) => submit::submit(args, env).await,
         BenchCommand::Remediation(args) => remediation::remediation(args, env).await,
+        BenchCommand::Gateway(args) => gateway::gateway(args).await,
     }
 }
 

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 
 use allot_bus::{PublishError, Publisher};
-use allot_events::alloc::{Applied, Dispatch, Launch, LeaderElected, NodeGrant, Source};
+use allot_events::alloc::{Applied, Dispatch, Launch, LeaderElected, Source};
 use allot_events::{AllocEvent, AnyEvent, Envelope, decode, subject};
 use allot_sched::journal::{self, Entry};
 use allot_sched::{ApplyError, Decision, Input, Scheduler, TaskId, TaskSpec, Time};
@@ -310,40 +310,14 @@ impl Journal {
     /// submitted without one — by a test, or before launches were journalled — runs nothing
     /// but a simulation of its estimate).
     fn dispatch(&self, scheduler: &Scheduler, entry: &Entry) -> Vec<Dispatch> {
-        entry
-            .decisions
-            .iter()
-            .filter_map(|d| match d {
-                Decision::Granted {
-                    task,
-                    lease,
-                    placement,
-                    ..
-                } => Some(Dispatch {
-                    task: *task,
-                    lease: *lease,
-                    launch: self.launches.get(task).cloned().unwrap_or_else(|| Launch {
-                        workload: String::new(),
-                        name: task.to_string(),
-                        team: String::new(),
-                        run: Default::default(),
-                    }),
-                    nodes: placement
-                        .shares
-                        .iter()
-                        .map(|share| NodeGrant {
-                            node: scheduler.cluster().node(share.node).spec.name.clone(),
-                            gpu_model: scheduler.cluster().node(share.node).spec.gpu_model.clone(),
-                            gpus: share.gpus.clone(),
-                            mig: share.mig.clone(),
-                            cpu_milli: share.cpu_milli,
-                            memory_mib: share.memory_mib,
-                        })
-                        .collect(),
-                }),
-                _ => None,
+        Dispatch::for_grants(&entry.decisions, scheduler.cluster(), |task| {
+            self.launches.get(&task).cloned().unwrap_or_else(|| Launch {
+                workload: String::new(),
+                name: task.to_string(),
+                team: String::new(),
+                run: Default::default(),
             })
-            .collect()
+        })
     }
 
     /// Drops the launches of tasks whose leases `entry` released for good.

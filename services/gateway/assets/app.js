@@ -22,6 +22,18 @@ async function api(path) {
   return r.json();
 }
 
+// Every node, page by page (the API answers at most 1,000 at a time).
+async function allNodes() {
+  const nodes = [];
+  let cursor = null;
+  do {
+    const page = await api("/api/v1/nodes?limit=1000" + (cursor ? "&cursor=" + cursor : ""));
+    nodes.push(...page.items);
+    cursor = page.next_cursor;
+  } while (cursor);
+  return nodes;
+}
+
 function eta(when) {
   if (!when) return "unknown";
   const s = Math.round((Date.parse(when) - Date.now()) / 1000);
@@ -94,7 +106,7 @@ async function refresh() {
   if (!token || lookingBack) return;
   try {
     const [nodes, queue, workloads, costs, budgets, kpis] = await Promise.all([
-      api("/api/v1/nodes"), api("/api/v1/queue?limit=200"), api("/api/v1/workloads?limit=30"),
+      allNodes(), api("/api/v1/queue?limit=200"), api("/api/v1/workloads?limit=30"),
       api("/api/v1/costs"), api("/api/v1/budgets"), api("/api/v1/kpis"),
     ]);
     renderCluster(nodes);
@@ -156,7 +168,7 @@ async function lookBack() {
     $("#mode").textContent = "as it was at " + new Date(at).toLocaleString();
     $("#live-only").hidden = true;
     $("#lookback-live").hidden = false;
-    const nodes = await api("/api/v1/nodes");
+    const nodes = await allNodes();
     const held = new Map();
     for (const a of view.allocations) held.set(a.node + "/" + a.task_id, a);
     for (const n of nodes) for (const g of n.gpus) {

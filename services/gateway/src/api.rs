@@ -63,8 +63,31 @@ pub struct Snapshot {
     pub queue: Vec<QueueEntry>,
     /// Every node with its GPUs and what runs on them.
     pub nodes: Vec<NodeView>,
+    /// Each node as JSON, as an admin or operator sees it, and as anyone sees it with every
+    /// allocation anonymised (what a member or viewer sees of a node none of its team's work
+    /// runs on): serialised once per rebuild, not once per request.
+    pub nodes_json: Vec<(Bytes, Bytes)>,
     /// When it was built.
     pub built: Option<DateTime<Utc>>,
+}
+
+/// `node` with every allocation but `team`'s anonymised (`None`: every one).
+fn redacted(node: &NodeView, team: Option<&str>) -> NodeView {
+    let mut node = node.clone();
+    for g in &mut node.gpus {
+        for a in &mut g.allocations {
+            if team.is_none() || a.team.as_deref() != team {
+                *a = GpuAllocation {
+                    task_id: None,
+                    workload: None,
+                    task: None,
+                    team: None,
+                    milli: a.milli,
+                };
+            }
+        }
+    }
+    node
 }
 
 /// Everything the handlers share.
@@ -155,9 +178,18 @@ impl AppState {
                 }
             }
         }
+        let nodes_json = nodes
+            .iter()
+            .map(|n| {
+                let full = serde_json::to_vec(n).unwrap_or_default();
+                let anonymous = serde_json::to_vec(&redacted(n, None)).unwrap_or_default();
+                (Bytes::from(full), Bytes::from(anonymous))
+            })
+            .collect();
         *self.inner.snapshot.write().expect("snapshot lock") = Arc::new(Snapshot {
             queue,
             nodes,
+            nodes_json,
             built: Some(now),
         });
         Ok(())
@@ -511,6 +543,31 @@ pub struct QueuePage {
     pub next_cursor: Option<String>,
     /// When the view was built.
     pub as_of: Option<DateTime<Utc>>,
+}
+
+/// A page of the nodes.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct NodePage {
+    /// By name.
+    pub items: Vec<NodeView>,
+    /// Nodes in all.
+    pub total: usize,
+    /// Pass as `cursor` for the next page.
+    pub next_cursor: Option<String>,
+    /// When the view was built.
+    pub as_of: Option<DateTime<Utc>>,
+}
+
+/// Paging of `GET /nodes`.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct NodeQuery {
+    /// At most this many (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<u32>,
+    /// Where the previous page ended (its `next_cursor`).
+    #[param(pattern = "^[0-9]{1,18}$")]
+    pub cursor: Option<String>,
 }
 
 /// A share of a GPU held by a task.
@@ -1322,30 +1379,62 @@ async fn get_queue(
     }))
 }
 
-#[utoipa::path(get, path = "/api/v1/nodes",
-    responses((status = 200, body = [NodeView]), (status = 401, body = Problem)),
+#[utoipa::path(get, path = "/api/v1/nodes", params(NodeQuery),
+    responses((status = 200, body = NodePage), (status = 401, body = Problem)),
     security(("bearer" = [])))]
-async fn get_nodes(caller: Caller, State(state): State<AppState>) -> Result<Response, Problem> {
+async fn get_nodes(
+    caller: Caller,
+    State(state): State<AppState>,
+    ApiQuery(q): ApiQuery<NodeQuery>,
+) -> Result<Response, Problem> {
     let snapshot = state.snapshot();
-    if caller.sees_all() {
-        return Ok(Json(&snapshot.nodes).into_response());
-    }
-    // Others' work shows as occupied capacity, without names.
-    let mut nodes = snapshot.nodes.clone();
-    for g in nodes.iter_mut().flat_map(|n| n.gpus.iter_mut()) {
-        for a in &mut g.allocations {
-            if a.team.as_deref() != Some(caller.team.as_str()) {
-                *a = GpuAllocation {
-                    task_id: None,
-                    workload: None,
-                    task: None,
-                    team: None,
-                    milli: a.milli,
-                };
-            }
+    let (limit, cursor) = page(q.limit, q.cursor.as_deref())?;
+    let skip = cursor.unwrap_or(0).max(0) as usize;
+    let total = snapshot.nodes.len();
+    let end = total.min(skip.saturating_add(limit));
+    // The page is spliced from each node's JSON as serialised at the last rebuild; only a node
+    // that runs some of a member's or viewer's own team's work is serialised for the request.
+    let mut body = Vec::with_capacity(
+        snapshot.nodes_json[skip.min(end)..end]
+            .iter()
+            .map(|(full, _)| full.len() + 1)
+            .sum::<usize>()
+            + 128,
+    );
+    body.extend_from_slice(b"{\"items\":[");
+    for i in skip.min(end)..end {
+        if i > skip {
+            body.push(b',');
+        }
+        let (full, anonymous) = &snapshot.nodes_json[i];
+        if caller.sees_all() {
+            body.extend_from_slice(full);
+            continue;
+        }
+        let node = &snapshot.nodes[i];
+        let mine = node
+            .gpus
+            .iter()
+            .flat_map(|g| &g.allocations)
+            .any(|a| a.team.as_deref() == Some(caller.team.as_str()));
+        if mine {
+            serde_json::to_writer(&mut body, &redacted(node, Some(&caller.team)))
+                .map_err(|e| internal(e.to_string()))?;
+        } else {
+            body.extend_from_slice(anonymous);
         }
     }
-    Ok(Json(nodes).into_response())
+    let next_cursor = (end < total).then(|| end.to_string());
+    body.extend_from_slice(b"],");
+    let tail = serde_json::json!({
+        "total": total,
+        "next_cursor": next_cursor,
+        "as_of": snapshot.built,
+    });
+    // `{"total":…}` without its opening brace closes the object.
+    let tail = serde_json::to_vec(&tail).map_err(|e| internal(e.to_string()))?;
+    body.extend_from_slice(&tail[1..]);
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
 #[utoipa::path(get, path = "/api/v1/costs", params(TeamQuery),

@@ -14,16 +14,18 @@ use tower::ServiceExt;
 use allot_bus::consumer::Delivery;
 use allot_bus::{catalog, ensure_streams};
 use allot_events::access::TokenRole;
-use allot_events::alloc::{Applied, Launch};
+use allot_events::alloc::{Applied, Dispatch, Launch, LeaderElected};
 use allot_events::cost::CostAccrued;
 use allot_events::task::{RunSpec, TaskReady};
-use allot_events::{AllocEvent, AnyEvent, CostEvent, Envelope, TaskEvent, WorkloadEvent};
+use allot_events::{
+    AllocEvent, AnyEvent, CostEvent, Envelope, NodeEvent, TaskEvent, WorkloadEvent,
+};
 use allot_gateway::api::Bus;
 use allot_gateway::mirror::Mirror;
 use allot_gateway::token::{Known, sha256_hex};
 use allot_gateway::{AppState, app, db::Db, model};
 use allot_sched::journal::Entry;
-use allot_sched::{Decision, Input, LeaseId, TaskId, TaskSpec, WaitReason};
+use allot_sched::{Decision, Input, LeaseId, NodeSpec, Scheduler, TaskId, TaskSpec, WaitReason};
 use allot_testkit::NatsServer;
 
 fn spec(name: &str, team: &str) -> String {
@@ -140,10 +142,81 @@ async fn seeded() -> Seeded {
         model::apply_costs(&conn, &delivery(seq + 4, CostEvent::Accrued(cost))).unwrap();
         workloads.push((team.to_string(), id));
     }
+    // Two 1-GPU nodes, each running one team's task (200: vision, 201: nlp); the tasks above
+    // (100, 101) wait behind them.
+    for (i, node) in ["node-1", "node-2"].into_iter().enumerate() {
+        let registered = serde_json::from_value(json!({"node": node, "hostname": node,
+            "pool": "default", "cpu_milli": 64_000, "memory_mib": 262_144,
+            "gpu_source": "simulated", "gpus": [{"index": 0, "uuid": format!("GPU-{node}"),
+            "model": "H100", "memory_total_mib": 81_559}]}))
+        .unwrap();
+        model::apply_fleet(
+            &conn,
+            &delivery(100 + i as u64, NodeEvent::Registered(registered)),
+        )
+        .unwrap();
+    }
     drop(conn);
+    let mut mirror = Mirror::default();
+    mirror.apply(&AllocEvent::LeaderElected(LeaderElected {
+        pool: "default".into(),
+        leader: "test".into(),
+        policy: "fifo".into(),
+        format: allot_sched::journal::FORMAT.into(),
+        entries: 0,
+    }));
+    let mut reference = Scheduler::new(allot_sched::policy::by_name("fifo").unwrap());
+    let mut launches = std::collections::HashMap::new();
+    let mut inputs = vec![
+        Input::NodeAdded(NodeSpec::new("node-1", 1, "H100")),
+        Input::NodeAdded(NodeSpec::new("node-2", 1, "H100")),
+    ];
+    for (id, team, workload) in [
+        (200, "vision", "run-vision".to_owned()),
+        (201, "nlp", "run-nlp".to_owned()),
+        (100, "vision", workloads[0].1.clone()),
+        (101, "nlp", workloads[1].1.clone()),
+    ] {
+        let launch = Launch {
+            workload,
+            name: "train".into(),
+            team: team.into(),
+            run: RunSpec::default(),
+        };
+        launches.insert(TaskId(id), launch);
+        inputs.push(Input::TaskSubmitted {
+            task: TaskSpec::new(id, team, 1),
+            at: 1_000 + id,
+        });
+        if id == 201 {
+            inputs.push(Input::Schedule { at: 1_500 });
+        }
+    }
+    inputs.push(Input::Schedule { at: 2_000 });
+    for (seq, input) in inputs.into_iter().enumerate() {
+        let launch = match &input {
+            Input::TaskSubmitted { task, .. } => launches.get(&task.id).cloned(),
+            _ => None,
+        };
+        let decisions = reference.apply(input.clone()).unwrap();
+        let dispatch =
+            Dispatch::for_grants(&decisions, reference.cluster(), |t| launches[&t].clone());
+        mirror.apply(&AllocEvent::Applied(Applied {
+            pool: "default".into(),
+            source: None,
+            entry: Entry {
+                seq: seq as u64 + 1,
+                input,
+                decisions,
+                rejected: None,
+            },
+            launch,
+            dispatch,
+        }));
+    }
     let state = AppState::new(
         Arc::new(Db::new(path)),
-        Arc::new(Mutex::new(Mirror::default())),
+        Arc::new(Mutex::new(mirror)),
         Some(Bus::new(client.clone())),
         None,
     );
@@ -373,6 +446,7 @@ async fn listings_show_a_member_only_its_team_and_operators_every_team() {
             ("/api/v1/workloads", "items"),
             ("/api/v1/decisions", "items"),
             ("/api/v1/costs", "teams"),
+            ("/api/v1/queue", "items"),
         ] {
             let (status, _, v) = call(&s.state, "GET", uri, Some(&t), None).await;
             assert_eq!(status, StatusCode::OK, "{uri}: {v}");
@@ -393,6 +467,42 @@ async fn listings_show_a_member_only_its_team_and_operators_every_team() {
             vec!["nlp"]
         };
         assert_eq!(teams(&v, "items"), want_asked, "{role}");
+        // On the map, another team's work is capacity in use, without its names.
+        let (status, _, v) = call(&s.state, "GET", "/api/v1/nodes", Some(&t), None).await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        assert_eq!(v["total"], 2, "{v}");
+        let held: Vec<(Value, Value, u64)> = v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|n| n["gpus"].as_array().unwrap().clone())
+            .flat_map(|g| g["allocations"].as_array().unwrap().clone())
+            .map(|a| {
+                (
+                    a["team"].clone(),
+                    a["workload"].clone(),
+                    a["milli"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        let mut shown: Vec<String> = held
+            .iter()
+            .map(|(team, workload, _)| {
+                format!(
+                    "{}/{}",
+                    team.as_str().unwrap_or("-"),
+                    workload.as_str().unwrap_or("-")
+                )
+            })
+            .collect();
+        shown.sort();
+        let want_shown = if role == TokenRole::Member || role == TokenRole::Viewer {
+            vec!["-/-", "vision/run-vision"]
+        } else {
+            vec!["nlp/run-nlp", "vision/run-vision"]
+        };
+        assert_eq!(shown, want_shown, "{role}: {v}");
+        assert!(held.iter().all(|(_, _, milli)| *milli == 1000), "{v}");
     }
     // Costs are the sum of the events, to the micro-unit.
     let (_, _, v) = call(

@@ -129,11 +129,32 @@ async fn nodes_reach_the_api_and_the_event_stream_resumes_without_loss_or_repeat
     // The nodes appear in the API once projected (views are rebuilt every second).
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let (status, body) = http(addr, "/api/v1/nodes", &auth, |_| false).await;
+        let (status, body) = http(addr, "/api/v1/nodes?limit=4", &auth, |_| false).await;
         assert_eq!(status, 200, "{body}");
-        let nodes: serde_json::Value = serde_json::from_str(&body).unwrap();
-        if nodes.as_array().unwrap().len() == 6 {
-            assert_eq!(nodes[0]["gpus"].as_array().unwrap().len(), 4, "{nodes}");
+        let page: serde_json::Value = serde_json::from_str(&body).unwrap();
+        if page["total"] == 6 {
+            // Pages of four: nodes 1-4, then 5-6 and no further page.
+            let nodes = page["items"].as_array().unwrap();
+            assert_eq!(nodes.len(), 4, "{page}");
+            assert_eq!(nodes[0]["gpus"].as_array().unwrap().len(), 4, "{page}");
+            let next = page["next_cursor"].as_str().unwrap();
+            let (_, body) = http(
+                addr,
+                &format!("/api/v1/nodes?limit=4&cursor={next}"),
+                &auth,
+                |_| false,
+            )
+            .await;
+            let rest: serde_json::Value = serde_json::from_str(&body).unwrap();
+            assert_eq!(rest["items"].as_array().unwrap().len(), 2, "{rest}");
+            assert!(rest["next_cursor"].is_null(), "{rest}");
+            let mut names: Vec<&str> = nodes
+                .iter()
+                .chain(rest["items"].as_array().unwrap())
+                .map(|n| n["name"].as_str().unwrap())
+                .collect();
+            names.dedup();
+            assert_eq!(names.len(), 6, "{names:?}");
             break;
         }
         assert!(Instant::now() < deadline, "nodes never appeared: {body}");

@@ -122,6 +122,49 @@ pub struct Dispatch {
     pub nodes: Vec<NodeGrant>,
 }
 
+impl Dispatch {
+    /// The executors' orders for the grants among `decisions`, on `cluster` as it is after
+    /// them: node names and models instead of the scheduler's node indices, and each task's
+    /// launch from `launch`.
+    pub fn for_grants(
+        decisions: &[allot_sched::Decision],
+        cluster: &allot_sched::Cluster,
+        mut launch: impl FnMut(TaskId) -> Launch,
+    ) -> Vec<Dispatch> {
+        decisions
+            .iter()
+            .filter_map(|d| match d {
+                allot_sched::Decision::Granted {
+                    task,
+                    lease,
+                    placement,
+                    ..
+                } => Some(Dispatch {
+                    task: *task,
+                    lease: *lease,
+                    launch: launch(*task),
+                    nodes: placement
+                        .shares
+                        .iter()
+                        .map(|share| {
+                            let node = &cluster.node(share.node).spec;
+                            NodeGrant {
+                                node: node.name.clone(),
+                                gpu_model: node.gpu_model.clone(),
+                                gpus: share.gpus.clone(),
+                                mig: share.mig.clone(),
+                                cpu_milli: share.cpu_milli,
+                                memory_mib: share.memory_mib,
+                            }
+                        })
+                        .collect(),
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
 /// A task's share of one node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

@@ -535,10 +535,19 @@ impl Scheduler {
     /// The queue at `now`: each waiting task in the order the scheduler would start them,
     /// with its place (from 1, counting every pending task) and why it waits — what `allot
     /// queue` and the gateway show.
+    ///
+    /// Every ETA comes from one simulation of the whole queue ([`Self::expected_starts`]), not
+    /// one per task as [`Self::waiting`] runs: a queue of thousands is answered in
+    /// milliseconds. The two differ in one respect: here work behind a task that is expected
+    /// to start before it (backfill) holds its resources too, as it will.
     pub fn queue(&self, now: Time) -> impl Iterator<Item = (usize, &TaskSpec, Waiting)> + '_ {
+        let starts = self.expected_starts(now);
         self.pending_specs()
             .enumerate()
-            .filter_map(move |(i, spec)| self.waiting(spec.id, now).map(|w| (i + 1, spec, w)))
+            .filter_map(move |(i, spec)| {
+                self.waiting_with(spec.id, |unit, _| starts.get(&unit.members[0]).copied())
+                    .map(|w| (i + 1, spec, w))
+            })
     }
 
     /// Why a pending task waits and when it is expected to start; `None` if it is not
@@ -548,6 +557,16 @@ impl Scheduler {
     /// time (see [`Self::expected_start`]) — so it moves as the queue does, and asking again
     /// is how a user sees it move (decisions are logged only when the reason changes).
     pub fn waiting(&self, task: TaskId, now: Time) -> Option<Waiting> {
+        self.waiting_with(task, |unit, key| self.expected_start(unit, key, now))
+    }
+
+    /// [`Self::waiting`], with the ETA of a unit (a task, or a gang led by its first member)
+    /// whose queue key is given from `eta`.
+    fn waiting_with(
+        &self,
+        task: TaskId,
+        eta: impl FnOnce(&Unit, QueueKey) -> Option<Time>,
+    ) -> Option<Waiting> {
         let t = self.tasks.get(&task)?;
         let State::Pending { key, .. } = t.state else {
             return None;
@@ -598,7 +617,7 @@ impl Scheduler {
         } else {
             self.no_capacity(&unit)
         };
-        let eta = self.expected_start(&unit, key, now);
+        let eta = eta(&unit, key);
         Some(Waiting {
             reason,
             eta,
@@ -2181,6 +2200,127 @@ impl Scheduler {
             at = end;
         }
         None
+    }
+
+    /// When each pending unit is expected to start (by its leader, the first member), from one
+    /// simulation of the whole queue with the model of [`Self::expected_start`]: running work
+    /// ends as expected, units start in queue order as capacity and quotas allow (in strict
+    /// order under a policy that stops at a blocked head), each running for its estimate.
+    /// Units of the same team, demand and GPU count form a class; a class refused at one
+    /// moment is refused until something ends, so each moment costs a look at each class's
+    /// first unit rather than at every unit. Units held back by their team's budget, and
+    /// those not expected to start within [`MAX_ETA_STEPS`] ends, have none.
+    pub fn expected_starts(&self, now: Time) -> HashMap<TaskId, Time> {
+        let mut cluster = self.cluster.clone();
+        let mut quotas = self.quotas.clone();
+        let mut held: Vec<(Placement, String, Amounts)> = Vec::new();
+        let mut ends: BinaryHeap<Reverse<(Time, u64, usize)>> = BinaryHeap::new();
+        for t in self.tasks.values() {
+            if let State::Running { placement, .. } = &t.state {
+                ends.push(Reverse((self.expected_end(t, now), t.seq, held.len())));
+                held.push((
+                    placement.clone(),
+                    t.spec.team.clone(),
+                    quota::demand(&t.spec),
+                ));
+            }
+        }
+        type Class = (String, Amounts, u32);
+        // Each class's units in queue order (by their place in line), and each class's first
+        // unit in a heap by that place.
+        let mut classes: HashMap<Class, std::collections::VecDeque<(usize, Unit, u64)>> =
+            HashMap::default();
+        for (place, leader) in self.queue.values().enumerate() {
+            let unit = self.unit(*leader);
+            let spec = &unit.specs[0];
+            let budget_ok = self
+                .over_budget
+                .get(&spec.team)
+                .copied()
+                .flatten()
+                .is_none_or(|floor| spec.priority >= floor);
+            let complete = spec
+                .gang
+                .as_ref()
+                .is_none_or(|g| self.gangs.get(&g.name).map_or(0, Vec::len) as u32 >= g.size);
+            if budget_ok && complete {
+                let class = (spec.team.clone(), unit.demand, unit.gpus);
+                let seq = self.tasks[leader].seq;
+                classes
+                    .entry(class)
+                    .or_default()
+                    .push_back((place, unit, seq));
+            }
+        }
+        let in_order = self.policy.when_blocked() == WhenBlocked::Stop;
+        let mut starts: HashMap<TaskId, Time> = HashMap::default();
+        let mut at = now;
+        for _ in 0..MAX_ETA_STEPS {
+            let mut heads: BinaryHeap<Reverse<(usize, &Class)>> = classes
+                .iter()
+                .filter_map(|(class, units)| units.front().map(|u| Reverse((u.0, class))))
+                .collect();
+            let mut taken: HashMap<&Class, usize> = HashMap::default();
+            while let Some(Reverse((_, class))) = heads.pop() {
+                let units = &classes[class];
+                let next = taken.get(class).copied().unwrap_or(0);
+                let Some((_, unit, seq)) = units.get(next) else {
+                    continue;
+                };
+                let team = unit.specs[0].team.as_str();
+                let placed = if self.policy.admits(team, unit.demand, &quotas) {
+                    self.place_unit_on(&mut cluster, unit)
+                } else {
+                    None
+                };
+                let Some((placements, _)) = placed else {
+                    if in_order {
+                        break;
+                    }
+                    continue; // refused until something ends
+                };
+                for (spec, placement) in unit.specs.iter().zip(placements) {
+                    cluster.allocate(&placement);
+                    let demand = quota::demand(spec);
+                    quotas.charge(&spec.team, demand);
+                    let end = at.saturating_add(self.estimator.estimate(spec)).max(at + 1);
+                    ends.push(Reverse((end, *seq, held.len())));
+                    held.push((placement, spec.team.clone(), demand));
+                }
+                starts.insert(unit.members[0], at);
+                taken.insert(class, next + 1);
+                if let Some((place, _, _)) = units.get(next + 1) {
+                    heads.push(Reverse((*place, class)));
+                }
+            }
+            let taken: Vec<(Class, usize)> =
+                taken.into_iter().map(|(c, n)| (c.clone(), n)).collect();
+            for (class, n) in taken {
+                if let Some(units) = classes.get_mut(&class) {
+                    units.drain(..n);
+                    if units.is_empty() {
+                        classes.remove(&class);
+                    }
+                }
+            }
+            if classes.is_empty() {
+                break;
+            }
+            // Everything that ends at the next moment ends together.
+            let Some(&Reverse((end, _, _))) = ends.peek() else {
+                break;
+            };
+            while let Some(&Reverse((e, _, i))) = ends.peek()
+                && e == end
+            {
+                ends.pop();
+                let (placement, team, demand) = &held[i];
+                cluster.release(placement);
+                quotas.refund(team, *demand);
+            }
+            at = end;
+        }
+        starts
     }
 
     /// When a running task is expected to end, for ETAs: when its estimate says, or — once it

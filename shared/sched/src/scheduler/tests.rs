@@ -891,3 +891,36 @@ fn a_team_over_budget_starts_nothing_below_its_floor_or_is_flagged() {
         }
     }
 }
+
+/// The queue's ETAs come from one simulation of the whole queue; where nothing behind a task can
+/// start before it (every unit the same size), they are the ETAs each task's own simulation
+/// gives — under every policy, with gangs, and with several teams.
+#[test]
+fn the_queues_etas_are_each_tasks_own_when_nothing_can_overtake() {
+    const MIN: Time = 60_000;
+    for policy in ["fifo", "kueue", "allot", "tiresias"] {
+        let mut s = scheduler(
+            crate::policy::by_name(policy).unwrap(),
+            vec![node("n1").gpus(4), node("n2").gpus(4)],
+        );
+        for id in 1..=24u64 {
+            let mut t = task(id).gpus(2).lasts((id % 5 + 1) * 10 * MIN).0;
+            t.team = ["team-a", "team-b", "team-c"][id as usize % 3].into();
+            s.apply(Input::TaskSubmitted { task: t, at: 0 }).unwrap();
+        }
+        s.apply(Input::Schedule { at: 0 }).unwrap();
+        let now = 5 * MIN;
+        let queue: Vec<_> = s.queue(now).collect();
+        assert!(queue.len() >= 16, "{policy}: {}", queue.len());
+        let mut last = 0;
+        for (position, spec, w) in &queue {
+            let own = s.waiting(spec.id, now).unwrap();
+            assert_eq!(w.eta, own.eta, "{policy}: task {} at {position}", spec.id.0);
+            assert_eq!(w.reason, own.reason, "{policy}");
+            let eta = w.eta.expect("every task has an ETA");
+            assert!(eta >= now, "{policy}");
+            last = last.max(eta);
+        }
+        assert!(last > now, "{policy}: someone waits past now");
+    }
+}
