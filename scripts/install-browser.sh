@@ -26,7 +26,11 @@ if ! command -v npm >/dev/null 2>&1; then
     exit 1
 fi
 want="$(sed -n 's/.*"playwright-core": *"\([^"]*\)".*/\1/p' "$browser_dir/package.json")"
-have="$(sed -n 's/.*"version": *"\([^"]*\)".*/\1/p' "$browser_dir/node_modules/playwright-core/package.json" 2>/dev/null | head -n 1)"
+installed="$browser_dir/node_modules/playwright-core/package.json"
+have=""
+if [[ -f "$installed" ]]; then
+    have="$(sed -n 's/.*"version": *"\([^"]*\)".*/\1/p' "$installed" | head -n 1)"
+fi
 if [[ "$have" != "$want" ]]; then
     (cd "$browser_dir" && npm ci --no-audit --no-fund --loglevel=error)
 fi
