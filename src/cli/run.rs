@@ -73,6 +73,11 @@ pub struct GatewayArgs {
     /// Teams file, to check submissions as `allot submit` does (ALLOT_TEAMS_FILE).
     #[arg(long)]
     pub teams: Option<String>,
+    /// Durable consumer name prefix (ALLOT_CONSUMER_PREFIX; default: gateway). Each instance
+    /// keeps its own read models, so each needs its own prefix: instances sharing one would
+    /// split the events between them.
+    #[arg(long)]
+    pub consumer_prefix: Option<String>,
 }
 
 /// Flags of `allot run remediation`.
@@ -293,6 +298,11 @@ pub async fn run(args: RunArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
                 .optional(a.admin_token_file.as_deref(), "ALLOT_ADMIN_TOKEN_FILE")
                 .map(PathBuf::from);
             config.teams = teams_file(a.teams.as_deref(), &mut s);
+            config.consumer = s.string(
+                a.consumer_prefix.as_deref(),
+                "ALLOT_CONSUMER_PREFIX",
+                "gateway",
+            );
             Configured::Gateway(Box::new(config))
         }
     };
