@@ -87,6 +87,20 @@ fn schemathesis_finds_nothing_wrong_with_the_live_api() {
         )
     });
 
+    let issued = curl(&[
+        "-X",
+        "POST",
+        "-H",
+        &auth,
+        "-H",
+        "Content-Type: application/json",
+        "--data",
+        r#"{"team": "nlp", "role": "viewer", "description": "to be revoked"}"#,
+        &format!("{url}/api/v1/tokens"),
+    ])
+    .expect("a token was issued");
+    let token_id = issued["token_id"].as_str().unwrap().to_owned();
+
     let out = Command::new(&st)
         .arg("--config-file")
         .arg(root.join("tests/api/schemathesis.toml"))
@@ -95,6 +109,7 @@ fn schemathesis_finds_nothing_wrong_with_the_live_api() {
         .env("ALLOT_TOKEN", token.trim())
         .env("ALLOT_WORKLOAD_ID", &workload)
         .env("ALLOT_TASK_ID", task.to_string())
+        .env("ALLOT_TOKEN_ID", &token_id)
         .current_dir(dir.path())
         .output()
         .unwrap();
@@ -105,8 +120,8 @@ fn schemathesis_finds_nothing_wrong_with_the_live_api() {
         String::from_utf8_lossy(&out.stderr),
         log_of(dir.path(), "up")
     );
-    // It reached every operation, the three that need real objects included.
-    assert!(report.contains("Tested: 14"), "{report}");
+    // It reached every operation, the four that need real objects included.
+    assert!(report.contains("Tested: 16"), "{report}");
     assert!(!report.contains("Missing test data"), "{report}");
 
     terminate(&up);

@@ -795,6 +795,27 @@ fn some_time<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<DateTime<U
     DateTime::<Utc>::deserialize(d).map(Some)
 }
 
+/// A token as listed: never its secret, nor its hash.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TokenView {
+    /// Its public id (the first 12 hex digits of its hash).
+    pub token_id: String,
+    /// The team it acts for.
+    pub team: String,
+    /// Its role.
+    pub role: String,
+    /// What it is for.
+    pub description: String,
+    /// Who issued it.
+    pub issued_by: String,
+    /// When.
+    pub issued_at: String,
+    /// When it stops being accepted.
+    pub expires: Option<String>,
+    /// When it was revoked.
+    pub revoked_at: Option<String>,
+}
+
 /// A token, shown once.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct IssuedToken {
@@ -1656,6 +1677,93 @@ async fn create_token(
         .into_response())
 }
 
+#[utoipa::path(get, path = "/api/v1/tokens",
+    responses((status = 200, body = [TokenView]), (status = 403, body = Problem)),
+    security(("bearer" = [])))]
+async fn list_tokens(
+    caller: Caller,
+    State(state): State<AppState>,
+) -> Result<Json<Vec<TokenView>>, Problem> {
+    if !caller.may_issue_tokens() {
+        return Err(Problem::forbidden(format!(
+            "a {} token may not list tokens",
+            caller.role
+        )));
+    }
+    let tokens = state
+        .inner
+        .db
+        .read(|c| {
+            c.prepare(
+                "SELECT token_id, team, role, description, issued_by, issued_at, expires, \
+                 revoked_at FROM tokens ORDER BY issued_at, token_id",
+            )?
+            .query_map([], |r| {
+                Ok(TokenView {
+                    token_id: r.get(0)?,
+                    team: r.get(1)?,
+                    role: r.get(2)?,
+                    description: r.get(3)?,
+                    issued_by: r.get(4)?,
+                    issued_at: r.get(5)?,
+                    expires: r.get(6)?,
+                    revoked_at: r.get(7)?,
+                })
+            })?
+            .collect::<Result<Vec<_>, _>>()
+        })
+        .await
+        .map_err(internal)?;
+    Ok(Json(tokens))
+}
+
+#[utoipa::path(delete, path = "/api/v1/tokens/{id}", params(("id" = String, Path, description = "The token's public id")),
+    responses((status = 204, description = "Revoked: refused by this gateway at once, by every other as soon as it reads the event"),
+        (status = 403, body = Problem), (status = 404, body = Problem), (status = 409, body = Problem), (status = 503, body = Problem)),
+    security(("bearer" = [])))]
+async fn revoke_token(
+    caller: Caller,
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<StatusCode, Problem> {
+    if !caller.may_issue_tokens() {
+        return Err(Problem::forbidden(format!(
+            "a {} token may not revoke tokens",
+            caller.role
+        )));
+    }
+    let known = state
+        .inner
+        .tokens
+        .read()
+        .expect("tokens lock")
+        .by_id(&id)
+        .map(|k| (k.team.clone(), k.revoked));
+    let Some((team, revoked)) = known else {
+        return Err(Problem::not_found(format!("no token {id}")));
+    };
+    if revoked {
+        return Err(Problem::conflict(format!("token {id} is already revoked")));
+    }
+    let Some(bus) = &state.inner.bus else {
+        return Err(Problem::unavailable(
+            "the gateway is not connected to the bus",
+        ));
+    };
+    bus.publisher
+        .publish(AccessEvent::TokenRevoked(
+            allot_events::access::TokenRevoked {
+                token_id: id.clone(),
+                team,
+                by: caller.name(),
+            },
+        ))
+        .await
+        .map_err(unavailable)?;
+    state.inner.tokens.write().expect("tokens lock").revoke(&id);
+    Ok(StatusCode::NO_CONTENT)
+}
+
 async fn openapi_json() -> Response {
     (
         [(header::CONTENT_TYPE, "application/json")],
@@ -1691,7 +1799,10 @@ impl Modify for Problems {
             )
         };
         for item in openapi.paths.paths.values_mut() {
-            for op in [&mut item.get, &mut item.post].into_iter().flatten() {
+            for op in [&mut item.get, &mut item.post, &mut item.delete]
+                .into_iter()
+                .flatten()
+            {
                 let responses = &mut op.responses.responses;
                 for response in responses.values_mut() {
                     let RefOr::T(response) = response else {
@@ -1738,6 +1849,7 @@ impl Modify for BearerAuth {
     info(title = "Allot gateway", description = "Workloads, the queue with reasons and ETAs, nodes, decisions, costs and budgets of an Allot cluster, per team."),
     paths(list_workloads, get_workload, submit_workload, abort_workload, explain_task, get_queue,
         get_nodes, list_decisions, get_costs, get_budgets, get_kpis, look_back, create_token,
+        list_tokens, revoke_token,
         crate::sse::events),
     components(schemas(Problem, SpecError)),
     modifiers(&BearerAuth, &Problems)
@@ -1762,7 +1874,8 @@ pub fn app(state: AppState) -> Router {
         .route("/api/v1/budgets", get(get_budgets))
         .route("/api/v1/kpis", get(get_kpis))
         .route("/api/v1/lookback", get(look_back))
-        .route("/api/v1/tokens", post(create_token))
+        .route("/api/v1/tokens", post(create_token).get(list_tokens))
+        .route("/api/v1/tokens/{id}", axum::routing::delete(revoke_token))
         .route("/api/v1/events", get(crate::sse::events))
         .route("/api/v1/openapi.json", get(openapi_json))
         .merge(crate::dashboard::routes())

@@ -143,9 +143,25 @@ pub struct Tokens {
 }
 
 impl Tokens {
-    /// Adds (or replaces) the token with hash `sha256`.
-    pub fn insert(&mut self, sha256: String, known: Known) {
+    /// Adds (or replaces) the token with hash `sha256`. A revocation is for good: a token
+    /// revoked here stays revoked whatever an older read of the read model says.
+    pub fn insert(&mut self, sha256: String, mut known: Known) {
+        known.revoked |= self.by_hash.get(&sha256).is_some_and(|k| k.revoked);
         self.by_hash.insert(sha256, known);
+    }
+
+    /// The token with public id `token_id`, if known.
+    pub fn by_id(&self, token_id: &str) -> Option<&Known> {
+        self.by_hash.values().find(|k| k.token_id == token_id)
+    }
+
+    /// Refuses the token with public id `token_id` from now on.
+    pub fn revoke(&mut self, token_id: &str) {
+        for known in self.by_hash.values_mut() {
+            if known.token_id == token_id {
+                known.revoked = true;
+            }
+        }
     }
 
     /// The caller presenting `token` at `now`, if it is known, not revoked and not expired.

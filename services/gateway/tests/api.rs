@@ -18,7 +18,7 @@ use allot_events::alloc::{Applied, Dispatch, Launch, LeaderElected};
 use allot_events::cost::CostAccrued;
 use allot_events::task::{RunSpec, TaskReady};
 use allot_events::{
-    AllocEvent, AnyEvent, CostEvent, Envelope, NodeEvent, TaskEvent, WorkloadEvent,
+    AccessEvent, AllocEvent, AnyEvent, CostEvent, Envelope, NodeEvent, TaskEvent, WorkloadEvent,
 };
 use allot_gateway::api::Bus;
 use allot_gateway::mirror::Mirror;
@@ -37,6 +37,8 @@ fn spec(name: &str, team: &str) -> String {
 
 struct Seeded {
     _dir: tempfile::TempDir,
+    /// The read model's file.
+    db: std::path::PathBuf,
     _nats: NatsServer,
     state: AppState,
     client: async_nats::Client,
@@ -234,6 +236,7 @@ async fn seeded() -> Seeded {
     }
     state.refresh().await.unwrap();
     Seeded {
+        db: dir.path().join("gateway.db"),
         _dir: dir,
         _nats: nats,
         state,
@@ -698,4 +701,98 @@ async fn a_submission_is_checked_then_published_once_naming_the_caller() {
         "{}",
         subs[0].submitter
     );
+}
+
+#[tokio::test]
+async fn admins_list_and_revoke_tokens_and_a_revoked_token_is_refused_at_once() {
+    let s = seeded().await;
+    let admin = token(TokenRole::Admin);
+    // A member's token of team vision, as the ACCESS projection stores it.
+    let secret = allot_gateway::token::generate();
+    let issued = allot_gateway::token::issued(
+        &secret,
+        "vision",
+        TokenRole::Member,
+        "ops",
+        "ci runner",
+        None,
+    );
+    let conn = allot_store::open(&s.db, model::MIGRATIONS).unwrap();
+    model::apply_access(
+        &conn,
+        &delivery(500, AccessEvent::TokenIssued(issued.clone())),
+    )
+    .unwrap();
+    drop(conn);
+    s.state.reload_tokens(None).await.unwrap();
+    let (status, _, _) = call(&s.state, "GET", "/api/v1/workloads", Some(&secret), None).await;
+    assert_eq!(status, StatusCode::OK);
+
+    // Admins list tokens, never their secrets or hashes; nobody else may.
+    let (status, _, list) = call(&s.state, "GET", "/api/v1/tokens", Some(&admin), None).await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    let row = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["token_id"] == issued.token_id.as_str())
+        .unwrap_or_else(|| panic!("{list}"));
+    assert_eq!(
+        (
+            row["team"].as_str(),
+            row["role"].as_str(),
+            row["description"].as_str()
+        ),
+        (Some("vision"), Some("member"), Some("ci runner"))
+    );
+    assert!(row["revoked_at"].is_null(), "{row}");
+    let text = list.to_string();
+    assert!(
+        !text.contains(&secret) && !text.contains(&issued.sha256),
+        "{text}"
+    );
+    let uri = format!("/api/v1/tokens/{}", issued.token_id);
+    for role in [TokenRole::Operator, TokenRole::Member, TokenRole::Viewer] {
+        let (status, _, _) =
+            call(&s.state, "GET", "/api/v1/tokens", Some(&token(role)), None).await;
+        assert_eq!(status.as_u16(), 403, "{role} lists");
+        let (status, _, _) = call(&s.state, "DELETE", &uri, Some(&token(role)), None).await;
+        assert_eq!(status.as_u16(), 403, "{role} revokes");
+    }
+
+    // Revoked: an event naming who did it, and refused by this gateway at once.
+    let mut events = s.client.subscribe("allot.access.>").await.unwrap();
+    let (status, _, p) = call(&s.state, "DELETE", &uri, Some(&admin), None).await;
+    assert_eq!(status.as_u16(), 204, "{p}");
+    let msg = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        futures::StreamExt::next(&mut events),
+    )
+    .await
+    .expect("the revocation was published")
+    .unwrap();
+    assert_eq!(msg.subject.as_str(), "allot.access.token_revoked.vision");
+    let event: Value = serde_json::from_slice(&msg.payload).unwrap();
+    assert_eq!(
+        event["data"]["token_id"],
+        issued.token_id.as_str(),
+        "{event}"
+    );
+    assert!(
+        event["data"]["by"].as_str().unwrap().contains("t-admin"),
+        "{event}"
+    );
+    let (status, _, _) = call(&s.state, "GET", "/api/v1/workloads", Some(&secret), None).await;
+    assert_eq!(status.as_u16(), 401);
+    let (status, _, _) = call(&s.state, "DELETE", &uri, Some(&admin), None).await;
+    assert_eq!(status.as_u16(), 409);
+    let (status, _, _) = call(
+        &s.state,
+        "DELETE",
+        "/api/v1/tokens/nope",
+        Some(&admin),
+        None,
+    )
+    .await;
+    assert_eq!(status.as_u16(), 404);
 }
