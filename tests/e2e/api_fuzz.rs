@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{allot, free_port, log_of, spawn_logged, terminate, wait_exit, wait_for};
+use crate::support::{
+    allot, free_port, gateway_of, log_of, spawn_logged, terminate, wait_exit, wait_for,
+};
 
 /// A two-hour trainer (it runs for the whole test) and an evaluation after it.
 const WORKLOAD: &str = r#"{"apiVersion": "allot/v1", "kind": "Workload",
@@ -48,16 +50,8 @@ fn schemathesis_finds_nothing_wrong_with_the_live_api() {
         .args(["--nats-port", &free_port().to_string()])
         .args(["--listen", &format!("127.0.0.1:{}", free_port())]);
     let mut up = spawn_logged(up, dir.path(), "up");
-    let data = dir.path().join(".allot");
-    let url = wait_for(Duration::from_secs(90), || {
-        let url = std::fs::read_to_string(data.join("gateway.url")).ok()?;
-        data.join("admin.token")
-            .exists()
-            .then(|| url.trim().trim_end_matches('/').to_owned())
-    })
-    .unwrap_or_else(|| panic!("no gateway URL; allot up:\n{}", log_of(dir.path(), "up")));
-    let token = std::fs::read_to_string(data.join("admin.token")).unwrap();
-    let auth = format!("Authorization: Bearer {}", token.trim());
+    let (url, token) = gateway_of(dir.path(), "up");
+    let auth = format!("Authorization: Bearer {}", token);
 
     let submitted = curl(&[
         "-X",
@@ -106,7 +100,7 @@ fn schemathesis_finds_nothing_wrong_with_the_live_api() {
         .arg(root.join("tests/api/schemathesis.toml"))
         .args(["run", &format!("{url}/api/v1/openapi.json")])
         .args(["--no-color", "--wait-for-schema", "30"])
-        .env("ALLOT_TOKEN", token.trim())
+        .env("ALLOT_TOKEN", &token)
         .env("ALLOT_WORKLOAD_ID", &workload)
         .env("ALLOT_TASK_ID", task.to_string())
         .env("ALLOT_TOKEN_ID", &token_id)

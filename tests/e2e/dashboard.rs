@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{allot, free_port, log_of, spawn_logged, terminate, wait_exit, wait_for};
+use crate::support::{allot, free_port, gateway_of, log_of, spawn_logged, terminate, wait_exit};
 
 /// Two 4-GPU trainers of a minute each (six seconds at the test's speed-up).
 fn workload(name: &str, team: &str) -> String {
@@ -74,15 +74,7 @@ fn the_dashboard_shows_the_cluster_live_looks_back_and_scopes_a_member() {
     .args(["--nats-port", &free_port().to_string()])
     .args(["--listen", &format!("127.0.0.1:{}", free_port())]);
     let mut up = spawn_logged(up, dir.path(), "up");
-    let data = dir.path().join(".allot");
-    let url = wait_for(Duration::from_secs(90), || {
-        let url = std::fs::read_to_string(data.join("gateway.url")).ok()?;
-        data.join("admin.token")
-            .exists()
-            .then(|| url.trim().to_owned())
-    })
-    .unwrap_or_else(|| panic!("no gateway URL; allot up:\n{}", log_of(dir.path(), "up")));
-    let admin = std::fs::read_to_string(data.join("admin.token")).unwrap();
+    let (url, admin) = gateway_of(dir.path(), "up");
 
     let out = allot(dir.path())
         .args(["token", "create", "--team", "nlp", "--role", "member"])
@@ -121,7 +113,7 @@ fn the_dashboard_shows_the_cluster_live_looks_back_and_scopes_a_member() {
         .arg(browser_dir().join("dashboard.mjs"))
         .current_dir(browser_dir())
         .env("ALLOT_URL", &url)
-        .env("ALLOT_TOKEN", admin.trim())
+        .env("ALLOT_TOKEN", &admin)
         .env("ALLOT_MEMBER_TOKEN", &member)
         .env("ALLOT_MEMBER_TEAM", "nlp")
         .env("ALLOT_SHOTS", &shots)

@@ -87,3 +87,18 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// The gateway's URL (without a trailing slash) and admin token of the `allot up` running in
+/// `dir`, once it has written them; `log` names its log for the panic message.
+pub fn gateway_of(dir: &Path, log: &str) -> (String, String) {
+    let data = dir.join(".allot");
+    let url = wait_for(Duration::from_secs(90), || {
+        let url = std::fs::read_to_string(data.join("gateway.url")).ok()?;
+        data.join("admin.token")
+            .exists()
+            .then(|| url.trim().trim_end_matches('/').to_owned())
+    })
+    .unwrap_or_else(|| panic!("no gateway URL; allot up:\n{}", log_of(dir, log)));
+    let token = std::fs::read_to_string(data.join("admin.token")).unwrap();
+    (url, token.trim().to_owned())
+}

@@ -2121,20 +2121,7 @@ impl Scheduler {
     fn expected_start(&self, unit: &Unit, key: QueueKey, now: Time) -> Option<Time> {
         let mut cluster = self.cluster.clone();
         let mut quotas = self.quotas.clone();
-        // What holds resources until it ends: its placement, team and quota demand; and a
-        // min-heap of (end, place in line, index into it) — a total order.
-        let mut held: Vec<(Placement, String, Amounts)> = Vec::new();
-        let mut ends: BinaryHeap<Reverse<(Time, u64, usize)>> = BinaryHeap::new();
-        for t in self.tasks.values() {
-            if let State::Running { placement, .. } = &t.state {
-                ends.push(Reverse((self.expected_end(t, now), t.seq, held.len())));
-                held.push((
-                    placement.clone(),
-                    t.spec.team.clone(),
-                    quota::demand(&t.spec),
-                ));
-            }
-        }
+        let (mut held, mut ends) = self.running_ends(now);
         // Units ahead, but not those held back by their team's budget: they start no sooner
         // than the budget changes, and block no one meanwhile.
         let mut ahead: Vec<(Unit, u64)> = self
@@ -2213,18 +2200,7 @@ impl Scheduler {
     pub fn expected_starts(&self, now: Time) -> HashMap<TaskId, Time> {
         let mut cluster = self.cluster.clone();
         let mut quotas = self.quotas.clone();
-        let mut held: Vec<(Placement, String, Amounts)> = Vec::new();
-        let mut ends: BinaryHeap<Reverse<(Time, u64, usize)>> = BinaryHeap::new();
-        for t in self.tasks.values() {
-            if let State::Running { placement, .. } = &t.state {
-                ends.push(Reverse((self.expected_end(t, now), t.seq, held.len())));
-                held.push((
-                    placement.clone(),
-                    t.spec.team.clone(),
-                    quota::demand(&t.spec),
-                ));
-            }
-        }
+        let (mut held, mut ends) = self.running_ends(now);
         type Class = (String, Amounts, u32);
         // Each class's units in queue order (by their place in line), and each class's first
         // unit in a heap by that place.
@@ -2321,6 +2297,32 @@ impl Scheduler {
             at = end;
         }
         starts
+    }
+
+    /// For the ETA simulations: what holds resources until it ends (each running task's
+    /// placement, team and quota demand), and a min-heap of (expected end, place in line,
+    /// index into the first) — a total order.
+    #[allow(clippy::type_complexity)]
+    fn running_ends(
+        &self,
+        now: Time,
+    ) -> (
+        Vec<(Placement, String, Amounts)>,
+        BinaryHeap<Reverse<(Time, u64, usize)>>,
+    ) {
+        let mut held = Vec::new();
+        let mut ends = BinaryHeap::new();
+        for t in self.tasks.values() {
+            if let State::Running { placement, .. } = &t.state {
+                ends.push(Reverse((self.expected_end(t, now), t.seq, held.len())));
+                held.push((
+                    placement.clone(),
+                    t.spec.team.clone(),
+                    quota::demand(&t.spec),
+                ));
+            }
+        }
+        (held, ends)
     }
 
     /// When a running task is expected to end, for ETAs: when its estimate says, or — once it
