@@ -34,6 +34,21 @@ fn curl(args: &[&str]) -> Option<Value> {
         .flatten()
 }
 
+/// `POST url` with a JSON `body` as the bearer of `auth` (`Authorization: …`).
+fn post_json(auth: &str, url: &str, body: &str) -> Option<Value> {
+    curl(&[
+        "-X",
+        "POST",
+        "-H",
+        auth,
+        "-H",
+        "Content-Type: application/json",
+        "--data",
+        body,
+        url,
+    ])
+}
+
 #[test]
 fn schemathesis_finds_nothing_wrong_with_the_live_api() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -53,17 +68,11 @@ fn schemathesis_finds_nothing_wrong_with_the_live_api() {
     let (url, token) = gateway_of(dir.path(), "up");
     let auth = format!("Authorization: Bearer {}", token);
 
-    let submitted = curl(&[
-        "-X",
-        "POST",
-        "-H",
+    let submitted = post_json(
         &auth,
-        "-H",
-        "Content-Type: application/json",
-        "--data",
-        WORKLOAD,
         &format!("{url}/api/v1/workloads?run_id=fuzz"),
-    ])
+        WORKLOAD,
+    )
     .expect("the workload was accepted");
     let workload = submitted["workload_id"].as_str().unwrap().to_owned();
     let task = wait_for(Duration::from_secs(60), || {
@@ -81,17 +90,11 @@ fn schemathesis_finds_nothing_wrong_with_the_live_api() {
         )
     });
 
-    let issued = curl(&[
-        "-X",
-        "POST",
-        "-H",
+    let issued = post_json(
         &auth,
-        "-H",
-        "Content-Type: application/json",
-        "--data",
-        r#"{"team": "nlp", "role": "viewer", "description": "to be revoked"}"#,
         &format!("{url}/api/v1/tokens"),
-    ])
+        r#"{"team": "nlp", "role": "viewer", "description": "to be revoked"}"#,
+    )
     .expect("a token was issued");
     let token_id = issued["token_id"].as_str().unwrap().to_owned();
 

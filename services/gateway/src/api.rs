@@ -206,49 +206,19 @@ impl AppState {
 }
 
 /// `Query`, with a malformed query answered as a problem.
-#[derive(Debug)]
+#[derive(Debug, axum::extract::FromRequestParts)]
+#[from_request(via(Query), rejection(Problem))]
 pub struct ApiQuery<T>(pub T);
 
-impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
-    type Rejection = Problem;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
-        Query::<T>::from_request_parts(parts, state)
-            .await
-            .map(|Query(v)| ApiQuery(v))
-            .map_err(|e| Problem::bad_request(e.body_text()))
-    }
-}
-
 /// `Path`, with a malformed path answered as a problem.
-#[derive(Debug)]
+#[derive(Debug, axum::extract::FromRequestParts)]
+#[from_request(via(Path), rejection(Problem))]
 pub struct ApiPath<T>(pub T);
 
-impl<T: serde::de::DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiPath<T> {
-    type Rejection = Problem;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
-        Path::<T>::from_request_parts(parts, state)
-            .await
-            .map(|Path(v)| ApiPath(v))
-            .map_err(|e| Problem::bad_request(e.body_text()))
-    }
-}
-
 /// `Json`, with a malformed body answered as a problem.
-#[derive(Debug)]
+#[derive(Debug, axum::extract::FromRequest)]
+#[from_request(via(Json), rejection(Problem))]
 pub struct ApiJson<T>(pub T);
-
-impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequest<S> for ApiJson<T> {
-    type Rejection = Problem;
-
-    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, Problem> {
-        Json::<T>::from_request(req, state)
-            .await
-            .map(|Json(v)| ApiJson(v))
-            .map_err(|e| Problem::bad_request(e.body_text()))
-    }
-}
 
 /// The tokens in the read model (revoked ones included), or only the one with `sha256`.
 fn read_tokens(

@@ -121,6 +121,23 @@ impl Problem {
     }
 }
 
+/// axum's own rejections of a malformed query, path or JSON body, as 400 problems naming what
+/// is wrong (the gateway's extractors `ApiQuery`, `ApiPath` and `ApiJson` use them).
+macro_rules! bad_request_from {
+    ($($rejection:ty),*) => {$(
+        impl From<$rejection> for Problem {
+            fn from(e: $rejection) -> Self {
+                Problem::bad_request(e.body_text())
+            }
+        }
+    )*};
+}
+bad_request_from!(
+    axum::extract::rejection::QueryRejection,
+    axum::extract::rejection::PathRejection,
+    axum::extract::rejection::JsonRejection
+);
+
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

@@ -47,14 +47,7 @@ struct Seeded {
 }
 
 fn delivery(seq: u64, event: impl Into<AnyEvent>) -> Delivery {
-    let envelope = Envelope::new("/test", event);
-    Delivery {
-        stream_sequence: seq,
-        subject: envelope.nats_subject(),
-        published: Utc::now(),
-        deliveries: 1,
-        event: envelope,
-    }
+    Delivery::first(seq, Envelope::new("/test", event), Utc::now())
 }
 
 /// Two teams' workloads, one waiting task each with its journal entries and a cost, and a

@@ -175,6 +175,20 @@ pub struct Delivery<E = Envelope> {
     pub event: E,
 }
 
+impl Delivery {
+    /// `event` delivered for the first time from stream position `stream_sequence`, stored at
+    /// `published`: how tests and benchmarks hand a handler a message without a server.
+    pub fn first(stream_sequence: u64, event: Envelope, published: DateTime<Utc>) -> Self {
+        Delivery {
+            stream_sequence,
+            subject: event.nats_subject(),
+            published,
+            deliveries: 1,
+            event,
+        }
+    }
+}
+
 /// What the handler made of one message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {

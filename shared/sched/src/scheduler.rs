@@ -2119,23 +2119,14 @@ impl Scheduler {
     /// never does, or not within [`MAX_ETA_STEPS`] ends. Decisions depend on it only through
     /// deadlines ([`Self::judge_deadlines`]); it is deterministic, so replays agree.
     fn expected_start(&self, unit: &Unit, key: QueueKey, now: Time) -> Option<Time> {
-        let mut cluster = self.cluster.clone();
-        let mut quotas = self.quotas.clone();
-        let (mut held, mut ends) = self.running_ends(now);
+        let mut sim = self.eta_sim(now);
         // Units ahead, but not those held back by their team's budget: they start no sooner
         // than the budget changes, and block no one meanwhile.
         let mut ahead: Vec<(Unit, u64)> = self
             .queue
             .range(..key)
             .map(|(_, leader)| (self.unit(*leader), self.tasks[leader].seq))
-            .filter(|(u, _)| {
-                let spec = &u.specs[0];
-                self.over_budget
-                    .get(&spec.team)
-                    .copied()
-                    .flatten()
-                    .is_none_or(|floor| spec.priority >= floor)
-            })
+            .filter(|(u, _)| self.within_budget(&u.specs[0]))
             .collect();
         let in_order = self.policy.when_blocked() == WhenBlocked::Stop;
         let mut at = now;
@@ -2144,28 +2135,13 @@ impl Scheduler {
             // Requests refused at this moment are refused again until something ends.
             let mut refused: HashSet<(&str, Amounts, u32)> = HashSet::default();
             for (i, (u, seq)) in ahead.iter().enumerate() {
-                let team = u.specs[0].team.as_str();
-                let class = (team, u.demand, u.gpus);
-                let placed =
-                    if refused.contains(&class) || !self.policy.admits(team, u.demand, &quotas) {
-                        None
-                    } else {
-                        self.place_unit_on(&mut cluster, u)
-                    };
-                let Some((placements, _)) = placed else {
+                let class = (u.specs[0].team.as_str(), u.demand, u.gpus);
+                if refused.contains(&class) || !self.start_in(&mut sim, u, *seq, at) {
                     if in_order {
                         break;
                     }
                     refused.insert(class);
                     continue;
-                };
-                for (spec, placement) in u.specs.iter().zip(placements) {
-                    cluster.allocate(&placement);
-                    let demand = quota::demand(spec);
-                    quotas.charge(&spec.team, demand);
-                    let end = at.saturating_add(self.estimator.estimate(spec)).max(at + 1);
-                    ends.push(Reverse((end, *seq, held.len())));
-                    held.push((placement, spec.team.clone(), demand));
                 }
                 started.push(i);
             }
@@ -2175,16 +2151,12 @@ impl Scheduler {
             if (!in_order || ahead.is_empty())
                 && self
                     .policy
-                    .admits(&unit.specs[0].team, unit.demand, &quotas)
-                && self.place_unit_on(&mut cluster, unit).is_some()
+                    .admits(&unit.specs[0].team, unit.demand, &sim.quotas)
+                && self.place_unit_on(&mut sim.cluster, unit).is_some()
             {
                 return Some(at);
             }
-            let Reverse((end, _, i)) = ends.pop()?;
-            let (placement, team, demand) = &held[i];
-            cluster.release(placement);
-            quotas.refund(team, *demand);
-            at = end;
+            at = sim.end_next()?;
         }
         None
     }
@@ -2198,9 +2170,7 @@ impl Scheduler {
     /// first unit rather than at every unit. Units held back by their team's budget, and
     /// those not expected to start within [`MAX_ETA_STEPS`] ends, have none.
     pub fn expected_starts(&self, now: Time) -> HashMap<TaskId, Time> {
-        let mut cluster = self.cluster.clone();
-        let mut quotas = self.quotas.clone();
-        let (mut held, mut ends) = self.running_ends(now);
+        let mut sim = self.eta_sim(now);
         type Class = (String, Amounts, u32);
         // Each class's units in queue order (by their place in line), and each class's first
         // unit in a heap by that place.
@@ -2209,12 +2179,7 @@ impl Scheduler {
         for (place, leader) in self.queue.values().enumerate() {
             let unit = self.unit(*leader);
             let spec = &unit.specs[0];
-            let budget_ok = self
-                .over_budget
-                .get(&spec.team)
-                .copied()
-                .flatten()
-                .is_none_or(|floor| spec.priority >= floor);
+            let budget_ok = self.within_budget(spec);
             let complete = spec
                 .gang
                 .as_ref()
@@ -2243,25 +2208,11 @@ impl Scheduler {
                 let Some((_, unit, seq)) = units.get(next) else {
                     continue;
                 };
-                let team = unit.specs[0].team.as_str();
-                let placed = if self.policy.admits(team, unit.demand, &quotas) {
-                    self.place_unit_on(&mut cluster, unit)
-                } else {
-                    None
-                };
-                let Some((placements, _)) = placed else {
+                if !self.start_in(&mut sim, unit, *seq, at) {
                     if in_order {
                         break;
                     }
                     continue; // refused until something ends
-                };
-                for (spec, placement) in unit.specs.iter().zip(placements) {
-                    cluster.allocate(&placement);
-                    let demand = quota::demand(spec);
-                    quotas.charge(&spec.team, demand);
-                    let end = at.saturating_add(self.estimator.estimate(spec)).max(at + 1);
-                    ends.push(Reverse((end, *seq, held.len())));
-                    held.push((placement, spec.team.clone(), demand));
                 }
                 starts.insert(unit.members[0], at);
                 taken.insert(class, next + 1);
@@ -2283,46 +2234,63 @@ impl Scheduler {
                 break;
             }
             // Everything that ends at the next moment ends together.
-            let Some(&Reverse((end, _, _))) = ends.peek() else {
+            let Some(end) = sim.end_next() else {
                 break;
             };
-            while let Some(&Reverse((e, _, i))) = ends.peek()
-                && e == end
-            {
-                ends.pop();
-                let (placement, team, demand) = &held[i];
-                cluster.release(placement);
-                quotas.refund(team, *demand);
+            while sim.next_end() == Some(end) {
+                sim.end_next();
             }
             at = end;
         }
         starts
     }
 
-    /// For the ETA simulations: what holds resources until it ends (each running task's
-    /// placement, team and quota demand), and a min-heap of (expected end, place in line,
-    /// index into the first) — a total order.
-    #[allow(clippy::type_complexity)]
-    fn running_ends(
-        &self,
-        now: Time,
-    ) -> (
-        Vec<(Placement, String, Amounts)>,
-        BinaryHeap<Reverse<(Time, u64, usize)>>,
-    ) {
-        let mut held = Vec::new();
-        let mut ends = BinaryHeap::new();
+    /// An ETA simulation starting at `now` from the cluster, quotas and running work as they
+    /// are, each running task expected to end at [`Self::expected_end`].
+    fn eta_sim(&self, now: Time) -> EtaSim {
+        let mut sim = EtaSim {
+            cluster: self.cluster.clone(),
+            quotas: self.quotas.clone(),
+            held: Vec::new(),
+            ends: BinaryHeap::new(),
+        };
         for t in self.tasks.values() {
             if let State::Running { placement, .. } = &t.state {
-                ends.push(Reverse((self.expected_end(t, now), t.seq, held.len())));
-                held.push((
-                    placement.clone(),
-                    t.spec.team.clone(),
-                    quota::demand(&t.spec),
-                ));
+                sim.hold(placement.clone(), &t.spec, self.expected_end(t, now), t.seq);
             }
         }
-        (held, ends)
+        sim
+    }
+
+    /// Starts `unit` (place `seq` in line) in `sim` at `at` if its team's quota admits it and
+    /// it fits; each member then runs for its estimate.
+    fn start_in(&self, sim: &mut EtaSim, unit: &Unit, seq: u64, at: Time) -> bool {
+        if !self
+            .policy
+            .admits(&unit.specs[0].team, unit.demand, &sim.quotas)
+        {
+            return false;
+        }
+        let Some((placements, _)) = self.place_unit_on(&mut sim.cluster, unit) else {
+            return false;
+        };
+        for (spec, placement) in unit.specs.iter().zip(placements) {
+            sim.cluster.allocate(&placement);
+            sim.quotas.charge(&spec.team, quota::demand(spec));
+            let end = at.saturating_add(self.estimator.estimate(spec)).max(at + 1);
+            sim.hold(placement, spec, end, seq);
+        }
+        true
+    }
+
+    /// Whether `spec`'s team's budget lets it start (a team over budget starts only work at or
+    /// above its floor).
+    fn within_budget(&self, spec: &TaskSpec) -> bool {
+        self.over_budget
+            .get(&spec.team)
+            .copied()
+            .flatten()
+            .is_none_or(|floor| spec.priority >= floor)
     }
 
     /// When a running task is expected to end, for ETAs: when its estimate says, or — once it
@@ -2353,6 +2321,39 @@ impl Scheduler {
             }
             self.queue.insert(key, id);
         }
+    }
+}
+
+/// The state an ETA simulation moves forward: free capacity and quotas, what holds resources
+/// until it ends (placement, team, quota demand) and a min-heap of (expected end, place in
+/// line, index into `held`) — a total order, so simulations are deterministic.
+struct EtaSim {
+    cluster: Cluster,
+    quotas: Quotas,
+    held: Vec<(Placement, String, Amounts)>,
+    ends: BinaryHeap<Reverse<(Time, u64, usize)>>,
+}
+
+impl EtaSim {
+    /// Records `placement` (already allocated) as held by `spec` until `end`.
+    fn hold(&mut self, placement: Placement, spec: &TaskSpec, end: Time, seq: u64) {
+        self.ends.push(Reverse((end, seq, self.held.len())));
+        self.held
+            .push((placement, spec.team.clone(), quota::demand(spec)));
+    }
+
+    /// When the next held work ends, if any does.
+    fn next_end(&self) -> Option<Time> {
+        self.ends.peek().map(|Reverse((end, _, _))| *end)
+    }
+
+    /// Ends the next held work, freeing its capacity and quota: its end.
+    fn end_next(&mut self) -> Option<Time> {
+        let Reverse((end, _, i)) = self.ends.pop()?;
+        let (placement, team, demand) = &self.held[i];
+        self.cluster.release(placement);
+        self.quotas.refund(team, *demand);
+        Some(end)
     }
 }
 

@@ -185,14 +185,7 @@ fn token(role: TokenRole) -> String {
 }
 
 fn delivery(seq: u64, event: impl Into<AnyEvent>) -> Delivery {
-    let envelope = Envelope::new("/bench", event);
-    Delivery {
-        stream_sequence: seq,
-        subject: envelope.nats_subject(),
-        published: Utc::now(),
-        deliveries: 1,
-        event: envelope,
-    }
+    Delivery::first(seq, Envelope::new("/bench", event), Utc::now())
 }
 
 /// The gateway's state with the cluster and the tasks in it: nodes registered and sampled in

@@ -12,14 +12,11 @@ fn db() -> Connection {
 }
 
 fn delivery(seq: u64, event: impl Into<AnyEvent>) -> Delivery {
-    let event = Envelope::new("/test", event);
-    Delivery {
-        stream_sequence: seq,
-        subject: event.nats_subject(),
-        published: "2026-11-22T10:00:00Z".parse().unwrap(),
-        deliveries: 1,
-        event,
-    }
+    Delivery::first(
+        seq,
+        Envelope::new("/test", event),
+        "2026-11-22T10:00:00Z".parse().unwrap(),
+    )
 }
 
 fn registered(name: &str, gpus: u32) -> NodeRegistered {
