@@ -61,9 +61,16 @@ try {
       && document.querySelectorAll("#cluster .gpu.busy").length > 0, null, { timeout: 90_000 }));
   const first = await view(page);
   report.first = first;
-  // The moment this view held, to the second, for the look-back below (the view is at most a
-  // refresh old, so look back to a second after the first tasks seen running had started).
-  report.first_at = new Date().toISOString();
+  // A moment the first task seen running certainly ran at: two seconds after its grant, as the
+  // decision log has it (the page's view may be a refresh old, so not "now"; the tasks run six).
+  const task = await page.$eval("#running tbody tr[data-task]", (r) => r.dataset.task);
+  const granted = await page.evaluate(async ([task, token]) => {
+    const r = await fetch("/api/v1/decisions?task=" + task, { headers: { Authorization: "Bearer " + token } });
+    return (await r.json()).items.find((d) => d.kind === "granted");
+  }, [task, token]);
+  if (!granted) fail(`no grant of task ${task} in the decision log`);
+  report.first_at = new Date(granted.at_ms + 2000).toISOString();
+
   await page.screenshot({ path: join(shots, "1-live.png"), fullPage: true });
 
   // 3. It changes live, without a reload: other tasks run, the queue moves, events arrive.
@@ -89,6 +96,10 @@ try {
   report.lookback_at = at;
   report.lookback = await view(page);
   report.lookback_mode = await page.textContent("#mode");
+  report.lookback_api = await page.evaluate(async ([token, at]) => {
+    const r = await fetch("/api/v1/lookback?at=" + at + "Z", { headers: { Authorization: "Bearer " + token } });
+    return (await r.json()).allocations.map((a) => a.workload + "/" + a.task).sort().join(",");
+  }, [token, at]);
   report.live_only_hidden = await page.isHidden("#live-only");
   await page.screenshot({ path: join(shots, "3-lookback.png"), fullPage: true });
   await page.click("#lookback-live");

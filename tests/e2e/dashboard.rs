@@ -182,6 +182,8 @@ fn the_dashboard_shows_the_cluster_live_looks_back_and_scopes_a_member() {
         "the look-back to {} shows {then:?} running, none of what the page showed then ({seen:?}): {r}",
         r["lookback_at"]
     );
+    // And the page shows what the API says of that moment.
+    assert_eq!(r["lookback"]["running"], r["lookback_api"], "{r}");
     assert_eq!(r["page_errors"], serde_json::json!([]), "{r}");
     // A member of nlp sees nlp's work only; other teams' GPUs are anonymous.
     let m = &r["member"];

@@ -69,7 +69,7 @@ function renderQueue(items, total) {
 
 function renderRunning(rows) {
   $("#running tbody").innerHTML = rows.map((a) => `
-    <tr><td>${esc(a.workload ? a.workload + "/" + a.task : "task-" + a.task_id)}</td><td>${esc(a.team)}</td><td>${esc(a.node)}</td><td>${a.gpus.map((g) => g[0] + (g[1] < 1000 ? ":" + g[1] + "m" : "")).join(" ")}</td></tr>`).join("")
+    <tr data-task="${a.task_id}"><td>${esc(a.workload ? a.workload + "/" + a.task : "task-" + a.task_id)}</td><td>${esc(a.team)}</td><td>${esc(a.node)}</td><td>${a.gpus.map((g) => g[0] + (g[1] < 1000 ? ":" + g[1] + "m" : "")).join(" ")}</td></tr>`).join("")
     || '<tr><td colspan="4" class="muted">nothing runs</td></tr>';
 }
 
@@ -109,6 +109,8 @@ async function refresh() {
       allNodes(), api("/api/v1/queue?limit=200"), api("/api/v1/workloads?limit=30"),
       api("/api/v1/costs"), api("/api/v1/budgets"), api("/api/v1/kpis"),
     ]);
+    // A look-back asked for while these were on their way wins: live data must not paint over it.
+    if (lookingBack) return;
     renderCluster(nodes);
     renderQueue(queue.items, queue.total);
     renderRunning(allocationsOf(nodes));
@@ -165,9 +167,6 @@ async function lookBack() {
   try {
     const view = await api("/api/v1/lookback?at=" + encodeURIComponent(at));
     lookingBack = at;
-    $("#mode").textContent = "as it was at " + new Date(at).toLocaleString();
-    $("#live-only").hidden = true;
-    $("#lookback-live").hidden = false;
     const nodes = await allNodes();
     const held = new Map();
     for (const a of view.allocations) held.set(a.node + "/" + a.task_id, a);
@@ -180,6 +179,10 @@ async function lookBack() {
     renderQueue(view.queue, view.queue.length);
     renderRunning(view.allocations);
     $("#usage").textContent = view.pools.map((p) => `${p.pool}: ${(p.allocated_milli / 1000).toFixed(1)}/${(p.capacity_milli / 1000).toFixed(0)} GPUs allocated, ${p.waiting} waiting`).join("; ");
+    // Said once the page shows it, not before.
+    $("#mode").textContent = "as it was at " + new Date(at).toLocaleString();
+    $("#live-only").hidden = true;
+    $("#lookback-live").hidden = false;
   } catch (e) {
     $("#mode").textContent = String(e.message);
   }
