@@ -320,14 +320,36 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
     /// Returns the handler, so tests can inspect it.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<H, BusError> {
         tokio::pin!(shutdown);
-        let resume_after = self
-            .handler
-            .resume_after()
-            .map_err(|e| BusError::JetStream {
-                operation: "reading the applied position",
-                name: self.settler.spec.durable.clone(),
-                message: e.to_string(),
-            })?;
+        // Where to resume: a transient failure (the state busy while the service's other
+        // consumers start) is retried with backoff, as a batch's would be; a fatal one stops.
+        let mut attempt = 0;
+        let resume_after = loop {
+            let error = match self.handler.resume_after() {
+                Ok(position) => break position,
+                Err(e) => e,
+            };
+            if error.kind() == HandlerErrorKind::Fatal {
+                return Err(BusError::JetStream {
+                    operation: "reading the applied position",
+                    name: self.settler.spec.durable.clone(),
+                    message: error.to_string(),
+                });
+            }
+            attempt += 1;
+            let wait = backoff(attempt, self.settler.spec.max_backoff);
+            tracing::warn!(
+                consumer = %self.settler.spec.durable,
+                attempt,
+                retry_in_ms = wait.as_millis() as u64,
+                error = %error,
+                "reading the applied position failed; retrying"
+            );
+            tokio::select! {
+                biased;
+                () = shutdown.as_mut() => return Ok(self.handler),
+                () = tokio::time::sleep(wait) => {}
+            }
+        };
         let consumer = create_consumer(&self.js, &self.settler.spec, resume_after).await?;
         if let Some(gate) = self.gate.take() {
             gate.open();

@@ -32,11 +32,22 @@ struct Recorder {
     seen: Arc<Mutex<Vec<u64>>>,
     attempts: Arc<Mutex<u32>>,
     fail_first_attempts: u32,
+    /// `resume_after` fails (transiently) this many times first: the state busy at start.
+    busy_at_start: Arc<Mutex<u32>>,
     fatal: bool,
     reject_heartbeat_seq: Option<u64>,
 }
 
 impl Handler for Recorder {
+    fn resume_after(&mut self) -> Result<Option<u64>, HandlerError> {
+        let mut busy = self.busy_at_start.lock().unwrap();
+        if *busy > 0 {
+            *busy -= 1;
+            return Err(HandlerError::transient("state busy at start"));
+        }
+        Ok(None)
+    }
+
     async fn handle(&mut self, batch: &[Delivery]) -> Result<Vec<Outcome>, HandlerError> {
         {
             let mut attempts = self.attempts.lock().unwrap();
@@ -243,6 +254,29 @@ async fn a_malformed_message_is_dead_lettered_with_its_reason_and_the_consumer_g
         "everything was acknowledged"
     );
     assert_eq!(consumer_info.num_pending, 0);
+}
+
+#[tokio::test]
+async fn a_position_busy_at_start_is_asked_again_and_the_consumer_starts() {
+    let server = NatsServer::start();
+    let (client, publisher) = setup(&server).await;
+    for seq in 1..=3 {
+        publisher.publish(heartbeat(seq)).await.unwrap();
+    }
+    let recorder = Recorder {
+        busy_at_start: Arc::new(Mutex::new(2)),
+        ..Recorder::default()
+    };
+    let (seen, busy) = (recorder.seen.clone(), recorder.busy_at_start.clone());
+    let (stop, task) = spawn_runner(&client, ConsumerSpec::new(names::FLEET, "test"), recorder);
+    wait_until("the heartbeats are handled", || {
+        seen.lock().unwrap().len() == 3
+    })
+    .await;
+    assert_eq!(*busy.lock().unwrap(), 0, "asked three times");
+    assert!(!task.is_finished(), "the runner stopped");
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
 }
 
 #[tokio::test]
