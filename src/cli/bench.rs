@@ -1,4 +1,5 @@
-//! `allot bench …`: benchmarks that need a real nats-server.
+//! `allot bench …`: benchmarks of the live path against a real nats-server, and of the
+//! scheduling core.
 //!
 //! `allot bench telemetry` measures sustained telemetry ingest through the real path —
 //! envelopes published with `Nats-Msg-Id` and awaited acks, consumed by the inventory's
@@ -12,6 +13,9 @@
 //! [`submit`]).
 //!
 //! `allot bench gateway` measures the gateway's busiest reads under load (see [`gateway`]).
+//!
+//! `allot bench placement` measures the scheduling core's placement pass for every policy in
+//! one process, no server involved (see [`placement`]).
 //!
 //! `allot bench remediation` measures fault detection → action latency of the remediation
 //! service (a child process) under a simulated fleet's telemetry and heartbeats, with injected
@@ -36,6 +40,7 @@ use super::local;
 use super::settings::Lookup;
 
 mod gateway;
+mod placement;
 mod remediation;
 mod submit;
 
@@ -53,6 +58,9 @@ pub enum BenchCommand {
     /// Requests/s and latency of the gateway's `GET /api/v1/queue` and `/api/v1/nodes` with a
     /// large cluster and queue in the system, against `GET /healthz` on the same server.
     Gateway(gateway::GatewayArgs),
+    /// The scheduling core's placement pass (1,250 nodes × 8 GPUs, 10,000 pending) for every
+    /// policy in one process; no server needed.
+    Placement(placement::PlacementArgs),
 }
 
 /// Latency percentiles, ms (nearest rank), shared by the benchmarks.
@@ -121,6 +129,7 @@ pub async fn bench(cmd: BenchCommand, env: Lookup<'_>) -> anyhow::Result<ExitCod
         BenchCommand::Submit(args) => submit::submit(args, env).await,
         BenchCommand::Remediation(args) => remediation::remediation(args, env).await,
         BenchCommand::Gateway(args) => gateway::gateway(args).await,
+        BenchCommand::Placement(args) => placement::placement(args),
     }
 }
 

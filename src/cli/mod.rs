@@ -110,7 +110,7 @@ pub enum Command {
     /// The hash-chained archive of the decision log: copy it, verify it.
     #[command(subcommand)]
     Audit(audit::AuditCommand),
-    /// Benchmarks against a real nats-server.
+    /// Benchmarks: the live path against a real nats-server, and the scheduling core.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
     /// Generate the nats-server accounts (platform + one per team) and per-team credentials.

@@ -10,6 +10,8 @@ mod deadlines;
 mod gateway_crash;
 mod gpu_check;
 mod inventory_crash;
+mod k8s;
+mod nats_configs;
 mod pipelines;
 mod predict;
 mod quickstart;

@@ -43,6 +43,22 @@ impl NodeState {
             .collect()
     }
 
+    /// Whether the node might hold `task` on its own as it is now: an accepted model and the
+    /// GPUs its request needs free. Necessary for any one-node placement, not sufficient (CPU,
+    /// memory and the policy's own rules come on top): a node where it fails need not be tried.
+    pub fn might_hold(&self, task: &crate::model::TaskSpec) -> bool {
+        if !task.accepts(&self.spec.gpu_model) {
+            return false;
+        }
+        match task.gpus {
+            0 => true,
+            1 if task.gpu_milli < WHOLE_GPU_MILLI => {
+                self.gpu_free.iter().any(|free| *free >= task.gpu_milli)
+            }
+            n => self.free_whole >= n,
+        }
+    }
+
     /// Whether nothing runs on the node's GPUs.
     pub fn is_idle(&self) -> bool {
         self.free_whole as usize + self.gpu_out.iter().filter(|out| **out).count()

@@ -21,9 +21,11 @@
 //!   dominant-resource fair share of borrowed capacity.
 //! - [`scheduler`]: [`Scheduler::apply`] and the numbered scheduling pass.
 //! - [`decision`]: decisions and wait reasons, each explainable.
+//! - [`bench`]: the placement benchmark's synthetic cluster and queue.
 //! - [`estimate`]: duration estimates — the oracle (oracle baselines only) and a history-based
 //!   online estimator that learns from finished tasks only.
 
+pub mod bench;
 pub mod cluster;
 pub mod decision;
 pub mod estimate;

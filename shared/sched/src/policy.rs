@@ -129,6 +129,18 @@ pub trait Policy: Send + std::fmt::Debug {
     ) -> bool {
         victim.key > preemptor.key
     }
+    /// [`Policy::may_preempt`] for every running task of `team` at once, where the answer does
+    /// not depend on the task: `Some(true)` if it holds for each of them, `Some(false)` if for
+    /// none, `None` to ask task by task (the default). A shortcut only — it must agree with
+    /// `may_preempt` — that lets a preemption search settle a whole team in one question.
+    fn may_preempt_team(
+        &self,
+        _preemptor: Contender<'_>,
+        _team: &str,
+        _quotas: &Quotas,
+    ) -> Option<bool> {
+        None
+    }
     /// Why `preemptor` preempts `victim`, for the decision log (called when
     /// [`Policy::may_preempt`] holds, before anything changes).
     fn preemption_reason(

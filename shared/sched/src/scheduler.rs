@@ -35,9 +35,7 @@ use crate::model::{
     LeaseId, NodeIdx, NodeSpec, RequestShape as Shape, TaskId, TaskSpec, Time, WHOLE_GPU_MILLI,
 };
 use crate::placement::{self, Level};
-use crate::policy::{
-    Contender, DeadlineRisk, PendingView, Policy, QueueKey, VictimOrder, WhenBlocked,
-};
+use crate::policy::{Contender, DeadlineRisk, PendingView, Policy, QueueKey, WhenBlocked};
 use crate::quota::{self, Amounts, Quota, Quotas};
 
 /// Something that happened, in the one total order the scheduler sees.
@@ -394,9 +392,9 @@ pub struct Scheduler {
     pristine: Cluster,
     /// Answers of `pristine`, per request shape.
     fits_empty: HashMap<Shape, bool>,
-    /// Shapes that found no placement since capacity was last freed: capacity only shrinks in
-    /// between, so they cannot fit now either, and the search is skipped.
-    no_room: HashSet<Shape>,
+    /// Shapes that found no placement, until capacity frees where they might fit: the
+    /// search is skipped for them.
+    no_room: NoRoom,
     queue: BTreeMap<QueueKey, TaskId>,
     tasks: HashMap<TaskId, Task>,
     /// Members of every gang with a member not yet finished, in submission order.
@@ -478,7 +476,7 @@ impl Scheduler {
             quotas: Quotas::default(),
             pristine: Cluster::new(),
             fits_empty: HashMap::default(),
-            no_room: HashSet::default(),
+            no_room: NoRoom::default(),
             queue: BTreeMap::new(),
             tasks: HashMap::default(),
             gangs: HashMap::default(),
@@ -1328,7 +1326,7 @@ impl Scheduler {
         } = task.state
         {
             self.cluster.release(&placement);
-            self.no_room.clear();
+            self.no_room.freed(placement.shares.iter().map(|s| s.node));
             self.quotas
                 .refund(&task.spec.team, quota::demand(&task.spec));
             if observed {
@@ -1446,7 +1444,7 @@ impl Scheduler {
             self.cluster.release(&placement);
             self.quotas
                 .refund(&task.spec.team, quota::demand(&task.spec));
-            self.no_room.clear();
+            self.no_room.freed(placement.shares.iter().map(|s| s.node));
         }
         task.attained += now.saturating_sub(since);
         task.pending_since = now;
@@ -1550,7 +1548,7 @@ impl Scheduler {
         let mut reservation: Option<Reservation> = None;
         let mut hopeless_gpus = u32::MAX;
         let mut unmovable_gpus = u32::MAX;
-        let mut running: Option<Vec<(QueueKey, TaskId)>> = None;
+        let mut running: Option<Running> = None;
         for (key, leader) in &queue {
             let unit = self.unit(*leader);
             let team = unit.specs[0].team.clone();
@@ -1562,8 +1560,15 @@ impl Scheduler {
                 .flatten()
                 .filter(|floor| unit.specs[0].priority < *floor);
             let admitted = floor.is_none() && self.policy.admits(&team, unit.demand, &self.quotas);
-            let shape = &self.tasks[leader].shape;
-            let mut placed = if !admitted || (unit.single && self.no_room.contains(shape)) {
+            let one_node = self.one_node(&unit.specs[0]);
+            let excluded = unit.single
+                && self.no_room.excludes(
+                    &self.tasks[leader].shape,
+                    &unit.specs[0],
+                    one_node,
+                    &self.cluster,
+                );
+            let mut placed = if !admitted || excluded {
                 None
             } else {
                 let found = self.place_unit(&unit);
@@ -1673,9 +1678,7 @@ impl Scheduler {
                 if let Some(cache) = running.as_mut()
                     && let Some(task) = self.tasks.get(member)
                 {
-                    let entry = (self.key_of(task, now), *member);
-                    let at = cache.partition_point(|e| *e > entry);
-                    cache.insert(at, entry);
+                    cache.insert(&task.spec.team, self.runner(task, now));
                 }
             }
             started.push(*key);
@@ -1728,18 +1731,15 @@ impl Scheduler {
         now: Time,
         out: &mut Vec<Decision>,
         requeued: &mut Vec<TaskId>,
-        running: &mut Option<Vec<(QueueKey, TaskId)>>,
+        running: &mut Option<Running>,
     ) -> Option<(Placed, usize)> {
-        // Running tasks by key, worst first: keys do not move within a pass, so they are
-        // computed once per sweep and kept current as tasks start and are preempted.
+        // What a search reads of running tasks does not move within a pass: computed once per
+        // sweep and kept current as tasks start and are preempted.
         let running = running.get_or_insert_with(|| {
-            let mut all: Vec<(QueueKey, TaskId)> = self
-                .tasks
-                .values()
-                .filter(|t| t.is_running())
-                .map(|t| (self.key_of(t, now), t.spec.id))
-                .collect();
-            all.sort_unstable_by(|a, b| b.cmp(a));
+            let mut all = Running::default();
+            for task in self.tasks.values().filter(|t| t.is_running()) {
+                all.insert(&task.spec.team, self.runner(task, now));
+            }
             all
         });
         let team = unit.specs[0].team.clone();
@@ -1754,44 +1754,54 @@ impl Scheduler {
             demand: unit.demand,
             lost: 0,
         };
-        // (over its limit, work lost, victim), in the order they would be taken.
-        let mut victims: Vec<(bool, u64, TaskId)> = Vec::new();
-        for (k, id) in running.iter() {
-            let task = &self.tasks[id];
-            let over = task.over_limit(now);
-            if !over {
-                let victim = Contender {
-                    spec: &task.spec,
-                    key: *k,
-                    demand: quota::demand(&task.spec),
-                    lost: task.lost_work(now),
-                };
-                if !self.policy.may_preempt(preemptor, victim, &self.quotas) {
-                    continue;
+        // Every task the policy lets it take (or past its usage limit), and their GPUs.
+        let order = self.policy.victim_order();
+        let mut victims: Vec<Victim> = Vec::new();
+        let mut held: u64 = 0;
+        for (victims_team, runners) in running.teams() {
+            let whole = self
+                .policy
+                .may_preempt_team(preemptor, victims_team, &self.quotas);
+            for r in runners {
+                let allowed = r.over
+                    || whole.unwrap_or_else(|| {
+                        let spec = &self.tasks[&r.id].spec;
+                        let victim = Contender {
+                            spec,
+                            key: r.key,
+                            demand: quota::demand(spec),
+                            lost: r.lost,
+                        };
+                        self.policy.may_preempt(preemptor, victim, &self.quotas)
+                    });
+                if allowed {
+                    held += u64::from(r.gpus);
+                    victims.push(Victim::new(r, order));
                 }
             }
-            let lost = task
-                .lost_work(now)
-                .saturating_mul(u64::from(task.spec.gpus.max(1)));
-            victims.push((over, lost, *id));
         }
-        match self.policy.victim_order() {
-            VictimOrder::WorstFirst => victims.sort_by_key(|v| !v.0),
-            VictimOrder::LeastLostWork => victims.sort_by_key(|v| (!v.0, v.1)),
-        }
-        let held: u64 = victims
-            .iter()
-            .map(|(_, _, id)| u64::from(self.tasks[id].spec.gpus))
-            .sum();
         let free = self.cluster.free_milli() / u64::from(WHOLE_GPU_MILLI);
         if held + free < u64::from(unit.gpus) {
             return None;
         }
         // Victims released so far, a gang as one group.
         let mut released: Vec<Vec<(TaskId, String)>> = Vec::new();
+        // When the unit is known to fit nowhere and can only go on one node, only a node a
+        // victim freed can take it: a placement (which searches every node) is tried only once
+        // such a node might hold it. `None`: no such knowledge, try whenever there is room.
+        let one_node = unit.single && self.one_node(&unit.specs[0]);
+        let unplaceable = one_node
+            && self.no_room.excludes(
+                &self.tasks[&unit.members[0]].shape,
+                &unit.specs[0],
+                true,
+                &self.cluster,
+            );
+        let mut freed_fits: Option<bool> = unplaceable.then_some(false);
         let mut gone: HashSet<TaskId> = HashSet::default();
         let mut found = None;
-        for (over, _, victim) in &victims {
+        for taken in Victims::new(victims) {
+            let victim = &taken.id();
             if gone.contains(victim) {
                 continue;
             }
@@ -1799,17 +1809,14 @@ impl Scheduler {
             // for the words).
             let why = {
                 let task = &self.tasks[victim];
-                if *over {
+                if taken.over() {
                     format!(
                         "ran {} s, past its usage limit of {} s",
                         task.run_time(now) / 1000,
                         task.spec.max_runtime.unwrap_or(0) / 1000
                     )
                 } else {
-                    let k = running
-                        .iter()
-                        .find(|(_, id)| id == victim)
-                        .map_or(QueueKey(0, 0, 0), |(k, _)| *k);
+                    let k = running.get(*victim).map_or(QueueKey(0, 0, 0), |r| r.key);
                     let victim = Contender {
                         spec: &task.spec,
                         key: k,
@@ -1827,6 +1834,13 @@ impl Scheduler {
                     self.cluster.release(placement);
                     self.quotas
                         .refund(&task.spec.team, quota::demand(&task.spec));
+                    if let Some(fits) = freed_fits.as_mut() {
+                        *fits = *fits
+                            || placement
+                                .shares
+                                .iter()
+                                .any(|s| self.cluster.node(s.node).might_hold(&unit.specs[0]));
+                    }
                 }
                 gone.insert(*member);
             }
@@ -1836,11 +1850,17 @@ impl Scheduler {
             let enough = unit.specs.iter().any(|s| s.mig_profile.is_some())
                 || self.cluster.free_milli() >= unit.demand[quota::GPU];
             if enough
+                && freed_fits != Some(false)
                 && self.policy.admits(&team, unit.demand, &self.quotas)
-                && let Some(p) = self.place_unit(unit)
             {
-                found = Some(p);
-                break;
+                if let Some(p) = self.place_unit(unit) {
+                    found = Some(p);
+                    break;
+                }
+                // It fits nowhere again: only nodes freed from now on can change that.
+                if freed_fits.is_some() {
+                    freed_fits = Some(false);
+                }
             }
         }
         let Some(found) = found else {
@@ -1861,6 +1881,7 @@ impl Scheduler {
             .flat_map(|p| p.shares.iter().map(|s| s.node))
             .collect();
         let mut preempted = 0;
+        let mut stopped: Vec<NodeIdx> = Vec::new();
         for group in released {
             let off = group.iter().all(|(m, _)| match &self.tasks[m].state {
                 State::Running { placement, .. } => {
@@ -1879,16 +1900,19 @@ impl Scheduler {
             }
             let leader = group[0].0;
             for (member, why) in group {
+                if let State::Running { placement, .. } = &self.tasks[&member].state {
+                    stopped.extend(placement.shares.iter().map(|s| s.node));
+                }
                 let lost = self.tasks[&member].lost_work(now) / 1000;
                 let reason = format!("{why}; loses {lost} s of work since its last checkpoint");
                 self.stop(member, now, Some(unit.members[0]), reason, out);
-                running.retain(|(_, id)| *id != member);
+                running.remove(member);
                 preempted += 1;
             }
             requeued.push(self.leader(leader));
         }
         // Victims may have freed more than the preemptor took.
-        self.no_room.clear();
+        self.no_room.freed(stopped);
         Some((found, preempted))
     }
 
@@ -1907,7 +1931,7 @@ impl Scheduler {
         now: Time,
         out: &mut Vec<Decision>,
         requeued: &mut Vec<TaskId>,
-        running: &mut Option<Vec<(QueueKey, TaskId)>>,
+        running: &mut Option<Running>,
     ) -> Option<(Placed, usize)> {
         let restart = self.policy.relocation_cost()?;
         let spec = &unit.specs[0];
@@ -2032,7 +2056,7 @@ impl Scheduler {
                 );
                 self.stop(*id, now, Some(spec.id), reason, out);
                 if let Some(cache) = running.as_mut() {
-                    cache.retain(|(_, t)| t != id);
+                    cache.remove(*id);
                 }
                 requeued.push(*id);
             }
@@ -2040,6 +2064,27 @@ impl Scheduler {
             return Some(((vec![placement], None), victims.len()));
         }
         None
+    }
+
+    /// Whether every placement of `spec` is on one node, whatever the policy: no MIG instance,
+    /// and no more GPUs than a node of any model has (larger tasks may span idle nodes).
+    fn one_node(&self, spec: &TaskSpec) -> bool {
+        spec.mig_profile.is_none()
+            && self
+                .cluster
+                .models()
+                .all(|m| spec.gpus <= self.cluster.max_gpus(m))
+    }
+
+    /// A running task as preemption searches weigh it during a pass at `now`.
+    fn runner(&self, task: &Task, now: Time) -> Runner {
+        Runner {
+            key: self.key_of(task, now),
+            id: task.spec.id,
+            gpus: task.spec.gpus,
+            over: task.over_limit(now),
+            lost: task.lost_work(now),
+        }
     }
 
     /// Takes (`true`) or gives back (`false`) the resources and quota of running tasks.
@@ -2376,5 +2421,10 @@ impl Reservation {
     }
 }
 
+mod no_room;
 #[cfg(test)]
 mod tests;
+mod victims;
+
+use no_room::NoRoom;
+use victims::{Runner, Running, Victim, Victims};

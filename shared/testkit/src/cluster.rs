@@ -15,6 +15,18 @@ pub const CLUSTER_NAME: &str = "allot-test";
 const CLUSTER_TIMEOUT: Duration = Duration::from_secs(30);
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
 
+/// The JetStream settings of `infra/nats/nats-*.conf`, so failover tests run on the documented
+/// durability (`sync_interval: always`: fsync before every acknowledgement; see
+/// `infra/nats/DURABILITY.md`). nats-server keeps only the last `jetstream` block of a file, so
+/// this one replaces the generated block whole: its relative `store_dir` is the same directory,
+/// since each node runs in its temporary directory.
+const DURABLE_JETSTREAM: &str = "jetstream {
+  store_dir: \"jetstream\"
+  sync_interval: always
+  max_memory_store: 256MB
+  max_file_store: 2GB
+}";
+
 /// A JetStream cluster of real `nats-server` processes on random loopback ports.
 ///
 /// Node `i` is named `n{i+1}`, has its own store, and routes to every other node. The cluster is
@@ -55,7 +67,7 @@ impl NatsCluster {
                                 port: route_ports[i],
                                 routes: route_ports.to_vec(),
                             }),
-                            extra: String::new(),
+                            extra: DURABLE_JETSTREAM.to_owned(),
                         },
                     )
                 })

@@ -233,6 +233,23 @@ impl Policy for Allot {
             || (self.pays_off(preemptor, victim)
                 && quotas.fairer(p, preemptor.demand, v, victim.demand))
     }
+    fn may_preempt_team(
+        &self,
+        preemptor: Contender<'_>,
+        team: &str,
+        quotas: &Quotas,
+    ) -> Option<bool> {
+        let p = &preemptor.spec.team;
+        if quotas.is_empty() || p == team {
+            return None;
+        }
+        if quotas.within_nominal(p, preemptor.demand) && quotas.borrowing(team) {
+            return Some(true);
+        }
+        // Fair share needs the victim's team to borrow even after losing the task: a team
+        // within its nominal quota loses nothing to another team.
+        (!quotas.borrowing(team)).then_some(false)
+    }
     fn preemption_reason(
         &self,
         preemptor: Contender<'_>,

@@ -17,7 +17,9 @@
 //!   under [`Measure::HostAware`], which also counts GPUs that a node's remaining CPU and memory
 //!   can no longer feed.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::cluster::{Cluster, NodeShare, NodeState, Placement};
 use crate::model::{NodeIdx, RequestShape as Shape, TaskSpec, Time, WHOLE_GPU_MILLI};
@@ -352,10 +354,20 @@ impl Policy for Fgd {
         let mut best: Option<(u64, Fit, Choice)> = None;
         // Nodes in the same state lose the same for the same task: evaluate each state once
         // (a full cluster has hundreds of feasible nodes but only about a hundred states).
-        let mut evaluated: HashMap<NodeKey, (usize, usize)> = HashMap::new();
+        let mut evaluated: HashMap<NodeKey, (usize, usize)> = HashMap::default();
         let mut losses: Vec<(u32, u64)> = Vec::new();
+        // Nodes come in a few models: look each model's rows up once per run of equal models.
+        let mut model_rows: Option<(&str, &[Row])> = None;
         for_each_feasible(cluster, task, request, |idx, node| {
-            let rows = self.rows(&node.spec.gpu_model);
+            let model = node.spec.gpu_model.as_str();
+            let rows = match model_rows {
+                Some((m, rows)) if std::ptr::eq(m, model) || m == model => rows,
+                _ => {
+                    let rows = self.rows(model);
+                    model_rows = Some((model, rows));
+                    rows
+                }
+            };
             let state = NodeKey::of(rows, node);
             let (from, to) = match state.as_ref().and_then(|k| evaluated.get(k)) {
                 Some(range) => *range,
@@ -546,11 +558,11 @@ impl Choice {
 /// Calls `visit` for every schedulable node that can hold `request` on its own: CPU and memory
 /// free, an accepted model, and GPU room (entirely free GPUs for whole GPUs, one GPU with the
 /// share free for a fraction).
-fn for_each_feasible(
-    cluster: &Cluster,
+fn for_each_feasible<'c>(
+    cluster: &'c Cluster,
     task: &TaskSpec,
     request: Request,
-    mut visit: impl FnMut(NodeIdx, &NodeState),
+    mut visit: impl FnMut(NodeIdx, &'c NodeState),
 ) {
     let host_fits = |node: &NodeState| {
         let (cpu, memory) = host_free(node);

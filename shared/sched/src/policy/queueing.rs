@@ -170,6 +170,17 @@ impl Policy for Kueue {
                 && quotas.borrowing(&victim.spec.team)
         }
     }
+    fn may_preempt_team(
+        &self,
+        preemptor: Contender<'_>,
+        team: &str,
+        quotas: &Quotas,
+    ) -> Option<bool> {
+        // Across teams the answer is the team's: reclaim from a borrower, or nothing.
+        (preemptor.spec.team != team).then(|| {
+            quotas.within_nominal(&preemptor.spec.team, preemptor.demand) && quotas.borrowing(team)
+        })
+    }
     fn preemption_reason(
         &self,
         preemptor: Contender<'_>,

@@ -1,0 +1,129 @@
+//! Shapes that found no placement, remembered until capacity frees where they might fit.
+//!
+//! Placement searches every node, and a pass asks it for every waiting task. But a request
+//! that found no room cannot find any while capacity only shrinks; and when capacity frees on
+//! some nodes, a request that can only go on one node can only newly fit on one of those. So
+//! each failed shape records how far the log of freed nodes had got, and is tried again only
+//! once a node freed since then might hold it ([`NodeState::might_hold`], necessary for any
+//! one-node placement). Requests that may span nodes are tried again after any release.
+//! Changes that are not plain releases (a node joining or coming back into service, a quota
+//! or budget change) forget everything.
+//!
+//! [`NodeState::might_hold`]: crate::cluster::NodeState::might_hold
+
+use rustc_hash::FxHashMap as HashMap;
+
+use crate::cluster::Cluster;
+use crate::model::{NodeIdx, RequestShape as Shape, TaskSpec};
+
+#[derive(Debug, Default)]
+pub(super) struct NoRoom {
+    /// Each shape that found no room, with the length of `freed` when it last did.
+    shapes: HashMap<Shape, usize>,
+    /// Nodes where capacity was freed, in order (kept only while some shape is remembered).
+    freed: Vec<NodeIdx>,
+}
+
+impl NoRoom {
+    /// Forgets every shape: what changed may let any of them fit anywhere.
+    pub fn clear(&mut self) {
+        self.shapes.clear();
+        self.freed.clear();
+    }
+
+    /// `shape` found no room on the cluster as it is.
+    pub fn insert(&mut self, shape: Shape) {
+        self.shapes.insert(shape, self.freed.len());
+    }
+
+    /// Capacity was freed on `nodes` (and nothing else changed).
+    pub fn freed(&mut self, nodes: impl IntoIterator<Item = NodeIdx>) {
+        if self.shapes.is_empty() {
+            self.freed.clear();
+        } else {
+            self.freed.extend(nodes);
+        }
+    }
+
+    /// Whether `task`, of `shape`, is known to fit nowhere on `cluster`: its shape found no
+    /// room, and no node freed since might hold it. `one_node`: every placement of it is on
+    /// one node (else any release since makes it worth trying again).
+    pub fn excludes(
+        &mut self,
+        shape: &Shape,
+        task: &TaskSpec,
+        one_node: bool,
+        cluster: &Cluster,
+    ) -> bool {
+        let Some(since) = self.shapes.get_mut(shape) else {
+            return false;
+        };
+        let fresh = &self.freed[*since..];
+        if fresh.is_empty() {
+            return true;
+        }
+        if one_node && !fresh.iter().any(|n| cluster.node(*n).might_hold(task)) {
+            *since = self.freed.len();
+            return true;
+        }
+        self.shapes.remove(shape);
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::{NodeShare, Placement};
+    use crate::model::{NodeSpec, WHOLE_GPU_MILLI};
+
+    #[test]
+    fn a_shape_is_tried_again_only_once_a_freed_node_might_hold_it() {
+        let mut cluster = Cluster::default();
+        let a = cluster.add_node(NodeSpec::new("a", 8, "H100"));
+        let b = cluster.add_node(NodeSpec::new("b", 8, "H100"));
+        // Each node with 7 of 8 GPUs taken: a 4-GPU task fits nowhere.
+        let take = |node, n: u32| Placement {
+            shares: vec![NodeShare {
+                node,
+                gpus: (0..n).map(|g| (g, WHOLE_GPU_MILLI)).collect(),
+                ..NodeShare::default()
+            }],
+        };
+        cluster.allocate(&take(a, 7));
+        cluster.allocate(&take(b, 7));
+        let task = TaskSpec::new(1, "t", 4);
+        let shape = Shape::of(&task);
+        let mut no_room = NoRoom::default();
+        no_room.insert(shape.clone());
+        assert!(no_room.excludes(&shape, &task, true, &cluster));
+        // One GPU freed on a: still no node with 4 free.
+        let one = Placement {
+            shares: vec![NodeShare {
+                node: a,
+                gpus: vec![(0, WHOLE_GPU_MILLI)],
+                ..NodeShare::default()
+            }],
+        };
+        cluster.release(&one);
+        no_room.freed([a]);
+        assert!(no_room.excludes(&shape, &task, true, &cluster));
+        // The same release seen by a request that may span nodes: try again.
+        let mut spanning = NoRoom::default();
+        spanning.insert(shape.clone());
+        spanning.freed([a]);
+        assert!(!spanning.excludes(&shape, &task, false, &cluster));
+        // Three more on b: b has 4 free, so the shape is tried again (and forgotten).
+        let three = Placement {
+            shares: vec![NodeShare {
+                node: b,
+                gpus: (0..3).map(|g| (g, WHOLE_GPU_MILLI)).collect(),
+                ..NodeShare::default()
+            }],
+        };
+        cluster.release(&three);
+        no_room.freed([b]);
+        assert!(!no_room.excludes(&shape, &task, true, &cluster));
+        assert!(!no_room.excludes(&shape, &task, true, &cluster));
+    }
+}
