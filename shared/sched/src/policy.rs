@@ -141,6 +141,12 @@ pub trait Policy: Send + std::fmt::Debug {
     ) -> Option<bool> {
         None
     }
+    /// A key every victim [`Policy::may_preempt`] allows task by task is worse than (victims
+    /// past their usage limits aside), if the policy knows one: a preemption search then looks
+    /// no further down a team's running tasks. `None` (the default): no such bound.
+    fn victim_floor(&self, _preemptor: Contender<'_>) -> Option<QueueKey> {
+        None
+    }
     /// Why `preemptor` preempts `victim`, for the decision log (called when
     /// [`Policy::may_preempt`] holds, before anything changes).
     fn preemption_reason(

@@ -1560,14 +1560,10 @@ impl Scheduler {
                 .flatten()
                 .filter(|floor| unit.specs[0].priority < *floor);
             let admitted = floor.is_none() && self.policy.admits(&team, unit.demand, &self.quotas);
-            let one_node = self.one_node(&unit.specs[0]);
             let excluded = unit.single
-                && self.no_room.excludes(
-                    &self.tasks[leader].shape,
-                    &unit.specs[0],
-                    one_node,
-                    &self.cluster,
-                );
+                && self
+                    .no_room
+                    .excludes(&self.tasks[leader].shape, &unit.specs[0], &self.cluster);
             let mut placed = if !admitted || excluded {
                 None
             } else {
@@ -1736,11 +1732,12 @@ impl Scheduler {
         // What a search reads of running tasks does not move within a pass: computed once per
         // sweep and kept current as tasks start and are preempted.
         let running = running.get_or_insert_with(|| {
-            let mut all = Running::default();
-            for task in self.tasks.values().filter(|t| t.is_running()) {
-                all.insert(&task.spec.team, self.runner(task, now));
-            }
-            all
+            Running::of(
+                self.tasks
+                    .values()
+                    .filter(|t| t.is_running())
+                    .map(|t| (t.spec.team.as_str(), self.runner(t, now))),
+            )
         });
         let team = unit.specs[0].team.clone();
         // A displaced unit waits ahead of its priority but preempts by its policy's own key.
@@ -1758,10 +1755,17 @@ impl Scheduler {
         let order = self.policy.victim_order();
         let mut victims: Vec<Victim> = Vec::new();
         let mut held: u64 = 0;
-        for (victims_team, runners) in running.teams() {
+        let floor = self.policy.victim_floor(preemptor);
+        for team in running.teams() {
             let whole = self
                 .policy
-                .may_preempt_team(preemptor, victims_team, &self.quotas);
+                .may_preempt_team(preemptor, &team.name, &self.quotas);
+            // Task by task, only keys past the policy's floor can qualify.
+            let runners = match whole {
+                Some(false) if team.limited == 0 => continue,
+                Some(_) => &team.runners[..],
+                None => team.above(floor),
+            };
             for r in runners {
                 let allowed = r.over
                     || whole.unwrap_or_else(|| {
@@ -1789,12 +1793,11 @@ impl Scheduler {
         // When the unit is known to fit nowhere and can only go on one node, only a node a
         // victim freed can take it: a placement (which searches every node) is tried only once
         // such a node might hold it. `None`: no such knowledge, try whenever there is room.
-        let one_node = unit.single && self.one_node(&unit.specs[0]);
-        let unplaceable = one_node
+        let unplaceable = unit.single
+            && no_room::one_node(&self.cluster, &unit.specs[0])
             && self.no_room.excludes(
                 &self.tasks[&unit.members[0]].shape,
                 &unit.specs[0],
-                true,
                 &self.cluster,
             );
         let mut freed_fits: Option<bool> = unplaceable.then_some(false);
@@ -2066,16 +2069,6 @@ impl Scheduler {
         None
     }
 
-    /// Whether every placement of `spec` is on one node, whatever the policy: no MIG instance,
-    /// and no more GPUs than a node of any model has (larger tasks may span idle nodes).
-    fn one_node(&self, spec: &TaskSpec) -> bool {
-        spec.mig_profile.is_none()
-            && self
-                .cluster
-                .models()
-                .all(|m| spec.gpus <= self.cluster.max_gpus(m))
-    }
-
     /// A running task as preemption searches weigh it during a pass at `now`.
     fn runner(&self, task: &Task, now: Time) -> Runner {
         Runner {
@@ -2084,6 +2077,7 @@ impl Scheduler {
             gpus: task.spec.gpus,
             over: task.over_limit(now),
             lost: task.lost_work(now),
+            limited: task.spec.max_runtime.is_some(),
         }
     }
 

@@ -250,6 +250,16 @@ impl Policy for Allot {
         // within its nominal quota loses nothing to another team.
         (!quotas.borrowing(team)).then_some(false)
     }
+    fn victim_floor(&self, preemptor: Contender<'_>) -> Option<QueueKey> {
+        // Task by task a victim must pay off: a worse key, and unless the preemptor's estimate
+        // is learned and it was not promoted, a lower priority.
+        let key = preemptor.key;
+        if Self::learned(key) && key.2 & PROMOTED == 0 {
+            Some(key)
+        } else {
+            Some(QueueKey(key.0, i64::MAX, u64::MAX))
+        }
+    }
     fn preemption_reason(
         &self,
         preemptor: Contender<'_>,

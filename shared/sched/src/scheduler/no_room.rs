@@ -46,15 +46,9 @@ impl NoRoom {
     }
 
     /// Whether `task`, of `shape`, is known to fit nowhere on `cluster`: its shape found no
-    /// room, and no node freed since might hold it. `one_node`: every placement of it is on
-    /// one node (else any release since makes it worth trying again).
-    pub fn excludes(
-        &mut self,
-        shape: &Shape,
-        task: &TaskSpec,
-        one_node: bool,
-        cluster: &Cluster,
-    ) -> bool {
+    /// room, and no node freed since might hold it (any release since counts for a task that
+    /// may span nodes).
+    pub fn excludes(&mut self, shape: &Shape, task: &TaskSpec, cluster: &Cluster) -> bool {
         let Some(since) = self.shapes.get_mut(shape) else {
             return false;
         };
@@ -62,13 +56,19 @@ impl NoRoom {
         if fresh.is_empty() {
             return true;
         }
-        if one_node && !fresh.iter().any(|n| cluster.node(*n).might_hold(task)) {
+        if one_node(cluster, task) && !fresh.iter().any(|n| cluster.node(*n).might_hold(task)) {
             *since = self.freed.len();
             return true;
         }
         self.shapes.remove(shape);
         false
     }
+}
+
+/// Whether every placement of `task` is on one node, whatever the policy: no MIG instance, and
+/// no more GPUs than a node of any model has (larger tasks may span idle nodes).
+pub(super) fn one_node(cluster: &Cluster, task: &TaskSpec) -> bool {
+    task.mig_profile.is_none() && cluster.models().all(|m| task.gpus <= cluster.max_gpus(m))
 }
 
 #[cfg(test)]
@@ -96,7 +96,7 @@ mod tests {
         let shape = Shape::of(&task);
         let mut no_room = NoRoom::default();
         no_room.insert(shape.clone());
-        assert!(no_room.excludes(&shape, &task, true, &cluster));
+        assert!(no_room.excludes(&shape, &task, &cluster));
         // One GPU freed on a: still no node with 4 free.
         let one = Placement {
             shares: vec![NodeShare {
@@ -107,12 +107,15 @@ mod tests {
         };
         cluster.release(&one);
         no_room.freed([a]);
-        assert!(no_room.excludes(&shape, &task, true, &cluster));
-        // The same release seen by a request that may span nodes: try again.
+        assert!(no_room.excludes(&shape, &task, &cluster));
+        // The same release seen by a request that may span nodes (more GPUs than a node has):
+        // try again.
+        let wide = TaskSpec::new(2, "t", 12);
+        let wide_shape = Shape::of(&wide);
         let mut spanning = NoRoom::default();
-        spanning.insert(shape.clone());
+        spanning.insert(wide_shape.clone());
         spanning.freed([a]);
-        assert!(!spanning.excludes(&shape, &task, false, &cluster));
+        assert!(!spanning.excludes(&wide_shape, &wide, &cluster));
         // Three more on b: b has 4 free, so the shape is tried again (and forgotten).
         let three = Placement {
             shares: vec![NodeShare {
@@ -123,7 +126,7 @@ mod tests {
         };
         cluster.release(&three);
         no_room.freed([b]);
-        assert!(!no_room.excludes(&shape, &task, true, &cluster));
-        assert!(!no_room.excludes(&shape, &task, true, &cluster));
+        assert!(!no_room.excludes(&shape, &task, &cluster));
+        assert!(!no_room.excludes(&shape, &task, &cluster));
     }
 }

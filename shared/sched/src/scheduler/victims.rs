@@ -32,50 +32,105 @@ pub(super) struct Runner {
     pub over: bool,
     /// Run time since its last checkpoint, ms: what preempting it would lose.
     pub lost: u64,
+    /// It has a usage limit, so it may come to be taken past it whatever its key.
+    pub limited: bool,
 }
 
-/// The running tasks by team.
+/// The running tasks by team, each team's worst key first.
 #[derive(Debug, Default)]
 pub(super) struct Running {
-    teams: Vec<(String, Vec<Runner>)>,
-    /// Where each task is: (team, position in the team's list).
-    at: HashMap<TaskId, (usize, usize)>,
+    teams: Vec<Team>,
+    /// Where each task is: its team, and its key (its place in the team's list).
+    at: HashMap<TaskId, (usize, QueueKey)>,
+}
+
+/// One team's running tasks.
+#[derive(Debug)]
+pub(super) struct Team {
+    pub name: String,
+    /// Worst key first.
+    pub runners: Vec<Runner>,
+    /// How many of them have a usage limit.
+    pub limited: usize,
+}
+
+impl Team {
+    fn position(&self, key: QueueKey, id: TaskId) -> usize {
+        self.runners.partition_point(|r| (r.key, r.id) > (key, id))
+    }
+
+    /// Its tasks whose keys are worse than `floor` (all of them without one), or all of them
+    /// while any has a usage limit: the only ones a policy with that floor may take.
+    pub fn above(&self, floor: Option<QueueKey>) -> &[Runner] {
+        match floor {
+            Some(floor) if self.limited == 0 => {
+                &self.runners[..self.runners.partition_point(|r| r.key > floor)]
+            }
+            _ => &self.runners,
+        }
+    }
 }
 
 impl Running {
-    pub fn insert(&mut self, team: &str, runner: Runner) {
-        let t = match self.teams.iter().position(|(name, _)| name == team) {
-            Some(t) => t,
-            None => {
-                self.teams.push((team.to_owned(), Vec::new()));
-                self.teams.len() - 1
-            }
-        };
-        let list = &mut self.teams[t].1;
-        self.at.insert(runner.id, (t, list.len()));
-        list.push(runner);
+    /// The index of `all`, sorted once.
+    pub fn of<'a>(all: impl IntoIterator<Item = (&'a str, Runner)>) -> Self {
+        let mut running = Self::default();
+        for (team, runner) in all {
+            let t = running.team(team);
+            let team = &mut running.teams[t];
+            team.limited += usize::from(runner.limited);
+            team.runners.push(runner);
+            running.at.insert(runner.id, (t, runner.key));
+        }
+        for team in &mut running.teams {
+            team.runners
+                .sort_unstable_by_key(|r| Reverse((r.key, r.id)));
+        }
+        running
     }
 
-    pub fn remove(&mut self, id: TaskId) {
-        let Some((t, i)) = self.at.remove(&id) else {
-            return;
-        };
-        let list = &mut self.teams[t].1;
-        list.swap_remove(i);
-        if let Some(moved) = list.get(i) {
-            self.at.insert(moved.id, (t, i));
+    fn team(&mut self, name: &str) -> usize {
+        match self.teams.iter().position(|t| t.name == name) {
+            Some(t) => t,
+            None => {
+                self.teams.push(Team {
+                    name: name.to_owned(),
+                    runners: Vec::new(),
+                    limited: 0,
+                });
+                self.teams.len() - 1
+            }
         }
     }
 
-    pub fn get(&self, id: TaskId) -> Option<&Runner> {
-        self.at.get(&id).map(|&(t, i)| &self.teams[t].1[i])
+    pub fn insert(&mut self, team: &str, runner: Runner) {
+        let t = self.team(team);
+        let team = &mut self.teams[t];
+        let at = team.position(runner.key, runner.id);
+        team.limited += usize::from(runner.limited);
+        team.runners.insert(at, runner);
+        self.at.insert(runner.id, (t, runner.key));
     }
 
-    /// The teams with running tasks, and their tasks.
-    pub fn teams(&self) -> impl Iterator<Item = (&str, &[Runner])> {
-        self.teams
-            .iter()
-            .map(|(name, list)| (name.as_str(), &list[..]))
+    pub fn remove(&mut self, id: TaskId) {
+        let Some((t, key)) = self.at.remove(&id) else {
+            return;
+        };
+        let team = &mut self.teams[t];
+        let at = team.position(key, id);
+        let gone = team.runners.remove(at);
+        team.limited -= usize::from(gone.limited);
+    }
+
+    pub fn get(&self, id: TaskId) -> Option<&Runner> {
+        let &(t, key) = self.at.get(&id)?;
+        let team = &self.teams[t];
+        team.runners.get(team.position(key, id))
+    }
+
+    /// The teams with running tasks.
+    pub fn teams(&self) -> impl Iterator<Item = &Team> {
+        self.teams.iter()
     }
 }
 
@@ -136,6 +191,7 @@ mod tests {
             gpus: 1,
             over,
             lost,
+            limited: over,
         }
     }
 
@@ -168,7 +224,26 @@ mod tests {
             assert_eq!(running.get(TaskId(id)).map(|r| r.id), Some(TaskId(id)));
         }
         assert!(running.get(TaskId(0)).is_none());
-        let count: usize = running.teams().map(|(_, list)| list.len()).sum();
+        let count: usize = running.teams().map(|t| t.runners.len()).sum();
         assert_eq!(count, 3);
+    }
+
+    #[test]
+    fn a_floor_leaves_out_better_keys_unless_a_task_has_a_usage_limit() {
+        let mut running = Running::of(
+            [(1, 10), (2, 30), (3, 20)].map(|(id, key)| ("a", runner(id, key, false, 0))),
+        );
+        let ids = |running: &Running| {
+            let team = running.teams().next().unwrap();
+            team.above(Some(QueueKey(0, 15, 0)))
+                .iter()
+                .map(|r| r.id.0)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ids(&running), [2, 3]);
+        running.insert("a", runner(4, 5, true, 0));
+        assert_eq!(ids(&running), [2, 3, 1, 4]);
+        running.remove(TaskId(4));
+        assert_eq!(ids(&running), [2, 3]);
     }
 }
