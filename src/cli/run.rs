@@ -20,7 +20,8 @@ pub struct RunArgs {
     /// then nats://127.0.0.1:4222).
     #[arg(long, global = true)]
     pub nats: Option<String>,
-    /// Stream replicas when creating streams: 1, or 3 on a cluster (ALLOT_STREAM_REPLICAS).
+    /// Stream replicas when creating streams (and the allocator's lease bucket): 1, or 3 on a
+    /// cluster (ALLOT_STREAM_REPLICAS).
     #[arg(long, global = true)]
     pub stream_replicas: Option<String>,
     /// Where to serve /metrics, /healthz and /readyz: IP:PORT (port 0 picks a free one),
@@ -254,7 +255,12 @@ pub async fn run(args: RunArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
     let service = match &args.service {
         Service::Inventory(a) => Configured::Inventory(inventory_config(a, &url, &mut s)),
         Service::Collector(a) => Configured::Collector(collector_config(a, &url, &mut s)),
-        Service::Allocator(a) => Configured::Allocator(allocator_config(a, &url, &mut s)),
+        Service::Allocator(a) => {
+            let mut config = allocator_config(a, &url, &mut s);
+            // The lease bucket keeps as many copies as the streams.
+            config.replicas = replicas;
+            Configured::Allocator(config)
+        }
         Service::Archiver(a) => Configured::Archiver(allot_archiver::Config::new(
             url.clone(),
             s.string(a.db.as_deref(), "ALLOT_ARCHIVE", ".allot/archive.db"),

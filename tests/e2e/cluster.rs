@@ -1,6 +1,7 @@
-//! A cluster of `allot run` processes against a real nats-server, for end-to-end tests of
-//! pipelines: the planner, allocator(s), and one collector per simulated node whose executor
-//! runs each task's command as a real process; the predictor where a test starts it.
+//! A cluster of `allot run` processes against a real nats-server (or a 3-node JetStream
+//! cluster), for end-to-end tests of pipelines: the planner, allocator(s), and one collector
+//! per simulated node whose executor runs each task's command as a real process; the predictor,
+//! billing, the archiver and the rest where a test starts them.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -10,8 +11,8 @@ use std::time::Duration;
 use allot_events::alloc::Applied;
 use allot_events::task::TaskStarted;
 use allot_events::workload::WorkloadFinished;
-use allot_events::{AllocEvent, AnyEvent, WorkloadEvent, decode};
-use allot_testkit::NatsServer;
+use allot_events::{AllocEvent, AnyEvent, Envelope, WorkloadEvent, decode};
+use allot_testkit::{NatsCluster, NatsServer};
 
 use crate::support::{allot, log_of, spawn_logged, wait_for};
 
@@ -39,13 +40,59 @@ spec:
 /// How long a workload may take before a test gives up (the tasks themselves take seconds).
 pub const PATIENCE: Duration = Duration::from_secs(120);
 
+/// Where a [`Cluster`]'s processes find NATS.
+pub enum Nats {
+    /// One server; streams with one replica.
+    Server(Box<NatsServer>),
+    /// A JetStream cluster; streams with three replicas (`ALLOT_STREAM_REPLICAS=3`).
+    Cluster(NatsCluster),
+}
+
+impl Nats {
+    /// The URL processes and commands are given: comma-separated on a cluster.
+    pub fn url(&self) -> String {
+        match self {
+            Nats::Server(server) => server.url(),
+            Nats::Cluster(cluster) => cluster.urls(),
+        }
+    }
+
+    /// One URL per server, for `async_nats::connect`.
+    fn url_list(&self) -> Vec<String> {
+        match self {
+            Nats::Server(server) => vec![server.url()],
+            Nats::Cluster(cluster) => cluster.url_list(),
+        }
+    }
+
+    /// How many replicas the streams keep.
+    fn replicas(&self) -> usize {
+        match self {
+            Nats::Server(_) => 1,
+            Nats::Cluster(cluster) => cluster.nodes.len(),
+        }
+    }
+
+    /// The JetStream cluster, for tests that kill and restart its nodes.
+    pub fn cluster_mut(&mut self) -> &mut NatsCluster {
+        match self {
+            Nats::Cluster(cluster) => cluster,
+            Nats::Server(_) => panic!("this Cluster runs on one nats-server"),
+        }
+    }
+}
+
 /// A cluster of `allot run` processes.
 pub struct Cluster {
-    pub server: NatsServer,
+    pub server: Nats,
     pub dir: tempfile::TempDir,
     rt: tokio::runtime::Runtime,
     client: async_nats::Client,
     procs: BTreeMap<String, Child>,
+    /// Each process's `allot run` arguments, to start it again after a kill.
+    args: BTreeMap<String, Vec<String>>,
+    /// How many times each process was started, to keep earlier runs' logs.
+    runs: BTreeMap<String, usize>,
     /// The allocators' policy.
     policy: &'static str,
 }
@@ -75,6 +122,18 @@ impl Cluster {
         )
     }
 
+    /// Simulated runs as [`Self::start_simulated`], on `nats` (a JetStream cluster: the streams
+    /// get its size in replicas, and every process is told so).
+    pub fn start_simulated_on(nats: Nats, nodes: &[(&str, u32)], speedup: u32) -> Cluster {
+        let speedup = speedup.to_string();
+        let executor = ["--executor", "sim", "--sim-speedup", speedup.as_str()];
+        let mut cluster = Self::start_on(nats, &[], &executor, "allot");
+        for (node, gpus) in nodes {
+            cluster.collector(node, *gpus, &executor);
+        }
+        cluster
+    }
+
     /// Simulated runs as [`Self::start_simulated`], on collectors given `collector` flags as
     /// well (`--sim-model L4`, `--telemetry-interval 250ms`), per node.
     pub fn start_simulated_with(nodes: &[(&str, u32, &[&str])], speedup: u32) -> Cluster {
@@ -93,17 +152,36 @@ impl Cluster {
     }
 
     fn start_full(nodes: &[(&str, u32)], executor: &[&str], policy: &'static str) -> Cluster {
-        let server = NatsServer::start();
+        Self::start_on(
+            Nats::Server(Box::new(NatsServer::start())),
+            nodes,
+            executor,
+            policy,
+        )
+    }
+
+    fn start_on(
+        server: Nats,
+        nodes: &[(&str, u32)],
+        executor: &[&str],
+        policy: &'static str,
+    ) -> Cluster {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
         let client = rt.block_on(async {
-            let client = async_nats::connect(server.url()).await.unwrap();
+            let client = async_nats::connect(server.url_list()).await.unwrap();
             let js = async_nats::jetstream::new(client.clone());
-            allot_bus::ensure_streams(&js, &allot_bus::catalog(1))
-                .await
-                .unwrap();
+            // On a cluster a peer may still be joining: retry placement for a while.
+            let mut tries = 0;
+            while let Err(e) =
+                allot_bus::ensure_streams(&js, &allot_bus::catalog(server.replicas())).await
+            {
+                tries += 1;
+                assert!(tries < 60, "creating the streams: {e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
             client
         });
         let mut cluster = Cluster {
@@ -112,6 +190,8 @@ impl Cluster {
             rt,
             client,
             procs: BTreeMap::new(),
+            args: BTreeMap::new(),
+            runs: BTreeMap::new(),
             policy,
         };
         cluster.planner();
@@ -152,20 +232,68 @@ impl Cluster {
 
     /// Starts `allot run <args>` as process `name`.
     pub fn spawn(&mut self, name: &str, args: &[&str]) {
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        self.args.insert(name.to_owned(), args);
+        self.launch(name);
+    }
+
+    /// Starts process `name` with the arguments it was first spawned with; the log of its
+    /// previous run is kept as `<name>.<run>.log`.
+    pub fn restart(&mut self, name: &str) {
+        assert!(!self.procs.contains_key(name), "{name} is still running");
+        let run = self.runs.get(name).copied().unwrap_or(0);
+        let _ = std::fs::rename(
+            self.path(&format!("{name}.log")),
+            self.path(&format!("{name}.{run}.log")),
+        );
+        self.launch(name);
+    }
+
+    fn launch(&mut self, name: &str) {
         let mut cmd = allot(self.dir.path());
         cmd.env("ALLOT_NATS_URL", self.server.url())
+            .env("ALLOT_STREAM_REPLICAS", self.server.replicas().to_string())
             .arg("run")
-            .args(args);
+            .args(&self.args[name]);
         let child = spawn_logged(cmd, self.dir.path(), name);
         self.procs.insert(name.to_owned(), child);
+        *self.runs.entry(name.to_owned()).or_default() += 1;
+    }
+
+    /// Billing with `examples/prices.yaml`, billing every second of lease time.
+    pub fn billing(&mut self) {
+        let prices = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/prices.yaml");
+        let data = self.path("billing");
+        self.spawn(
+            "billing",
+            &[
+                "billing",
+                "--prices",
+                prices.to_str().unwrap(),
+                "--interval",
+                "1s",
+                "--data-dir",
+                data.to_str().unwrap(),
+            ],
+        );
+    }
+
+    /// The audit archiver, writing `archive.db`.
+    pub fn archiver(&mut self) {
+        let db = self.path("archive.db");
+        self.spawn("archiver", &["archiver", "--db", db.to_str().unwrap()]);
     }
 
     pub fn planner(&mut self) {
+        self.planner_with(&[]);
+    }
+
+    /// The planner with more flags (`--ack-wait 1s` …).
+    pub fn planner_with(&mut self, extra: &[&str]) {
         let data = self.path("planner");
-        self.spawn(
-            "planner",
-            &["planner", "--data-dir", data.to_str().unwrap()],
-        );
+        let mut args = vec!["planner", "--data-dir", data.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        self.spawn("planner", &args);
     }
 
     pub fn predictor(&mut self) {
@@ -225,6 +353,11 @@ impl Cluster {
         let mut child = self.procs.remove(name).expect("a process of that name");
         child.kill().unwrap();
         child.wait().unwrap();
+    }
+
+    /// Sends `SIG<signal>` (`STOP`, `CONT` …) to process `name`.
+    pub fn signal(&self, name: &str, signal: &str) {
+        crate::support::signal(self.pid(name), signal);
     }
 
     /// Submits `spec` with `allot submit`; its workload id.
@@ -289,12 +422,47 @@ impl Cluster {
 
     /// Every event in `stream`, decoded.
     pub fn events(&self, stream: &str) -> Vec<AnyEvent> {
-        self.rt.block_on(async {
-            allot_testkit::streams::read_all(&self.client, stream)
-                .await
-                .into_iter()
-                .map(|m| decode(&m.payload).unwrap().data)
-                .collect()
+        self.events_on(stream, "")
+    }
+
+    /// Every event in `stream` on subjects matching `filter` (all of them when it is empty),
+    /// decoded.
+    pub fn events_on(&self, stream: &str, filter: &str) -> Vec<AnyEvent> {
+        self.envelopes_after(stream, filter, 0)
+            .into_iter()
+            .map(|(_, e)| e.data)
+            .collect()
+    }
+
+    /// The events in `stream` on subjects matching `filter` (all when empty) after stream
+    /// sequence `after`, with their sequences; read again for a while on a cluster that is
+    /// electing the stream's leader.
+    pub fn envelopes_after(&self, stream: &str, filter: &str, after: u64) -> Vec<(u64, Envelope)> {
+        read_envelopes(&self.rt, &self.client, stream, filter, after)
+    }
+
+    /// The sequence of the last message in `stream`.
+    pub fn last_sequence(&self, stream: &str) -> u64 {
+        last_sequence(&self.rt, &self.client, stream)
+    }
+
+    /// The server that leads `stream` now (its `server_name`), as the first live server of the
+    /// cluster that knows one says on its monitoring endpoint (`/jsz?streams=true`).
+    pub fn stream_leader(&self, stream: &str) -> Option<String> {
+        let Nats::Cluster(cluster) = &self.server else {
+            return None;
+        };
+        cluster.nodes.iter().find_map(|node| {
+            let body = http_get(node.monitor_port(), "/jsz?streams=true")?;
+            let jsz: serde_json::Value = serde_json::from_str(&body).ok()?;
+            jsz["account_details"]
+                .as_array()?
+                .iter()
+                .flat_map(|a| a["stream_detail"].as_array().into_iter().flatten())
+                .find(|s| s["name"] == stream)?["cluster"]["leader"]
+                .as_str()
+                .filter(|l| !l.is_empty())
+                .map(str::to_owned)
         })
     }
 
@@ -371,6 +539,113 @@ impl Cluster {
         }
         out
     }
+}
+
+/// The body of `GET path` on 127.0.0.1:`port`, if it answers 200 within a second.
+fn http_get(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read as _, Write as _};
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut conn = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    conn.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    write!(conn, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut response = String::new();
+    conn.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    (head.split(' ').nth(1) == Some("200")).then(|| body.to_owned())
+}
+
+/// The events in `stream` on subjects matching `filter` (all when empty) after sequence
+/// `after`, with their sequences, read through an ordered consumer (nothing acknowledged, no
+/// other consumer disturbed). On a JetStream cluster a stream may have no leader for a few
+/// seconds after a server dies: reads are tried again for up to a minute.
+pub fn read_envelopes(
+    rt: &tokio::runtime::Runtime,
+    client: &async_nats::Client,
+    stream: &str,
+    filter: &str,
+    after: u64,
+) -> Vec<(u64, Envelope)> {
+    retried(rt, stream, || read(client, stream, filter, after))
+        .into_iter()
+        .map(|(seq, payload)| (seq, decode(&payload).unwrap()))
+        .collect()
+}
+
+/// The sequence of the last message in `stream`, asked again for a while as
+/// [`read_envelopes`] does.
+pub fn last_sequence(
+    rt: &tokio::runtime::Runtime,
+    client: &async_nats::Client,
+    stream: &str,
+) -> u64 {
+    retried(rt, stream, || async {
+        let js = async_nats::jetstream::new(client.clone());
+        let mut handle = js.get_stream(stream).await.map_err(|e| e.to_string())?;
+        let info = handle.info().await.map_err(|e| e.to_string())?;
+        Ok(info.state.last_sequence)
+    })
+}
+
+/// `attempt()` until it succeeds, for up to a minute (each attempt bounded to 10 s).
+fn retried<T, F: std::future::Future<Output = Result<T, String>>>(
+    rt: &tokio::runtime::Runtime,
+    what: &str,
+    mut attempt: impl FnMut() -> F,
+) -> T {
+    let mut last = String::new();
+    for _ in 0..6 {
+        match rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), attempt()).await })
+        {
+            Ok(Ok(t)) => return t,
+            Ok(Err(e)) => last = e,
+            Err(_) => last = "no answer within 10 s".into(),
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    panic!("reading {what}: {last}")
+}
+
+/// One attempt of [`read_envelopes`]: the payloads, with their sequences.
+async fn read(
+    client: &async_nats::Client,
+    stream: &str,
+    filter: &str,
+    after: u64,
+) -> Result<Vec<(u64, bytes::Bytes)>, String> {
+    use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
+    use futures::StreamExt as _;
+    let js = async_nats::jetstream::new(client.clone());
+    let handle = js.get_stream(stream).await.map_err(|e| e.to_string())?;
+    let mut consumer = handle
+        .create_consumer(OrderedConfig {
+            deliver_policy: DeliverPolicy::ByStartSequence {
+                start_sequence: after + 1,
+            },
+            filter_subject: filter.to_owned(),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    let pending = consumer
+        .info()
+        .await
+        .map_err(|e| e.to_string())?
+        .num_pending;
+    let mut out = Vec::new();
+    if pending == 0 {
+        return Ok(out);
+    }
+    let mut messages = consumer.messages().await.map_err(|e| e.to_string())?;
+    while let Some(message) = messages.next().await {
+        let message = message.map_err(|e| e.to_string())?;
+        let info = message.info().map_err(|e| e.to_string())?;
+        let (seq, left) = (info.stream_sequence, info.pending);
+        out.push((seq, message.payload.clone()));
+        if left == 0 {
+            break;
+        }
+    }
+    Ok(out)
 }
 
 impl Drop for Cluster {

@@ -7,6 +7,7 @@ mod cluster;
 mod costs;
 mod dashboard;
 mod deadlines;
+mod faults;
 mod gateway_crash;
 mod gpu_check;
 mod inventory_crash;

@@ -10,7 +10,7 @@ use allot_events::workload::WorkloadOutcome;
 use allot_events::{AnyEvent, TaskEvent};
 
 use crate::cluster::Cluster;
-use crate::support::wait_for;
+use crate::support::{signal, wait_for};
 
 /// A workload of `n` short CPU-only tasks with no dependencies: each takes a core for 3 s of
 /// task time (5 ms at the speed-up used here), so thousands of them are in flight at once.
@@ -88,15 +88,6 @@ fn assert_each_task_once(cluster: &Cluster, workload: &str, n: usize) {
     let twice: Vec<_> = starts.iter().filter(|(_, c)| **c != 1).collect();
     assert!(twice.is_empty(), "started other than once: {twice:?}");
     assert_eq!(starts.len(), n, "every task started");
-}
-
-/// Sends `SIG<name>` to `pid`.
-fn signal(pid: u32, name: &str) {
-    let status = Command::new("kill")
-        .args([&format!("-{name}"), &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill -{name} {pid}");
 }
 
 #[test]

@@ -55,6 +55,15 @@ pub fn terminate(child: &Child) {
     assert!(status.success());
 }
 
+/// Sends `SIG<name>` (`STOP`, `CONT`, `KILL` …) to `pid`.
+pub fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{name} {pid}");
+}
+
 /// Waits for a child to exit, for at most `limit`.
 pub fn wait_exit(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
     wait_for(limit, || child.try_wait().unwrap())

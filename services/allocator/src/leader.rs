@@ -92,7 +92,29 @@ async fn lead_or_stand_by(
     stop: Stop,
 ) -> Result<(), AllocatorError> {
     let js = jetstream::new(client.clone());
-    let store = lease::bucket(&js, config.lease_ttl).await?;
+    // The bucket may be out of reach for a while (a server of the cluster just died, its
+    // streams electing leaders): a standby that gave up here would not be there to take over.
+    let mut attempt = 0;
+    let store = loop {
+        match lease::bucket(&js, config.lease_ttl, config.replicas).await {
+            Ok(store) => break store,
+            Err(e) => {
+                attempt += 1;
+                let wait = allot_bus::connect::backoff(attempt, config.lease_ttl);
+                warn!(
+                    pool = %config.pool,
+                    error = %e,
+                    attempt,
+                    retry_in_ms = wait.as_millis() as u64,
+                    "opening the lease bucket failed; retrying"
+                );
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    () = stop.clone() => return Ok(()),
+                }
+            }
+        }
+    };
     loop {
         if stop.peek().is_some() {
             return Ok(());
@@ -307,6 +329,7 @@ impl Reader {
     /// opened again after the last message read, so nothing is skipped or read twice.
     async fn run(mut self) {
         let mut attempt = 0u32;
+        let mut reconnects = allot_bus::connect::Reconnects::new(&self.js.client());
         loop {
             attempt += 1;
             let messages = match self.open().await {
@@ -319,7 +342,15 @@ impl Reader {
                 }
             };
             tokio::pin!(messages);
-            while let Some(message) = messages.next().await {
+            loop {
+                let message = tokio::select! {
+                    message = messages.next() => message,
+                    () = reconnects.next() => {
+                        info!(after = self.after, "reconnected to NATS; opening the input stream again");
+                        break;
+                    }
+                };
+                let Some(message) = message else { break };
                 let message = match message {
                     Ok(m) => m,
                     Err(e) => {
@@ -382,6 +413,7 @@ impl Reader {
             .create_consumer(jetstream::consumer::pull::OrderedConfig {
                 filter_subjects: self.filter_subjects.clone(),
                 deliver_policy,
+                max_expires: allot_bus::consumer::ORDERED_MAX_EXPIRES,
                 ..Default::default()
             })
             .await

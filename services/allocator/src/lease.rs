@@ -9,7 +9,8 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, kv};
+use async_nats::jetstream::context::GetStreamErrorKind;
+use async_nats::jetstream::{self, ErrorCode, kv};
 use bytes::Bytes;
 
 /// The KV bucket of leases.
@@ -25,17 +26,56 @@ pub fn key(pool: &str) -> String {
 #[error("lease bucket {BUCKET}: {0}")]
 pub struct LeaseError(String);
 
-/// The lease bucket, created with `ttl` if it does not exist.
-pub async fn bucket(js: &jetstream::Context, ttl: Duration) -> Result<kv::Store, LeaseError> {
-    js.create_key_value(kv::Config {
+/// The lease bucket, created with `ttl` and `replicas` copies if it does not exist, and raised
+/// to `replicas` if it has fewer (never lowered: a standby started without the setting must not
+/// undo the operator's). On a JetStream cluster it needs as many replicas as the streams: with
+/// one, the death of the server holding it leaves no allocator able to renew or take the lease,
+/// and the pool stops allocating until that server returns. A bucket that cannot be raised (a
+/// user without the right to update streams) is used as it is, with a warning.
+pub async fn bucket(
+    js: &jetstream::Context,
+    ttl: Duration,
+    replicas: usize,
+) -> Result<kv::Store, LeaseError> {
+    let current = match js.get_stream(format!("KV_{BUCKET}")).await {
+        Ok(stream) => Some(stream.cached_info().config.num_replicas),
+        Err(e)
+            if matches!(
+                e.kind(),
+                GetStreamErrorKind::JetStream(ref err)
+                    if err.error_code() == ErrorCode::STREAM_NOT_FOUND
+            ) =>
+        {
+            None
+        }
+        Err(e) => return Err(LeaseError(e.to_string())),
+    };
+    let config = |num_replicas| kv::Config {
         bucket: BUCKET.into(),
         description: "Which allocator leads each pool (entries expire unless renewed)".into(),
         history: 1,
         max_age: ttl,
+        num_replicas,
         ..kv::Config::default()
-    })
-    .await
-    .map_err(|e| LeaseError(e.to_string()))
+    };
+    let mut want = replicas.max(current.unwrap_or(0));
+    if let Some(have) = current.filter(|have| *have < want)
+        && let Err(e) = js.update_key_value(config(want)).await
+    {
+        tracing::warn!(
+            bucket = BUCKET,
+            replicas = have,
+            wanted = want,
+            error = %e,
+            "the lease bucket keeps fewer copies than the streams and could not be raised; \
+             kept with one, the pool stops allocating while the server holding it is down"
+        );
+        want = have;
+    }
+    // Creating a bucket that exists with this very configuration hands it back.
+    js.create_key_value(config(want))
+        .await
+        .map_err(|e| LeaseError(e.to_string()))
 }
 
 /// What one renewal found.

@@ -58,10 +58,14 @@ pub struct Config {
     pub quotas: Vec<(String, Quota)>,
     /// Prefix of the durable consumers' names (`<prefix>-<pool>-<stream>`).
     pub consumer_prefix: String,
+    /// Copies of the lease bucket: as many as the streams have (1 on one server, 3 on a
+    /// cluster), so the lease outlives any one server.
+    pub replicas: usize,
 }
 
 impl Config {
-    /// Defaults: policy `allot`, a 10 s lease, a pass every 5 s, no quotas.
+    /// Defaults: policy `allot`, a 10 s lease in a bucket of one replica, a pass every 5 s, no
+    /// quotas.
     pub fn new(nats_url: impl Into<String>, pool: impl Into<String>) -> Self {
         Self {
             nats_url: nats_url.into(),
@@ -76,6 +80,7 @@ impl Config {
             pass_interval: Duration::from_secs(5),
             quotas: Vec::new(),
             consumer_prefix: "allocator".into(),
+            replicas: 1,
         }
     }
 }

@@ -12,7 +12,7 @@ use allot_events::task::{TaskCompleted, TaskReady};
 use allot_events::{AllocEvent, NodeEvent, TaskEvent};
 use allot_sched::journal::{Entry, Header};
 use allot_sched::{Decision, TaskId, TaskSpec};
-use allot_testkit::{NatsServer, node};
+use allot_testkit::{NatsCluster, NatsServer, node};
 
 const POOL: &str = "p";
 
@@ -456,5 +456,179 @@ fn a_task_report_naming_another_lease_or_node_is_refused_and_the_task_runs_on() 
             .filter(|e| matches!(e.input, allot_sched::Input::TaskFinished { .. }))
             .count();
         assert_eq!(finishes, 1, "the refused reports were not journalled");
+    });
+}
+
+/// Waits (up to 30 s) until both followers of the lease bucket have caught up with its leader.
+async fn wait_until_current(js: &async_nats::jetstream::Context) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut stream = js
+            .get_stream(format!("KV_{}", allot_allocator::lease::BUCKET))
+            .await
+            .unwrap();
+        let cluster = stream.info().await.unwrap().cluster.clone().unwrap();
+        if cluster.replicas.len() == 2 && cluster.replicas.iter().all(|p| p.current) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the raised replicas never caught up: {cluster:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Publishes `event`, again for up to 30 s while a stream of a cluster has no leader (just
+/// created, or its leader's server just died).
+async fn publish_retrying(publisher: &Publisher, event: impl Into<allot_events::AnyEvent> + Clone) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(e) = publisher.publish(event.clone()).await {
+        assert!(Instant::now() < deadline, "publishing: {e}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The replicas of the lease bucket's stream.
+async fn lease_replicas(js: &async_nats::jetstream::Context) -> usize {
+    let mut stream = js
+        .get_stream(format!("KV_{}", allot_allocator::lease::BUCKET))
+        .await
+        .unwrap();
+    stream.info().await.unwrap().config.num_replicas
+}
+
+#[test]
+fn on_a_three_node_cluster_the_lease_outlives_the_server_that_held_it() {
+    let mut cluster = NatsCluster::start(3);
+    let url = cluster.urls();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (js, publisher) = rt.block_on(async {
+        let client = async_nats::connect(cluster.url_list()).await.unwrap();
+        let js = async_nats::jetstream::new(client.clone());
+        // A peer may still be joining the cluster: retry placement for a while.
+        let mut tries = 0;
+        while let Err(e) = ensure_streams(&js, &catalog(3)).await {
+            tries += 1;
+            assert!(tries < 60, "streams with 3 replicas: {e}");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        // A bucket an allocator left at one replica is raised to the streams' three, and one
+        // started without the setting does not lower it again.
+        let ttl = Duration::from_secs(2);
+        allot_allocator::lease::bucket(&js, ttl, 1).await.unwrap();
+        assert_eq!(lease_replicas(&js).await, 1);
+        allot_allocator::lease::bucket(&js, ttl, 3).await.unwrap();
+        assert_eq!(lease_replicas(&js).await, 3);
+        wait_until_current(&js).await;
+        allot_allocator::lease::bucket(&js, ttl, 1).await.unwrap();
+        assert_eq!(lease_replicas(&js).await, 3);
+
+        let publisher = Publisher::new(client.clone(), "/test");
+        for n in ["n1", "n2"] {
+            let registered = node(n).gpus(4).pool(POOL).registered();
+            publish_retrying(&publisher, NodeEvent::Registered(registered)).await;
+        }
+        for instance in ["a", "b"] {
+            let config = Config {
+                replicas: 3,
+                ..config(&url, instance)
+            };
+            tokio::spawn(allot_allocator::run(config, std::future::pending()));
+        }
+        publish_retrying(&publisher, ready(1, 4)).await;
+        let events = journal_until(&js, |e| granted(e).contains(&1)).await;
+        assert!(granted(&events).contains(&1), "{events:?}");
+        (js, publisher)
+    });
+
+    // The server leading the lease bucket dies: the lease lives on the other two, so an
+    // allocator still leads and grants the next task.
+    let holder = rt.block_on(async {
+        let mut stream = js
+            .get_stream(format!("KV_{}", allot_allocator::lease::BUCKET))
+            .await
+            .unwrap();
+        stream
+            .info()
+            .await
+            .unwrap()
+            .cluster
+            .clone()
+            .unwrap()
+            .leader
+            .unwrap()
+    });
+    let index = cluster
+        .nodes
+        .iter()
+        .position(|n| n.server_name() == holder)
+        .unwrap();
+    cluster.kill_node(index);
+    rt.block_on(async {
+        // Past two lease TTLs: whoever led when the server died has had to renew since.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        publish_retrying(&publisher, ready(2, 4)).await;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let granted = match journal::read(&js, POOL).await {
+                Ok(events) => granted(&events.into_iter().map(|(_, e)| e).collect::<Vec<_>>()),
+                Err(_) => BTreeSet::new(),
+            };
+            if granted.contains(&2) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no allocator granted task 2 within 30 s of {holder}'s death (granted {granted:?})"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+}
+
+#[test]
+fn an_allocator_that_cannot_open_the_lease_bucket_keeps_trying_and_leads_once_it_can() {
+    let server = NatsServer::start();
+    let url = server.url();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let client = async_nats::connect(&url).await.unwrap();
+        let js = async_nats::jetstream::new(client.clone());
+        ensure_streams(&js, &catalog(1)).await.unwrap();
+        // A stream in the bucket's place that is no KV bucket: opening the bucket fails, as it
+        // does while a cluster that just lost a server elects the bucket's leader.
+        let squatter = format!("KV_{}", allot_allocator::lease::BUCKET);
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: squatter.clone(),
+            subjects: vec!["squatter.>".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let allocator = tokio::spawn(allot_allocator::run(
+            config(&url, "a"),
+            std::future::pending(),
+        ));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(
+            !allocator.is_finished(),
+            "the allocator gave up: {:?}",
+            allocator.await
+        );
+        assert!(leaders(&journal_until(&js, |_| true).await).is_empty());
+
+        js.delete_stream(&squatter).await.unwrap();
+        let events = journal_until(&js, |e| !leaders(e).is_empty()).await;
+        assert_eq!(
+            leaders(&events),
+            ["a"],
+            "it led once the bucket could be opened"
+        );
+        allocator.abort();
     });
 }

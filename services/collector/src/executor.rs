@@ -21,7 +21,8 @@
 //! # Exactly once
 //!
 //! The runs it started and the journal position are in SQLite ([`state`]), committed together:
-//! redelivered journal entries start nothing twice. The executor never forgets a run until
+//! redelivered journal entries start nothing twice. A run's start and end events carry ids
+//! derived from the node and the lease, so one published again after a restart is stored once. The executor never forgets a run until
 //! JetStream acknowledged its end: the end is recorded the moment the run reports it, under an
 //! event id derived from the node and the lease, and handed to the outbox, which publishes the
 //! executor's events in the order they were made, retrying with backoff for as long as it takes,
@@ -73,8 +74,18 @@ use state::{Progress, State, StoredRun};
 pub use process::ProcessRuns;
 pub use simulated::SimulatedRuns;
 
-/// The namespace of the executor's end-event ids (UUIDv5 of `<node>/<lease>/end`).
+/// The namespace of the ids of a run's start and end events (UUIDv5 of `<node>/<lease>/started`
+/// and `<node>/<lease>/end`).
 const END_ID_NAMESPACE: Uuid = Uuid::from_u128(0x6b1f_0c2e_7d34_4a85_9e60_d2a7_3c18_f4b9);
+
+/// The id of a run's `what` event (`started`, `end`): the same whichever executor publishes it,
+/// so JetStream keeps one copy however often a restart publishes it again.
+fn event_id(node: &str, lease: LeaseId, what: &str) -> Uuid {
+    Uuid::new_v5(
+        &END_ID_NAMESPACE,
+        format!("{node}/{}/{what}", lease.0).as_bytes(),
+    )
+}
 /// How long shutdown waits for runs to stop and their ends to be acknowledged before leaving
 /// them to the next start.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -253,6 +264,7 @@ async fn open_journal(
                 .create_consumer(jetstream::consumer::pull::OrderedConfig {
                     filter_subject: subject::alloc_journal(pool),
                     deliver_policy: deliver,
+                    max_expires: allot_bus::consumer::ORDERED_MAX_EXPIRES,
                     ..Default::default()
                 })
                 .await
@@ -306,47 +318,65 @@ impl Executor {
         // Until a position is on record, a restart reads from its own start and would miss the
         // grants made while it was down: the first entry read is recorded at once.
         let mut positioned = position.is_some();
+        // The last entry read, to read on from after a broken read.
+        let mut last = position;
+        let mut reconnects = allot_bus::connect::Reconnects::new(&js.client());
         loop {
             self.show_holdings();
-            tokio::select! {
+            let message = tokio::select! {
                 biased;
                 _ = stop.changed() => return Ok(()),
-                Some((lease, report)) = rx.recv() => self.report(lease, report)?,
-                message = messages.next() => {
-                    let Some(message) = message else { return Ok(()) };
-                    let message = match message {
-                        Ok(m) => m,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "reading the journal failed; retrying");
-                            continue;
-                        }
-                    };
-                    let Ok(info) = message.info() else { continue };
-                    let seq = info.stream_sequence;
-                    let applied = match decode(&message.payload) {
-                        Ok(envelope) => match envelope.data {
-                            AnyEvent::Alloc(AllocEvent::Applied(a)) => a,
-                            _ => continue,
-                        },
-                        Err(e) => {
-                            tracing::warn!(sequence = seq, error = %e, "unreadable journal entry skipped");
-                            continue;
-                        }
-                    };
-                    let orders = orders::orders(&self.node, &applied, &self.running);
-                    if orders.is_empty() {
-                        unrecorded += 1;
-                        if unrecorded >= POSITION_EVERY || !positioned {
-                            self.state.set_position(seq)?;
-                            unrecorded = 0;
-                        }
-                    } else {
-                        self.obey(seq, orders)?;
-                        unrecorded = 0;
-                    }
-                    positioned = true;
+                Some((lease, report)) = rx.recv() => {
+                    self.report(lease, report)?;
+                    continue;
                 }
+                () = reconnects.next() => Err("reconnected to NATS".to_owned()),
+                message = messages.next() => match message {
+                    None => return Ok(()),
+                    Some(m) => m.map_err(|e| e.to_string()),
+                },
+            };
+            let message = match message {
+                Ok(m) => m,
+                Err(why) => {
+                    // An ordered read whose server died may not deliver again for a minute, or
+                    // ever: open a new one after the last entry read.
+                    tracing::warn!(reason = %why, after = ?last, "opening the journal again");
+                    let deliver = last.map_or(deliver, |seq| DeliverPolicy::ByStartSequence {
+                        start_sequence: seq + 1,
+                    });
+                    let Some(reopened) = open_journal(&js, &self.pool, deliver, stop).await else {
+                        return Ok(());
+                    };
+                    messages = reopened;
+                    continue;
+                }
+            };
+            let Ok(info) = message.info() else { continue };
+            let seq = info.stream_sequence;
+            last = Some(seq);
+            let applied = match decode(&message.payload) {
+                Ok(envelope) => match envelope.data {
+                    AnyEvent::Alloc(AllocEvent::Applied(a)) => a,
+                    _ => continue,
+                },
+                Err(e) => {
+                    tracing::warn!(sequence = seq, error = %e, "unreadable journal entry skipped");
+                    continue;
+                }
+            };
+            let orders = orders::orders(&self.node, &applied, &self.running);
+            if orders.is_empty() {
+                unrecorded += 1;
+                if unrecorded >= POSITION_EVERY || !positioned {
+                    self.state.set_position(seq)?;
+                    unrecorded = 0;
+                }
+            } else {
+                self.obey(seq, orders)?;
+                unrecorded = 0;
             }
+            positioned = true;
         }
     }
 
@@ -573,7 +603,12 @@ impl Executor {
                     how,
                     log,
                 });
-                self.send(self.publisher.envelope(event), None);
+                // A simulated run resumed after a restart reports its start again: under an id
+                // stable across restarts, the stream stores it once (a SIGKILLed collector's
+                // runs were each started twice before).
+                let mut envelope = self.publisher.envelope(event);
+                envelope.id = event_id(&self.node, lease, "started");
+                self.send(envelope, None);
             }
             Report::Checkpointed { progress_ms } => {
                 if let Some(done) = progress_ms {
@@ -687,10 +722,7 @@ impl Executor {
         let envelope = event.map(|event| {
             // Under an id of its own, stable across restarts: published twice, stored once.
             let mut envelope = self.publisher.envelope(event);
-            envelope.id = Uuid::new_v5(
-                &END_ID_NAMESPACE,
-                format!("{}/{}/end", self.node, lease.0).as_bytes(),
-            );
+            envelope.id = event_id(&self.node, lease, "end");
             envelope
         });
         let outcome = envelope

@@ -452,3 +452,38 @@ async fn a_grant_made_while_the_executor_was_down_is_run_when_it_is_back() -> an
     node.stop().await?;
     started
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_simulated_run_resumed_after_a_crash_is_started_and_ended_once() -> anyhow::Result<()> {
+    let server = NatsServer::start();
+    let client = connect(&server).await?;
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("executor.db");
+    let sim = Runs::Simulated(SimulatedRuns {
+        speedup: 1.0,
+        default_duration: Duration::from_secs(1),
+    });
+    let run = RunSpec {
+        duration_ms: Some(2_000),
+        ..RunSpec::default()
+    };
+    let node = Node::start(&server.url(), &db, sim.clone())?;
+    publish_grants(&client, vec![grant(7, 70, 0, run)]).await?;
+    wait_started(&client, &[7]).await?;
+    // SIGKILLed mid-run: the next executor resumes the run from what is on record.
+    node.crash();
+    let node = Node::start(&server.url(), &db, sim)?;
+    final_ends(&client, &db).await?;
+    node.stop().await?;
+    let events: Vec<String> = task_events(&client)
+        .await?
+        .iter()
+        .filter_map(describe)
+        .collect();
+    assert_eq!(
+        events,
+        ["started 7", "completed 7"],
+        "a resumed run is the same run: one start, one end"
+    );
+    Ok(())
+}

@@ -415,6 +415,7 @@ async fn journals(js: &jetstream::Context) -> Result<(u64, Journals), String> {
         .create_consumer(jetstream::consumer::pull::OrderedConfig {
             filter_subject: subject::alloc_journal("*"),
             deliver_policy: DeliverPolicy::All,
+            max_expires: allot_bus::consumer::ORDERED_MAX_EXPIRES,
             ..Default::default()
         })
         .await

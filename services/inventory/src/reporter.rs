@@ -4,7 +4,7 @@
 //! It reads the projection, never changes it: the projection is a pure function of the events,
 //! and the reporter's `reported_*` columns only remember what was already said.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 
@@ -148,11 +148,61 @@ pub(crate) struct Reporter {
     pub(crate) tick: Duration,
 }
 
+/// Whether liveness may be judged at a tick of the reporter: not during a grace period — after
+/// the start, and again after the reporter went a while without ticking — while the inventory
+/// may still be catching up on heartbeats.
+///
+/// A process that was paused or starved (SIGSTOP, a stalled VM, a publish that waited on an
+/// election) wakes with every node's last heartbeat as old as the pause, before its consumer has
+/// applied the heartbeats that arrived meanwhile: judged then, the whole fleet would be declared
+/// unreachable for a moment, and the allocator would stop placing work on it (the fault matrix
+/// saw it, `tests/e2e/faults.rs`).
+#[derive(Debug)]
+pub(crate) struct Judgement {
+    grace: Duration,
+    /// The longest gap between two ticks that is not a stall.
+    stall: Duration,
+    since: Instant,
+    last: Instant,
+}
+
+impl Judgement {
+    /// Starting at `now`, for a reporter ticking every `tick`.
+    pub(crate) fn new(now: Instant, liveness: Liveness, tick: Duration) -> Self {
+        Self {
+            grace: liveness.heartbeat_interval * liveness.missed_heartbeats,
+            stall: liveness.heartbeat_interval.max(tick * 2),
+            since: now,
+            last: now,
+        }
+    }
+
+    /// Whether liveness may be judged at the tick at `now`.
+    pub(crate) fn at(&mut self, now: Instant) -> bool {
+        let gap = now.saturating_duration_since(self.last);
+        if gap > self.stall {
+            tracing::info!(
+                stalled_ms = gap.as_millis() as u64,
+                "the reporter did not run for a while (paused or starved); judging liveness again \
+                 once the heartbeats are caught up"
+            );
+            self.since = now;
+        }
+        self.last = now;
+        now.saturating_duration_since(self.since) >= self.grace
+    }
+
+    /// The tick's own work ended at `now`: a report that took long (many changes to publish)
+    /// is no stall.
+    pub(crate) fn ended(&mut self, now: Instant) {
+        self.last = self.last.max(now);
+    }
+}
+
 impl Reporter {
     pub(crate) async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
-        let started = tokio::time::Instant::now();
-        let grace = self.liveness.heartbeat_interval * self.liveness.missed_heartbeats;
+        let mut judgement = Judgement::new(Instant::now(), self.liveness, self.tick);
         let mut tick = tokio::time::interval(self.tick);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -160,10 +210,11 @@ impl Reporter {
                 () = &mut shutdown => break,
                 _ = tick.tick() => {}
             }
-            let judge_liveness = started.elapsed() >= grace;
+            let judge_liveness = judgement.at(Instant::now());
             if let Err(e) = self.report(judge_liveness).await {
                 tracing::warn!(error = %e, "reporting inventory changes failed; will retry");
             }
+            judgement.ended(Instant::now());
         }
     }
 
@@ -191,3 +242,6 @@ impl Reporter {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -2,6 +2,7 @@
 //! unreachable, so a service started before its server waits instead of crash-looping.
 
 use std::future::Future;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_nats::{Client, ConnectErrorKind, ConnectOptions, Event};
@@ -114,6 +115,41 @@ pub async fn connect(
                     }
                 }
             }
+        }
+    }
+}
+
+/// Notices that a client connected again (to the same server or another of its cluster).
+///
+/// A long-lived ordered consumer does not survive the death of the server it lives on, and
+/// when that server was also the client's, async-nats spends a minute asking about the lost
+/// consumer before it gives up and says so; meanwhile the read delivers nothing. A reader that
+/// waits on [`Reconnects::next`] beside its messages opens its consumer again at once instead.
+#[derive(Debug)]
+pub struct Reconnects {
+    client: Client,
+    seen: u64,
+}
+
+impl Reconnects {
+    /// Watches `client` from now on.
+    pub fn new(client: &Client) -> Self {
+        Self {
+            seen: client.statistics().connects.load(Ordering::Relaxed),
+            client: client.clone(),
+        }
+    }
+
+    /// Completes once the client has connected again since this was created or last completed
+    /// (checked four times a second).
+    pub async fn next(&mut self) {
+        loop {
+            let now = self.client.statistics().connects.load(Ordering::Relaxed);
+            if now != self.seen {
+                self.seen = now;
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
 }

@@ -21,7 +21,13 @@
 //!    position on start-up. Without this, a restarted instance would receive never-delivered
 //!    messages before the redeliveries of those it was handling when it died, apply the newer
 //!    ones first, and then skip the older ones as already applied — losing them. (The e2e test
-//!    that SIGKILLs the inventory mid-stream found exactly that.)
+//!    that SIGKILLs the inventory mid-stream found exactly that.) The same can happen while it
+//!    runs: deliveries the server made that never arrived — a pull answered into a connection
+//!    that died with its server, or by a consumer leader that died — come again only after the
+//!    ack wait, behind newer ones. The runner sees the gap in the consumer's delivery sequence
+//!    and recreates the consumer at the handler's position. (The fault matrix,
+//!    `tests/e2e/faults.rs`, found it: billing lost a lease's costs, and the archiver's chain
+//!    stopped at the gap.)
 //! 5. On shutdown the runner stops pulling, finishes the batch in hand, and returns.
 //!
 //! Every runner counts what it applied and dead-lettered and how far it lags ([`metrics`]),
@@ -56,6 +62,16 @@ use crate::connect::backoff;
 use crate::error::BusError;
 use crate::headers;
 use crate::publish::Publisher;
+
+/// The longest a long-lived ordered consumer's pull request may wait (its `max_expires`), which
+/// also sets its idle heartbeat to half of it. An ordered consumer is an ephemeral, single-copy
+/// consumer on one server; when that server dies, async-nats notices only from missed heartbeats
+/// (two in a row before it recreates the consumer). At the library's defaults (30 s pulls, 15 s
+/// heartbeats) a reader stalled for 30–60 s after the loss of one server of a cluster — the
+/// allocator took in nothing and executors started nothing meanwhile (the fault matrix,
+/// `tests/e2e/faults.rs`, measured it). At 5 s it recreates the consumer within seconds, for one
+/// idle pull request every 5 s.
+pub const ORDERED_MAX_EXPIRES: Duration = Duration::from_secs(5);
 
 /// Which messages a runner consumes and how patiently.
 #[derive(Debug, Clone)]
@@ -320,37 +336,13 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
     /// Returns the handler, so tests can inspect it.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<H, BusError> {
         tokio::pin!(shutdown);
-        // Where to resume: a transient failure (the state busy while the service's other
-        // consumers start) is retried with backoff, as a batch's would be; a fatal one stops.
-        let mut attempt = 0;
-        let resume_after = loop {
-            let error = match self.handler.resume_after() {
-                Ok(position) => break position,
-                Err(e) => e,
-            };
-            if error.kind() == HandlerErrorKind::Fatal {
-                return Err(BusError::JetStream {
-                    operation: "reading the applied position",
-                    name: self.settler.spec.durable.clone(),
-                    message: error.to_string(),
-                });
-            }
-            attempt += 1;
-            let wait = backoff(attempt, self.settler.spec.max_backoff);
-            tracing::warn!(
-                consumer = %self.settler.spec.durable,
-                attempt,
-                retry_in_ms = wait.as_millis() as u64,
-                error = %error,
-                "reading the applied position failed; retrying"
-            );
-            tokio::select! {
-                biased;
-                () = shutdown.as_mut() => return Ok(self.handler),
-                () = tokio::time::sleep(wait) => {}
-            }
+        let Some(resume_after) = self.position(&mut shutdown).await? else {
+            return Ok(self.handler);
         };
-        let consumer = create_consumer(&self.js, &self.settler.spec, resume_after).await?;
+        let mut consumer = create_consumer(&self.js, &self.settler.spec, resume_after).await?;
+        // The delivery sequence the consumer gives its next message, once known: a consumer
+        // created afresh at the handler's position starts at 1.
+        let mut next_delivery = resume_after.map(|_| 1);
         if let Some(gate) = self.gate.take() {
             gate.open();
         }
@@ -387,6 +379,32 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
                         }
                     }
                 }
+                // Deliveries the server made that never arrived (a pull answered into a
+                // connection that died with its server, or by a consumer leader that died):
+                // the server redelivers them only after the ack wait, behind newer ones, which a
+                // handler keeping a position would then skip as applied — losing them. Start
+                // again from the handler's position instead.
+                let dseqs = pulled
+                    .iter()
+                    .filter_map(|p| p.message.info().ok().map(|i| i.consumer_sequence));
+                if let Some((expected, got)) = skipped_delivery(&mut next_delivery, dseqs)
+                    && resume_after.is_some()
+                {
+                    drop(messages);
+                    let Some(position) = self.position(&mut shutdown).await? else {
+                        break 'pull;
+                    };
+                    tracing::warn!(
+                        consumer = %self.settler.spec.durable,
+                        expected_delivery = expected,
+                        delivery = got,
+                        resume_after = ?position,
+                        "deliveries were lost in flight; reading again from the applied position"
+                    );
+                    consumer = create_consumer(&self.js, &self.settler.spec, position).await?;
+                    next_delivery = Some(1);
+                    continue 'pull;
+                }
                 let Some(last) = pulled.last() else {
                     continue;
                 };
@@ -413,6 +431,42 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
         }
         tracing::info!(consumer = %self.settler.spec.durable, "consumer stopped");
         Ok(self.handler)
+    }
+
+    /// The handler's position, asked again with backoff while it fails transiently; `None` if
+    /// `shutdown` came first.
+    async fn position<S: Future<Output = ()>>(
+        &mut self,
+        shutdown: &mut std::pin::Pin<&mut S>,
+    ) -> Result<Option<Option<u64>>, BusError> {
+        let mut attempt = 0;
+        loop {
+            let error = match self.handler.resume_after() {
+                Ok(position) => return Ok(Some(position)),
+                Err(e) => e,
+            };
+            if error.kind() == HandlerErrorKind::Fatal {
+                return Err(BusError::JetStream {
+                    operation: "reading the applied position",
+                    name: self.settler.spec.durable.clone(),
+                    message: error.to_string(),
+                });
+            }
+            attempt += 1;
+            let wait = backoff(attempt, self.settler.spec.max_backoff);
+            tracing::warn!(
+                consumer = %self.settler.spec.durable,
+                attempt,
+                retry_in_ms = wait.as_millis() as u64,
+                error = %error,
+                "reading the applied position failed; retrying"
+            );
+            tokio::select! {
+                biased;
+                () = shutdown.as_mut() => return Ok(None),
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
     }
 
     /// Gathers a batch after its first message: whatever else is ready, and — when
@@ -696,6 +750,26 @@ pub async fn dead_letter(publisher: &Publisher, letter: DeadLetter<'_>) {
     }
 }
 
+/// The first delivery sequence among `dseqs` that came after a gap (with the one expected), if
+/// any, keeping `next` — the delivery sequence expected next, once known — up to date.
+/// A delivery sequence seen again (a consumer leader that took over behind its predecessor)
+/// is no gap.
+fn skipped_delivery(
+    next: &mut Option<u64>,
+    dseqs: impl IntoIterator<Item = u64>,
+) -> Option<(u64, u64)> {
+    let mut skipped = None;
+    for dseq in dseqs {
+        if let Some(expected) = *next
+            && dseq > expected
+        {
+            skipped.get_or_insert((expected, dseq));
+        }
+        *next = Some(next.unwrap_or(0).max(dseq + 1));
+    }
+    skipped
+}
+
 async fn create_consumer(
     js: &jetstream::Context,
     spec: &ConsumerSpec,
@@ -732,3 +806,6 @@ fn truncate(s: &str, max: usize) -> &str {
     }
     &s[..end]
 }
+
+#[cfg(test)]
+mod tests;

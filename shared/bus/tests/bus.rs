@@ -492,3 +492,98 @@ async fn credentials_in_the_url_log_in_and_wrong_ones_are_refused() {
         assert!(err.to_string().contains("authorization"), "{bad:?}: {err}");
     }
 }
+
+/// Applies each message once, in stream order, by the position it keeps (as the services'
+/// projections do: a message at or before the position counts as applied); holds its first
+/// batch until `release` is notified.
+#[derive(Debug, Clone, Default)]
+struct Positional {
+    applied: Arc<Mutex<Vec<u64>>>,
+    release: Arc<tokio::sync::Notify>,
+    held: bool,
+}
+
+impl Handler for Positional {
+    fn resume_after(&mut self) -> Result<Option<u64>, HandlerError> {
+        Ok(Some(
+            self.applied.lock().unwrap().last().copied().unwrap_or(0),
+        ))
+    }
+
+    async fn handle(&mut self, batch: &[Delivery]) -> Result<Vec<Outcome>, HandlerError> {
+        if !self.held {
+            self.held = true;
+            self.release.notified().await;
+        }
+        let mut applied = self.applied.lock().unwrap();
+        for d in batch {
+            if applied.last().is_none_or(|last| d.stream_sequence > *last) {
+                applied.push(d.stream_sequence);
+            }
+        }
+        Ok(vec![Outcome::Handled; batch.len()])
+    }
+}
+
+#[tokio::test]
+async fn deliveries_lost_in_flight_are_applied_in_order_not_skipped_after_newer_ones() {
+    use futures::StreamExt as _;
+    let server = NatsServer::start();
+    let (client, publisher) = setup(&server).await;
+    let handler = Positional::default();
+    let (applied, release) = (handler.applied.clone(), handler.release.clone());
+    let mut spec = ConsumerSpec::new(names::FLEET, "positional");
+    spec.batch = 1;
+    spec.ack_wait = Duration::from_secs(1);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(
+        ConsumerRunner::new(client.clone(), spec, handler).run(async {
+            let _ = stopped.await;
+        }),
+    );
+    // The runner takes heartbeat 1 and holds it: no pull of its own is outstanding.
+    publisher.publish(heartbeat(1)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for seq in 2..=10 {
+        publisher.publish(heartbeat(seq)).await.unwrap();
+    }
+    // Deliveries 2–4 go to a pull whose answer never reaches the runner — as when its server
+    // dies with the answer in flight: the server counts them delivered, and redelivers them
+    // only after the ack wait, behind 5–10.
+    let js = jetstream::new(client.clone());
+    let consumer: jetstream::consumer::PullConsumer = js
+        .get_stream(names::FLEET)
+        .await
+        .unwrap()
+        .get_consumer("positional")
+        .await
+        .unwrap();
+    let lost: Vec<u64> = consumer
+        .batch()
+        .max_messages(3)
+        .messages()
+        .await
+        .unwrap()
+        .take(3)
+        .map(|m| m.unwrap().info().unwrap().stream_sequence)
+        .collect()
+        .await;
+    assert_eq!(lost, [2, 3, 4]);
+    release.notify_one();
+
+    // Past the ack wait, so the lost deliveries would have come back by then.
+    for _ in 0..100 {
+        if applied.lock().unwrap().len() == 10 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        *applied.lock().unwrap(),
+        (1..=10).collect::<Vec<u64>>(),
+        "every heartbeat applied once, in order"
+    );
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+}
