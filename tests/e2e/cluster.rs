@@ -525,10 +525,11 @@ impl Cluster {
             .collect()
     }
 
-    /// Every process's log, for a failure message.
+    /// Every process's log, for a failure message: those running and those killed and not
+    /// started again (a killed leader's last words say what it was doing).
     pub fn logs(&self) -> String {
         let mut out = String::new();
-        for name in self.procs.keys() {
+        for name in self.args.keys() {
             let log = log_of(self.dir.path(), name);
             let tail: Vec<&str> = log.lines().rev().take(40).collect();
             out += &format!("--- {name} (last lines)\n");

@@ -12,7 +12,11 @@ pub fn allot(cwd: &Path) -> Command {
         .env_remove("ALLOT_CREDENTIALS")
         .env_remove("ALLOT_DATA_DIR")
         .env_remove("ALLOT_TEAM")
-        .env("ALLOT_LOG", "info,async_nats=warn")
+        // ALLOT_TEST_LOG chooses the processes' log filter when a test needs looking into.
+        .env(
+            "ALLOT_LOG",
+            std::env::var("ALLOT_TEST_LOG").unwrap_or_else(|_| "info,async_nats=warn".into()),
+        )
         // Tests run several `allot run` at once: each takes a free port for its ops endpoints.
         .env("ALLOT_OPS_ADDR", "127.0.0.1:0")
         .stdin(Stdio::null());

@@ -43,7 +43,7 @@ use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
-use tracing::{Instrument, error, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use allot_bus::consumer::DeadLetter;
 use allot_bus::streams::names;
@@ -96,7 +96,20 @@ async fn lead_or_stand_by(
     // streams electing leaders): a standby that gave up here would not be there to take over.
     let mut attempt = 0;
     let store = loop {
-        match lease::bucket(&js, config.lease_ttl, config.replicas).await {
+        // Each attempt bounded by the TTL: a standby stuck on an unanswered request would not
+        // be there to take over.
+        let opened = tokio::time::timeout(
+            config.lease_ttl,
+            lease::bucket(&js, config.lease_ttl, config.replicas),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(lease::LeaseError::timed_out(format!(
+                "no answer within the lease TTL {:?}",
+                config.lease_ttl
+            )))
+        });
+        match opened {
             Ok(store) => break store,
             Err(e) => {
                 attempt += 1;
@@ -115,14 +128,37 @@ async fn lead_or_stand_by(
             }
         }
     };
+    info!(pool = %config.pool, instance = %config.instance, "lease bucket open; standing by");
     loop {
         if stop.peek().is_some() {
             return Ok(());
         }
-        let Some(lease) = Lease::acquire(&store, &config.pool, &config.instance).await else {
-            tokio::select! {
-                () = tokio::time::sleep(config.lease_ttl / 4) => continue,
-                () = stop.clone() => return Ok(()),
+        let attempt = tokio::time::timeout(
+            config.lease_ttl,
+            Lease::acquire(&store, &config.pool, &config.instance),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(lease::LeaseError::timed_out(format!(
+                "no answer within the lease TTL {:?}",
+                config.lease_ttl
+            )))
+        });
+        let lease = match attempt {
+            Ok(Some(lease)) => lease,
+            Ok(None) => {
+                debug!(pool = %config.pool, "the lease is held by another allocator");
+                tokio::select! {
+                    () = tokio::time::sleep(config.lease_ttl / 4) => continue,
+                    () = stop.clone() => return Ok(()),
+                }
+            }
+            Err(e) => {
+                warn!(pool = %config.pool, error = %e, "taking the lease failed; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(config.lease_ttl / 4) => continue,
+                    () = stop.clone() => return Ok(()),
+                }
             }
         };
         info!(pool = %config.pool, instance = %config.instance, "leading");

@@ -26,19 +26,30 @@ pub fn key(pool: &str) -> String {
 #[error("lease bucket {BUCKET}: {0}")]
 pub struct LeaseError(String);
 
+impl LeaseError {
+    /// The server did not answer in time.
+    pub fn timed_out(what: String) -> LeaseError {
+        LeaseError(what)
+    }
+}
+
 /// The lease bucket, created with `ttl` and `replicas` copies if it does not exist, and raised
 /// to `replicas` if it has fewer (never lowered: a standby started without the setting must not
 /// undo the operator's). On a JetStream cluster it needs as many replicas as the streams: with
 /// one, the death of the server holding it leaves no allocator able to renew or take the lease,
 /// and the pool stops allocating until that server returns. A bucket that cannot be raised (a
 /// user without the right to update streams) is used as it is, with a warning.
+///
+/// A bucket that exists is opened, never created again: on a fresh cluster the allocators
+/// start together, and a second create proposal while the first is in flight can go
+/// unanswered until its timeout — long enough for the standby to miss a takeover.
 pub async fn bucket(
     js: &jetstream::Context,
     ttl: Duration,
     replicas: usize,
 ) -> Result<kv::Store, LeaseError> {
     let current = match js.get_stream(format!("KV_{BUCKET}")).await {
-        Ok(stream) => Some(stream.cached_info().config.num_replicas),
+        Ok(stream) => Some(stream.cached_info().config.clone()),
         Err(e)
             if matches!(
                 e.kind(),
@@ -58,22 +69,35 @@ pub async fn bucket(
         num_replicas,
         ..kv::Config::default()
     };
-    let mut want = replicas.max(current.unwrap_or(0));
-    if let Some(have) = current.filter(|have| *have < want)
-        && let Err(e) = js.update_key_value(config(want)).await
+    let Some(current) = current else {
+        return js
+            .create_key_value(config(replicas))
+            .await
+            .map_err(|e| LeaseError(e.to_string()));
+    };
+    if current.max_age != ttl {
+        // A leader counts on its lease for this instance's TTL; entries that expire sooner
+        // would let a standby lead while it still does.
+        return Err(LeaseError(format!(
+            "its entries expire after {:?}, but this allocator's lease TTL is {ttl:?}: give \
+             every allocator of the pool the same TTL, or delete the bucket to recreate it",
+            current.max_age
+        )));
+    }
+    let have = current.num_replicas;
+    if have < replicas
+        && let Err(e) = js.update_key_value(config(replicas)).await
     {
         tracing::warn!(
             bucket = BUCKET,
             replicas = have,
-            wanted = want,
+            wanted = replicas,
             error = %e,
             "the lease bucket keeps fewer copies than the streams and could not be raised; \
              kept with one, the pool stops allocating while the server holding it is down"
         );
-        want = have;
     }
-    // Creating a bucket that exists with this very configuration hands it back.
-    js.create_key_value(config(want))
+    js.get_key_value(BUCKET)
         .await
         .map_err(|e| LeaseError(e.to_string()))
 }
@@ -99,19 +123,24 @@ pub struct Lease {
 }
 
 impl Lease {
-    /// Takes the lease of `pool` for `holder` if nobody holds it.
-    pub async fn acquire(store: &kv::Store, pool: &str, holder: &str) -> Option<Lease> {
+    /// Takes the lease of `pool` for `holder` if nobody holds it: `Ok(None)` while someone
+    /// does, an error when the server did not answer as expected.
+    pub async fn acquire(
+        store: &kv::Store,
+        pool: &str,
+        holder: &str,
+    ) -> Result<Option<Lease>, LeaseError> {
         let key = key(pool);
-        let revision = store
-            .create(&key, Bytes::from(holder.to_owned()))
-            .await
-            .ok()?;
-        Some(Lease {
-            store: store.clone(),
-            key,
-            holder: holder.to_owned(),
-            revision,
-        })
+        match store.create(&key, Bytes::from(holder.to_owned())).await {
+            Ok(revision) => Ok(Some(Lease {
+                store: store.clone(),
+                key,
+                holder: holder.to_owned(),
+                revision,
+            })),
+            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(None),
+            Err(e) => Err(LeaseError(format!("taking {key}: {e}"))),
+        }
     }
 
     /// Renews the lease. [`Renewal::Lost`] if it expired or was taken (someone else's write is

@@ -527,6 +527,16 @@ fn on_a_three_node_cluster_the_lease_outlives_the_server_that_held_it() {
         wait_until_current(&js).await;
         allot_allocator::lease::bucket(&js, ttl, 1).await.unwrap();
         assert_eq!(lease_replicas(&js).await, 3);
+        // An allocator configured with another TTL is refused the bucket, with both named:
+        // its lease would not expire when it counts on.
+        let refused = allot_allocator::lease::bucket(&js, Duration::from_secs(5), 3)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            refused.contains("2s") && refused.contains("5s"),
+            "{refused}"
+        );
 
         let publisher = Publisher::new(client.clone(), "/test");
         for n in ["n1", "n2"] {

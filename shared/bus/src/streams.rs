@@ -286,11 +286,18 @@ pub async fn ensure_streams(
             Err(_) => {
                 // Not found (or not readable): create-or-update also settles the race with
                 // another service creating the same stream at the same moment.
-                js.create_or_update_stream(spec.config())
-                    .await
-                    .map_err(|e| BusError::jetstream("creating stream", spec.name, e))?;
-                tracing::info!(stream = spec.name, subjects = ?spec.subjects, "stream created");
-                Ensured::Created
+                match js.create_or_update_stream(spec.config()).await {
+                    Ok(_) => {
+                        tracing::info!(stream = spec.name, subjects = ?spec.subjects, "stream created");
+                        Ensured::Created
+                    }
+                    // On a cluster, a create proposed while another service's is in flight
+                    // can go unanswered until it times out, though the stream now exists.
+                    Err(e) => match js.get_stream(spec.name).await {
+                        Ok(_) => Ensured::Unchanged,
+                        Err(_) => return Err(BusError::jetstream("creating stream", spec.name, e)),
+                    },
+                }
             }
         };
         out.push((spec.name, outcome));
