@@ -225,11 +225,34 @@ impl Quotas {
     /// the team's nominal quota, or borrowing from the cohort's lendable pool within the
     /// team's borrowing limit.
     pub fn admits(&self, team: &str, demand: Amounts) -> bool {
-        self.refusal(team, demand).is_none()
+        self.refused(team, demand).is_none()
     }
 
     /// Why `demand` more may not be admitted for `team`, if it may not.
     pub fn refusal(&self, team: &str, demand: Amounts) -> Option<String> {
+        Some(match self.refused(team, demand)? {
+            Refused::OverBorrowing { r, after, limit } => format!(
+                "team {team} would hold {after} of {} (nominal {}, borrowing limit {})",
+                RESOURCES[r],
+                limit.nominal,
+                limit.borrowing_limit.unwrap_or_default()
+            ),
+            Refused::CohortShort { r, limit } => {
+                let name = RESOURCES[r];
+                format!(
+                    "team {team} is at its nominal {name} quota ({}) and the cohort has only {} \
+                     of {name} left to lend",
+                    limit.nominal,
+                    self.pool[r].saturating_sub(self.pool_used[r])
+                )
+            }
+        })
+    }
+
+    /// The check behind [`Quotas::admits`] and [`Quotas::refusal`], with the figures the
+    /// message needs: the scheduler asks it for every waiting unit on every pass, and only
+    /// a refusal that is reported is worth a string.
+    fn refused(&self, team: &str, demand: Amounts) -> Option<Refused> {
         let usage = self.usage_of(team);
         for (r, limit) in self.limits(team).iter().enumerate() {
             let Some(limit) = limit else { continue };
@@ -237,24 +260,19 @@ impl Quotas {
             if after <= limit.nominal {
                 continue;
             }
-            let name = RESOURCES[r];
             if let Some(borrow) = limit.borrowing_limit
                 && after > limit.nominal + borrow
             {
-                return Some(format!(
-                    "team {team} would hold {after} of {name} (nominal {}, borrowing limit {borrow})",
-                    limit.nominal
-                ));
+                return Some(Refused::OverBorrowing {
+                    r,
+                    after,
+                    limit: *limit,
+                });
             }
             let g = limit.guaranteed();
             let more = after.saturating_sub(g) - usage[r].saturating_sub(g);
             if self.pool_used[r] + more > self.pool[r] {
-                return Some(format!(
-                    "team {team} is at its nominal {name} quota ({}) and the cohort has only {} \
-                     of {name} left to lend",
-                    limit.nominal,
-                    self.pool[r].saturating_sub(self.pool_used[r])
-                ));
+                return Some(Refused::CohortShort { r, limit: *limit });
             }
         }
         None
@@ -334,6 +352,15 @@ impl Quotas {
             }
         }
     }
+}
+
+/// Why a demand is refused (see [`Quotas::refusal`]), for resource `r`.
+#[derive(Debug, Clone, Copy)]
+enum Refused {
+    /// The team would hold `after`, past its nominal quota plus its borrowing limit.
+    OverBorrowing { r: usize, after: u64, limit: Limit },
+    /// The team is past its nominal quota and the cohort has too little left to lend.
+    CohortShort { r: usize, limit: Limit },
 }
 
 #[cfg(test)]

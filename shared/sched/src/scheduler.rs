@@ -1674,7 +1674,12 @@ impl Scheduler {
                 if let Some(cache) = running.as_mut()
                     && let Some(task) = self.tasks.get(member)
                 {
-                    cache.insert(&task.spec.team, self.runner(task, now));
+                    cache.insert(
+                        &task.spec.team,
+                        *member,
+                        task.spec.max_runtime.is_some(),
+                        |_| self.runner(task, now),
+                    );
                 }
             }
             started.push(*key);
@@ -1732,12 +1737,13 @@ impl Scheduler {
         // What a search reads of running tasks does not move within a pass: computed once per
         // sweep and kept current as tasks start and are preempted.
         let running = running.get_or_insert_with(|| {
-            Running::of(
-                self.tasks
-                    .values()
-                    .filter(|t| t.is_running())
-                    .map(|t| (t.spec.team.as_str(), self.runner(t, now))),
-            )
+            Running::of(self.tasks.values().filter(|t| t.is_running()).map(|t| {
+                (
+                    t.spec.team.as_str(),
+                    t.spec.id,
+                    t.spec.max_runtime.is_some(),
+                )
+            }))
         });
         let team = unit.specs[0].team.clone();
         // A displaced unit waits ahead of its priority but preempts by its policy's own key.
@@ -1756,15 +1762,16 @@ impl Scheduler {
         let mut victims: Vec<Victim> = Vec::new();
         let mut held: u64 = 0;
         let floor = self.policy.victim_floor(preemptor);
-        for team in running.teams() {
+        for team in running.teams_mut() {
             let whole = self
                 .policy
                 .may_preempt_team(preemptor, &team.name, &self.quotas);
+            let runner = |id| self.runner(&self.tasks[&id], now);
             // Task by task, only keys past the policy's floor can qualify.
-            let runners = match whole {
+            let runners: Box<dyn Iterator<Item = &Runner>> = match whole {
                 Some(false) if team.limited == 0 => continue,
-                Some(_) => &team.runners[..],
-                None => team.above(floor),
+                Some(_) => Box::new(team.runners(runner).iter()),
+                None => Box::new(team.above(floor, runner)),
             };
             for r in runners {
                 let allowed = r.over
@@ -1819,7 +1826,9 @@ impl Scheduler {
                         task.spec.max_runtime.unwrap_or(0) / 1000
                     )
                 } else {
-                    let k = running.get(*victim).map_or(QueueKey(0, 0, 0), |r| r.key);
+                    let k = running
+                        .get(&task.spec.team, *victim)
+                        .map_or(QueueKey(0, 0, 0), |r| r.key);
                     let victim = Contender {
                         spec: &task.spec,
                         key: k,
@@ -1908,8 +1917,9 @@ impl Scheduler {
                 }
                 let lost = self.tasks[&member].lost_work(now) / 1000;
                 let reason = format!("{why}; loses {lost} s of work since its last checkpoint");
+                let spec = &self.tasks[&member].spec;
+                running.remove(&spec.team.clone(), member, spec.max_runtime.is_some());
                 self.stop(member, now, Some(unit.members[0]), reason, out);
-                running.remove(member);
                 preempted += 1;
             }
             requeued.push(self.leader(leader));
@@ -2057,10 +2067,11 @@ impl Scheduler {
                     unit.gpus,
                     free_gpus,
                 );
-                self.stop(*id, now, Some(spec.id), reason, out);
                 if let Some(cache) = running.as_mut() {
-                    cache.remove(*id);
+                    let moved = &self.tasks[id].spec;
+                    cache.remove(&moved.team, *id, moved.max_runtime.is_some());
                 }
+                self.stop(*id, now, Some(spec.id), reason, out);
                 requeued.push(*id);
             }
             self.no_room.clear();
@@ -2077,7 +2088,6 @@ impl Scheduler {
             gpus: task.spec.gpus,
             over: task.over_limit(now),
             lost: task.lost_work(now),
-            limited: task.spec.max_runtime.is_some(),
         }
     }
 
@@ -2344,22 +2354,23 @@ impl Scheduler {
     }
 
     fn rekey(&mut self, now: Time) {
-        let ids: Vec<TaskId> = self.queue.values().copied().collect();
-        self.queue.clear();
-        for id in ids {
-            let key = match self.tasks.get(&id) {
-                Some(task) => self.key_of(task, now),
-                None => continue,
-            };
+        let queue = std::mem::take(&mut self.queue);
+        let keyed: Vec<(QueueKey, TaskId)> = queue
+            .into_values()
+            .filter_map(|id| Some((self.key_of(self.tasks.get(&id)?, now), id)))
+            .collect();
+        for (key, id) in &keyed {
             if let Some(Task {
                 state: State::Pending { key: k, .. },
                 ..
-            }) = self.tasks.get_mut(&id)
+            }) = self.tasks.get_mut(id)
             {
-                *k = key;
+                *k = *key;
             }
-            self.queue.insert(key, id);
         }
+        // Built in one go (a stable sort, then a bulk build) rather than key by key; a key
+        // repeated keeps its last task, as inserting one by one did.
+        self.queue = keyed.into_iter().collect();
     }
 }
 

@@ -16,8 +16,6 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use rustc_hash::FxHashMap as HashMap;
-
 use crate::model::TaskId;
 use crate::policy::{QueueKey, VictimOrder};
 
@@ -32,59 +30,65 @@ pub(super) struct Runner {
     pub over: bool,
     /// Run time since its last checkpoint, ms: what preempting it would lose.
     pub lost: u64,
-    /// It has a usage limit, so it may come to be taken past it whatever its key.
-    pub limited: bool,
 }
 
-/// The running tasks by team, each team's worst key first.
+/// The running tasks by team. A team's runners (key, lost work …) are computed and sorted
+/// worst key first only when a search first looks at them: a search settles most teams with
+/// one question to the policy and never reads their tasks.
 #[derive(Debug, Default)]
 pub(super) struct Running {
     teams: Vec<Team>,
-    /// Where each task is: its team, and its key (its place in the team's list).
-    at: HashMap<TaskId, (usize, QueueKey)>,
 }
 
 /// One team's running tasks.
 #[derive(Debug)]
 pub(super) struct Team {
     pub name: String,
-    /// Worst key first.
-    pub runners: Vec<Runner>,
+    /// Its running tasks, in no order.
+    ids: Vec<TaskId>,
     /// How many of them have a usage limit.
     pub limited: usize,
+    /// Once computed, in no order.
+    runners: Option<Vec<Runner>>,
 }
 
 impl Team {
-    fn position(&self, key: QueueKey, id: TaskId) -> usize {
-        self.runners.partition_point(|r| (r.key, r.id) > (key, id))
+    /// Its runners, in no order, computed by `runner` the first time.
+    pub fn runners(&mut self, runner: impl FnMut(TaskId) -> Runner) -> &[Runner] {
+        self.runners
+            .get_or_insert_with(|| self.ids.iter().copied().map(runner).collect())
     }
 
     /// Its tasks whose keys are worse than `floor` (all of them without one), or all of them
-    /// while any has a usage limit: the only ones a policy with that floor may take.
-    pub fn above(&self, floor: Option<QueueKey>) -> &[Runner] {
-        match floor {
-            Some(floor) if self.limited == 0 => {
-                &self.runners[..self.runners.partition_point(|r| r.key > floor)]
-            }
-            _ => &self.runners,
-        }
+    /// while any has a usage limit: the only ones a policy with that floor may take. The
+    /// search ranks them itself, so they are filtered, not sorted: most searches look at a
+    /// team once per sweep.
+    pub fn above(
+        &mut self,
+        floor: Option<QueueKey>,
+        runner: impl FnMut(TaskId) -> Runner,
+    ) -> impl Iterator<Item = &Runner> {
+        let floor = floor.filter(|_| self.limited == 0);
+        self.runners(runner)
+            .iter()
+            .filter(move |r| floor.is_none_or(|floor| r.key > floor))
     }
 }
 
 impl Running {
-    /// The index of `all`, sorted once.
-    pub fn of<'a>(all: impl IntoIterator<Item = (&'a str, Runner)>) -> Self {
+    /// The index of `all` running tasks: (team, task, whether it has a usage limit).
+    pub fn of<'a>(all: impl IntoIterator<Item = (&'a str, TaskId, bool)>) -> Self {
         let mut running = Self::default();
-        for (team, runner) in all {
-            let t = running.team(team);
-            let team = &mut running.teams[t];
-            team.limited += usize::from(runner.limited);
-            team.runners.push(runner);
-            running.at.insert(runner.id, (t, runner.key));
-        }
-        for team in &mut running.teams {
-            team.runners
-                .sort_unstable_by_key(|r| Reverse((r.key, r.id)));
+        // Tasks come grouped by nothing in particular; a team's name repeats, so the last
+        // one found is tried first.
+        let mut last = usize::MAX;
+        for (team, id, limited) in all {
+            if running.teams.get(last).is_none_or(|t| t.name != team) {
+                last = running.team(team);
+            }
+            let team = &mut running.teams[last];
+            team.limited += usize::from(limited);
+            team.ids.push(id);
         }
         running
     }
@@ -95,42 +99,57 @@ impl Running {
             None => {
                 self.teams.push(Team {
                     name: name.to_owned(),
-                    runners: Vec::new(),
+                    ids: Vec::new(),
                     limited: 0,
+                    runners: None,
                 });
                 self.teams.len() - 1
             }
         }
     }
 
-    pub fn insert(&mut self, team: &str, runner: Runner) {
+    /// Adds task `id` of `team`, which started (`runner` makes its runner if the team's are
+    /// computed already).
+    pub fn insert(
+        &mut self,
+        team: &str,
+        id: TaskId,
+        limited: bool,
+        runner: impl FnOnce(TaskId) -> Runner,
+    ) {
         let t = self.team(team);
         let team = &mut self.teams[t];
-        let at = team.position(runner.key, runner.id);
-        team.limited += usize::from(runner.limited);
-        team.runners.insert(at, runner);
-        self.at.insert(runner.id, (t, runner.key));
+        team.limited += usize::from(limited);
+        team.ids.push(id);
+        if let Some(runners) = &mut team.runners {
+            runners.push(runner(id));
+        }
     }
 
-    pub fn remove(&mut self, id: TaskId) {
-        let Some((t, key)) = self.at.remove(&id) else {
+    /// Removes task `id` of `team`, if it is there.
+    pub fn remove(&mut self, team: &str, id: TaskId, limited: bool) {
+        let Some(team) = self.teams.iter_mut().find(|t| t.name == team) else {
             return;
         };
-        let team = &mut self.teams[t];
-        let at = team.position(key, id);
-        let gone = team.runners.remove(at);
-        team.limited -= usize::from(gone.limited);
+        let Some(at) = team.ids.iter().position(|i| *i == id) else {
+            return;
+        };
+        team.ids.swap_remove(at);
+        team.limited -= usize::from(limited);
+        if let Some(runners) = &mut team.runners {
+            runners.retain(|r| r.id != id);
+        }
     }
 
-    pub fn get(&self, id: TaskId) -> Option<&Runner> {
-        let &(t, key) = self.at.get(&id)?;
-        let team = &self.teams[t];
-        team.runners.get(team.position(key, id))
+    /// Task `id` of `team`, if its team's runners were computed.
+    pub fn get(&self, team: &str, id: TaskId) -> Option<&Runner> {
+        let team = self.teams.iter().find(|t| t.name == team)?;
+        team.runners.as_ref()?.iter().find(|r| r.id == id)
     }
 
     /// The teams with running tasks.
-    pub fn teams(&self) -> impl Iterator<Item = &Team> {
-        self.teams.iter()
+    pub fn teams_mut(&mut self) -> impl Iterator<Item = &mut Team> {
+        self.teams.iter_mut()
     }
 }
 
@@ -191,7 +210,6 @@ mod tests {
             gpus: 1,
             over,
             lost,
-            limited: over,
         }
     }
 
@@ -211,39 +229,69 @@ mod tests {
         assert_eq!(order(VictimOrder::WorstFirst), [4, 2, 3, 1]);
     }
 
+    fn made(id: TaskId) -> Runner {
+        // The runners the tests insert carry their key in the id: 10 × key + id.
+        runner(id.0, (id.0 / 10) as i64, false, 0)
+    }
+
     #[test]
     fn removing_a_task_keeps_every_other_findable() {
         let mut running = Running::default();
+        let team = |id: u64| if id.is_multiple_of(2) { "a" } else { "b" };
         for id in 0..5 {
-            running.insert(if id % 2 == 0 { "a" } else { "b" }, runner(id, 0, false, 0));
+            running.insert(team(id), TaskId(id), false, made);
         }
-        running.remove(TaskId(0));
-        running.remove(TaskId(3));
-        running.remove(TaskId(3));
+        for t in running.teams_mut() {
+            t.runners(made);
+        }
+        running.remove("a", TaskId(0), false);
+        running.remove("b", TaskId(3), false);
+        running.remove("b", TaskId(3), false);
         for id in [1, 2, 4] {
-            assert_eq!(running.get(TaskId(id)).map(|r| r.id), Some(TaskId(id)));
+            assert_eq!(
+                running.get(team(id), TaskId(id)).map(|r| r.id),
+                Some(TaskId(id))
+            );
         }
-        assert!(running.get(TaskId(0)).is_none());
-        let count: usize = running.teams().map(|t| t.runners.len()).sum();
+        assert!(running.get("a", TaskId(0)).is_none());
+        let count: usize = running.teams_mut().map(|t| t.runners(made).len()).sum();
         assert_eq!(count, 3);
     }
 
     #[test]
     fn a_floor_leaves_out_better_keys_unless_a_task_has_a_usage_limit() {
-        let mut running = Running::of(
-            [(1, 10), (2, 30), (3, 20)].map(|(id, key)| ("a", runner(id, key, false, 0))),
-        );
-        let ids = |running: &Running| {
-            let team = running.teams().next().unwrap();
-            team.above(Some(QueueKey(0, 15, 0)))
-                .iter()
+        let mut running =
+            Running::of([TaskId(11), TaskId(32), TaskId(23)].map(|id| ("a", id, false)));
+        let ids = |running: &mut Running| {
+            let team = running.teams_mut().next().unwrap();
+            let mut ids: Vec<u64> = team
+                .above(Some(QueueKey(0, 2, 0)), made)
                 .map(|r| r.id.0)
-                .collect::<Vec<_>>()
+                .collect();
+            ids.sort_unstable_by(|a, b| b.cmp(a));
+            ids
         };
-        assert_eq!(ids(&running), [2, 3]);
-        running.insert("a", runner(4, 5, true, 0));
-        assert_eq!(ids(&running), [2, 3, 1, 4]);
-        running.remove(TaskId(4));
-        assert_eq!(ids(&running), [2, 3]);
+        assert_eq!(ids(&mut running), [32, 23]);
+        running.insert("a", TaskId(4), true, |id| runner(id.0, 0, true, 0));
+        assert_eq!(ids(&mut running), [32, 23, 11, 4]);
+        running.remove("a", TaskId(4), true);
+        assert_eq!(ids(&mut running), [32, 23]);
+    }
+
+    #[test]
+    fn a_team_never_looked_at_is_never_computed() {
+        let mut running = Running::of([("a", TaskId(1), false), ("b", TaskId(2), true)]);
+        let mut made_for = Vec::new();
+        for t in running.teams_mut() {
+            if t.name == "b" {
+                t.runners(|id| {
+                    made_for.push(id);
+                    made(id)
+                });
+            }
+        }
+        assert_eq!(made_for, [TaskId(2)]);
+        assert!(running.get("a", TaskId(1)).is_none());
+        assert_eq!(running.get("b", TaskId(2)).map(|r| r.id), Some(TaskId(2)));
     }
 }
