@@ -4,7 +4,6 @@
 //! computed independently from the journal, and equal to the sum of the cost events.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
 use allot_events::alloc::Applied;
@@ -71,20 +70,7 @@ fn costs_json(cluster: &Cluster, args: &[&str]) -> serde_json::Value {
 #[test]
 fn costs_of_a_run_equal_lease_time_times_price_to_the_micro_unit() {
     let mut cluster = Cluster::start(&[("n1", 4)]);
-    let prices = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/prices.yaml");
-    let data = cluster.path("billing");
-    cluster.spawn(
-        "billing",
-        &[
-            "billing",
-            "--prices",
-            prices.to_str().unwrap(),
-            "--interval",
-            "1s",
-            "--data-dir",
-            data.to_str().unwrap(),
-        ],
-    );
+    cluster.billing();
     let batch = cluster.submit("batch", PREEMPTIBLE_BATCH);
     cluster.started(&batch, "sweep", 1);
     std::thread::sleep(Duration::from_millis(700));

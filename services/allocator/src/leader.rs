@@ -43,7 +43,7 @@ use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
-use tracing::{Instrument, debug, error, info, info_span, warn};
+use tracing::{Instrument, error, info, info_span, warn};
 
 use allot_bus::consumer::DeadLetter;
 use allot_bus::streams::names;
@@ -103,12 +103,7 @@ async fn lead_or_stand_by(
             lease::bucket(&js, config.lease_ttl, config.replicas),
         )
         .await
-        .unwrap_or_else(|_| {
-            Err(lease::LeaseError::timed_out(format!(
-                "no answer within the lease TTL {:?}",
-                config.lease_ttl
-            )))
-        });
+        .unwrap_or_else(|_| Err(lease::LeaseError::timed_out(config.lease_ttl)));
         match opened {
             Ok(store) => break store,
             Err(e) => {
@@ -138,27 +133,18 @@ async fn lead_or_stand_by(
             Lease::acquire(&store, &config.pool, &config.instance),
         )
         .await
-        .unwrap_or_else(|_| {
-            Err(lease::LeaseError::timed_out(format!(
-                "no answer within the lease TTL {:?}",
-                config.lease_ttl
-            )))
-        });
+        .unwrap_or_else(|_| Err(lease::LeaseError::timed_out(config.lease_ttl)));
         let lease = match attempt {
-            Ok(Some(lease)) => lease,
-            Ok(None) => {
-                debug!(pool = %config.pool, "the lease is held by another allocator");
-                tokio::select! {
-                    () = tokio::time::sleep(config.lease_ttl / 4) => continue,
-                    () = stop.clone() => return Ok(()),
-                }
-            }
+            Ok(lease) => lease,
             Err(e) => {
                 warn!(pool = %config.pool, error = %e, "taking the lease failed; retrying");
-                tokio::select! {
-                    () = tokio::time::sleep(config.lease_ttl / 4) => continue,
-                    () = stop.clone() => return Ok(()),
-                }
+                None
+            }
+        };
+        let Some(lease) = lease else {
+            tokio::select! {
+                () = tokio::time::sleep(config.lease_ttl / 4) => continue,
+                () = stop.clone() => return Ok(()),
             }
         };
         info!(pool = %config.pool, instance = %config.instance, "leading");

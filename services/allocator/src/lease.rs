@@ -27,9 +27,9 @@ pub fn key(pool: &str) -> String {
 pub struct LeaseError(String);
 
 impl LeaseError {
-    /// The server did not answer in time.
-    pub fn timed_out(what: String) -> LeaseError {
-        LeaseError(what)
+    /// The server did not answer within `within` (the lease TTL).
+    pub fn timed_out(within: Duration) -> LeaseError {
+        LeaseError(format!("no answer within the lease TTL {within:?}"))
     }
 }
 

@@ -433,6 +433,20 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
         Ok(self.handler)
     }
 
+    /// How long to wait before retry `attempt` after `what` failed with a transient `error`,
+    /// logged.
+    fn retry_in(&self, attempt: u32, error: &HandlerError, what: &str) -> std::time::Duration {
+        let wait = backoff(attempt, self.settler.spec.max_backoff);
+        tracing::warn!(
+            consumer = %self.settler.spec.durable,
+            attempt,
+            retry_in_ms = wait.as_millis() as u64,
+            error = %error,
+            "{what} failed; retrying"
+        );
+        wait
+    }
+
     /// The handler's position, asked again with backoff while it fails transiently; `None` if
     /// `shutdown` came first.
     async fn position<S: Future<Output = ()>>(
@@ -453,14 +467,7 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
                 });
             }
             attempt += 1;
-            let wait = backoff(attempt, self.settler.spec.max_backoff);
-            tracing::warn!(
-                consumer = %self.settler.spec.durable,
-                attempt,
-                retry_in_ms = wait.as_millis() as u64,
-                error = %error,
-                "reading the applied position failed; retrying"
-            );
+            let wait = self.retry_in(attempt, &error, "reading the applied position");
             tokio::select! {
                 biased;
                 () = shutdown.as_mut() => return Ok(None),
@@ -575,14 +582,7 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
                     message: error.to_string(),
                 });
             }
-            let wait = backoff(attempt, self.settler.spec.max_backoff);
-            tracing::warn!(
-                consumer = %self.settler.spec.durable,
-                attempt,
-                retry_in_ms = wait.as_millis() as u64,
-                error = %error,
-                "handler failed; retrying"
-            );
+            let wait = self.retry_in(attempt, &error, "handler");
             self.settler.in_progress(&run).await;
             tokio::select! {
                 biased;

@@ -1768,12 +1768,13 @@ impl Scheduler {
                 .may_preempt_team(preemptor, &team.name, &self.quotas);
             let runner = |id| self.runner(&self.tasks[&id], now);
             // Task by task, only keys past the policy's floor can qualify.
-            let runners: Box<dyn Iterator<Item = &Runner>> = match whole {
+            let floor = match whole {
                 Some(false) if team.limited == 0 => continue,
-                Some(_) => Box::new(team.runners(runner).iter()),
-                None => Box::new(team.above(floor, runner)),
+                // The whole team may be taken: every task qualifies.
+                Some(_) => None,
+                None => floor,
             };
-            for r in runners {
+            for r in team.above(floor, runner) {
                 let allowed = r.over
                     || whole.unwrap_or_else(|| {
                         let spec = &self.tasks[&r.id].spec;
@@ -1918,7 +1919,7 @@ impl Scheduler {
                 let lost = self.tasks[&member].lost_work(now) / 1000;
                 let reason = format!("{why}; loses {lost} s of work since its last checkpoint");
                 let spec = &self.tasks[&member].spec;
-                running.remove(&spec.team.clone(), member, spec.max_runtime.is_some());
+                running.remove(&spec.team, member, spec.max_runtime.is_some());
                 self.stop(member, now, Some(unit.members[0]), reason, out);
                 preempted += 1;
             }
