@@ -47,16 +47,7 @@ impl NodeState {
     /// GPUs its request needs free. Necessary for any one-node placement, not sufficient (CPU,
     /// memory and the policy's own rules come on top): a node where it fails need not be tried.
     pub fn might_hold(&self, task: &crate::model::TaskSpec) -> bool {
-        if !task.accepts(&self.spec.gpu_model) {
-            return false;
-        }
-        match task.gpus {
-            0 => true,
-            1 if task.gpu_milli < WHOLE_GPU_MILLI => {
-                self.gpu_free.iter().any(|free| *free >= task.gpu_milli)
-            }
-            n => self.free_whole >= n,
-        }
+        task.accepts(&self.spec.gpu_model) && gpus_might_hold(&self.gpu_free, self.free_whole, task)
     }
 
     /// Whether nothing runs on the node's GPUs.
@@ -79,6 +70,68 @@ impl NodeState {
         } else {
             &self.spec.nvlink_domain
         }
+    }
+}
+
+/// Whether GPUs with these free shares (`free_whole` of them entirely free) might hold `task`'s
+/// GPU request on one node.
+fn gpus_might_hold(gpu_free: &[u32], free_whole: u32, task: &crate::model::TaskSpec) -> bool {
+    match task.gpus {
+        0 => true,
+        1 if task.gpu_milli < WHOLE_GPU_MILLI => {
+            gpu_free.iter().any(|free| *free >= task.gpu_milli)
+        }
+        n => free_whole >= n,
+    }
+}
+
+/// A node as it would be if some of what runs there were released, without touching the
+/// cluster: a preemption search asks it which nodes its victims could ever make room on.
+#[derive(Debug, Clone)]
+pub struct Freeing<'c> {
+    node: &'c NodeState,
+    gpu_free: Vec<u32>,
+    free_cpu: u64,
+    free_memory: u64,
+}
+
+impl<'c> Freeing<'c> {
+    /// The node as it is.
+    pub fn new(node: &'c NodeState) -> Self {
+        Self {
+            node,
+            gpu_free: node.gpu_free.clone(),
+            free_cpu: node.free_cpu,
+            free_memory: node.free_memory,
+        }
+    }
+
+    /// Releases `share` (of this node), as [`Cluster::release`] would.
+    pub fn release(&mut self, share: &NodeShare) {
+        for (gpu, milli) in &share.gpus {
+            if !self.node.gpu_out[*gpu as usize] {
+                self.gpu_free[*gpu as usize] += milli;
+            }
+        }
+        self.free_cpu += share.cpu_milli;
+        self.free_memory += share.memory_mib;
+    }
+
+    /// Whether the node might then hold `task` on its own: schedulable, an accepted model, the
+    /// GPUs and the CPU and memory (where tracked) free. Necessary for any one-node placement,
+    /// as [`NodeState::might_hold`] is.
+    pub fn might_hold(&self, task: &crate::model::TaskSpec) -> bool {
+        let spec = &self.node.spec;
+        let whole = self
+            .gpu_free
+            .iter()
+            .filter(|f| **f == WHOLE_GPU_MILLI)
+            .count() as u32;
+        self.node.schedulable
+            && task.accepts(&spec.gpu_model)
+            && (spec.cpu_milli == 0 || self.free_cpu >= task.cpu_milli)
+            && (spec.memory_mib == 0 || self.free_memory >= task.memory_mib)
+            && gpus_might_hold(&self.gpu_free, whole, task)
     }
 }
 
@@ -132,6 +185,8 @@ pub struct Cluster {
     models: Vec<String>,
     /// Cost per GPU-hour of each model (the highest its nodes declare; 0: unknown).
     model_cost: HashMap<String, u64>,
+    /// The most GPUs that every model has on one node (asked for on every failed placement).
+    one_node_gpus: u32,
     capacity_milli: u64,
     allocated_milli: u64,
     free_milli: u64,
@@ -173,6 +228,12 @@ impl Cluster {
             .sort_unstable_by(|a, b| (costs.get(a), a).cmp(&(costs.get(b), b)));
         self.nodes.push(state);
         self.index(idx);
+        self.one_node_gpus = self
+            .models
+            .iter()
+            .map(|m| self.max_gpus(m))
+            .min()
+            .unwrap_or(0);
         idx
     }
 
@@ -298,6 +359,17 @@ impl Cluster {
             .map_or(0, |b| b.len().saturating_sub(1) as u32)
     }
 
+    /// The most GPUs that a node of every model has: a task asking for no more (and for no MIG
+    /// instance) is placed on one node, whatever model it ends up on.
+    /// With no node at all, any number.
+    pub fn one_node_gpus(&self) -> u32 {
+        if self.models.is_empty() {
+            u32::MAX
+        } else {
+            self.one_node_gpus
+        }
+    }
+
     /// Takes the resources of `placement`.
     pub fn allocate(&mut self, placement: &Placement) {
         for share in &placement.shares {
@@ -368,7 +440,14 @@ impl Cluster {
         if !node.schedulable {
             return;
         }
-        let buckets = self.buckets.entry(node.spec.gpu_model.clone()).or_default();
+        let model = &node.spec.gpu_model;
+        // Looked up before inserting: the name is cloned only for a model's first node.
+        if !self.buckets.contains_key(model) {
+            self.buckets.insert(model.clone(), Vec::new());
+        }
+        let Some(buckets) = self.buckets.get_mut(model) else {
+            return;
+        };
         let size = node.spec.gpus as usize + 1;
         if buckets.len() < size {
             buckets.resize_with(size, BTreeSet::new);

@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
-use crate::cluster::{Cluster, Placement};
+use crate::cluster::{Cluster, Freeing, NodeShare, Placement};
 use crate::decision::{Decision, WaitReason};
 use crate::estimate::{self, DurationEstimator, History};
 use crate::gang;
@@ -412,6 +412,13 @@ pub struct Scheduler {
     /// Nodes held out of service, by name (a node may be held before it joins: it then joins
     /// held), and by whom.
     holds: BTreeMap<String, BTreeSet<Holder>>,
+    /// When a preemption search that released victims in vain sorts out those that cannot help
+    /// ([`Scheduler::useful_nodes`]): after `(n, d)` — `n` releases, or 1/`d` of the victims
+    /// left if more.
+    sort_out_after: (usize, usize),
+    /// How many searches sorted their victims out.
+    #[cfg(test)]
+    sorted_out: usize,
 }
 
 /// How many moments (running tasks' ends) an ETA looks through before it gives up.
@@ -450,6 +457,12 @@ type Placed = (Vec<Placement>, Option<Level>);
 /// How many nodes [`Scheduler::relocate_for`] tries, cheapest move first, before giving up.
 const RELOCATION_TRIES: usize = 4;
 
+/// A preemption search that released this many victims in vain, and at least 1/`SORT_OUT_SHARE`
+/// of those left, sorts out those that cannot help: sorting out costs about as much as
+/// releasing a victim per victim left, and most searches end after a few.
+const SORT_OUT_AFTER: usize = 16;
+const SORT_OUT_SHARE: usize = 8;
+
 /// The resources of a unit, in placement order, and what it asks of the quota.
 struct Unit {
     members: Vec<TaskId>,
@@ -486,6 +499,9 @@ impl Scheduler {
             preloads: BTreeMap::new(),
             over_budget: BTreeMap::new(),
             holds: BTreeMap::new(),
+            sort_out_after: (SORT_OUT_AFTER, SORT_OUT_SHARE),
+            #[cfg(test)]
+            sorted_out: 0,
         }
     }
 
@@ -1796,13 +1812,21 @@ impl Scheduler {
         if held + free < u64::from(unit.gpus) {
             return None;
         }
-        // Victims released so far, a gang as one group.
+        // A unit its quota admits already and bound to one node can use only victims on a node
+        // they could make room on. Once a search has released a few victims in vain, the
+        // others' resources are no longer released (see `useful_nodes`); only their quota is,
+        // in turn, so that every admission and every victim's explanation reads the quotas as
+        // before. (Most searches end after a few victims: they never pay for the sorting out.)
+        let one_node = unit.single && no_room::one_node(&self.cluster, &unit.specs[0]);
+        let may_sort_out = one_node && self.policy.admits(&team, unit.demand, &self.quotas);
+        let mut useful: Option<Vec<bool>> = None;
+        // Victims released so far, a gang as one group; groups whose quota alone was.
         let mut released: Vec<Vec<(TaskId, String)>> = Vec::new();
+        let mut refunded: Vec<TaskId> = Vec::new();
         // When the unit is known to fit nowhere and can only go on one node, only a node a
         // victim freed can take it: a placement (which searches every node) is tried only once
         // such a node might hold it. `None`: no such knowledge, try whenever there is room.
-        let unplaceable = unit.single
-            && no_room::one_node(&self.cluster, &unit.specs[0])
+        let unplaceable = one_node
             && self.no_room.excludes(
                 &self.tasks[&unit.members[0]].shape,
                 &unit.specs[0],
@@ -1811,9 +1835,45 @@ impl Scheduler {
         let mut freed_fits: Option<bool> = unplaceable.then_some(false);
         let mut gone: HashSet<TaskId> = HashSet::default();
         let mut found = None;
-        for taken in Victims::new(victims) {
+        let mut heap = Victims::new(victims);
+        while let Some(taken) = heap.next() {
             let victim = &taken.id();
             if gone.contains(victim) {
+                continue;
+            }
+            if may_sort_out
+                && useful.is_none()
+                && released.len()
+                    >= self
+                        .sort_out_after
+                        .0
+                        .max(heap.len() / self.sort_out_after.1)
+            {
+                #[cfg(test)]
+                {
+                    self.sorted_out += 1;
+                }
+                let rest = heap.remaining().filter(|v| !gone.contains(&v.id()));
+                let nodes = self.useful_nodes(std::iter::once(taken).chain(rest), &unit.specs[0]);
+                if !nodes.contains(&true) {
+                    // No node the unit could use will ever hold it.
+                    break;
+                }
+                useful = Some(nodes);
+            }
+            let leader = self.leader(*victim);
+            if let Some(nodes) = &useful
+                && !self.group_shares(leader).any(|s| nodes[s.node.0 as usize])
+            {
+                for member in self.unit_ids(leader) {
+                    let task = &self.tasks[&member];
+                    if task.is_running() {
+                        self.quotas
+                            .refund(&task.spec.team, quota::demand(&task.spec));
+                        refunded.push(member);
+                    }
+                    gone.insert(member);
+                }
                 continue;
             }
             // Explained now, before its resources change hands (only the victims taken pay
@@ -1827,12 +1887,9 @@ impl Scheduler {
                         task.spec.max_runtime.unwrap_or(0) / 1000
                     )
                 } else {
-                    let k = running
-                        .get(&task.spec.team, *victim)
-                        .map_or(QueueKey(0, 0, 0), |r| r.key);
                     let victim = Contender {
                         spec: &task.spec,
-                        key: k,
+                        key: taken.key(),
                         demand: quota::demand(&task.spec),
                         lost: task.lost_work(now),
                     };
@@ -1840,7 +1897,7 @@ impl Scheduler {
                         .preemption_reason(preemptor, victim, &self.quotas)
                 }
             };
-            let group = self.unit_ids(self.leader(*victim));
+            let group = self.unit_ids(leader);
             for member in &group {
                 let task = &self.tasks[member];
                 if let State::Running { placement, .. } = &task.state {
@@ -1875,6 +1932,11 @@ impl Scheduler {
                     freed_fits = Some(false);
                 }
             }
+        }
+        // Whatever is found, those kept only their place: they keep running.
+        for member in refunded {
+            let spec = &self.tasks[&member].spec;
+            self.quotas.charge(&spec.team, quota::demand(spec));
         }
         let Some(found) = found else {
             for (member, _) in released.iter().flatten() {
@@ -1928,6 +1990,53 @@ impl Scheduler {
         // Victims may have freed more than the preemptor took.
         self.no_room.freed(stopped);
         Some((found, preempted))
+    }
+
+    /// The nodes on which `victims`, not yet released, could help `task` — which its quota
+    /// admits and which goes on one node — to a placement: those that might hold the task were
+    /// every one of their groups (a gang whole) released. Releasing a group on none of them
+    /// changes no node the task could use, and its team's admission holds whatever is released
+    /// (usage only falls), so such a group would be released, then kept running: a search that
+    /// only refunds its quota, in turn, takes the same victims, explains them in the same words
+    /// and finds the same placement, without releasing and restoring resources on the way.
+    fn useful_nodes(&self, victims: impl Iterator<Item = Victim>, task: &TaskSpec) -> Vec<bool> {
+        let nodes = self.cluster.nodes();
+        let mut freeing: Vec<Option<Freeing<'_>>> = vec![None; nodes.len()];
+        let mut seen: HashSet<TaskId> = HashSet::default();
+        for victim in victims {
+            let leader = self.leader(victim.id());
+            if !seen.insert(leader) {
+                continue;
+            }
+            for share in self.group_shares(leader) {
+                freeing[share.node.0 as usize]
+                    .get_or_insert_with(|| Freeing::new(&nodes[share.node.0 as usize]))
+                    .release(share);
+            }
+        }
+        freeing
+            .iter()
+            .map(|f| f.as_ref().is_some_and(|f| f.might_hold(task)))
+            .collect()
+    }
+
+    /// The node shares of the running group (a gang whole, as [`Self::unit_ids`] has it) led by
+    /// `leader`.
+    fn group_shares(&self, leader: TaskId) -> impl Iterator<Item = &NodeShare> + '_ {
+        let task = &self.tasks[&leader];
+        let members: &[TaskId] = match task
+            .spec
+            .gang
+            .as_ref()
+            .and_then(|g| self.gangs.get(&g.name))
+        {
+            Some(members) => members,
+            None => std::slice::from_ref(&task.spec.id),
+        };
+        members.iter().flat_map(|m| match &self.tasks[m].state {
+            State::Running { placement, .. } => placement.shares.as_slice(),
+            State::Pending { .. } => &[],
+        })
     }
 
     /// Makes room for `unit`, blocked by fragmentation alone, by moving smaller running tasks

@@ -68,7 +68,7 @@ impl NoRoom {
 /// Whether every placement of `task` is on one node, whatever the policy: no MIG instance, and
 /// no more GPUs than a node of any model has (larger tasks may span idle nodes).
 pub(super) fn one_node(cluster: &Cluster, task: &TaskSpec) -> bool {
-    task.mig_profile.is_none() && cluster.models().all(|m| task.gpus <= cluster.max_gpus(m))
+    task.mig_profile.is_none() && task.gpus <= cluster.one_node_gpus()
 }
 
 #[cfg(test)]

@@ -696,6 +696,7 @@ fn nothing_new_lands_on_a_cordoned_node_until_it_returns_to_service() {
 
 mod deadlines;
 mod mechanisms;
+mod sorting_out;
 
 #[test]
 fn a_preloaded_task_keeps_later_work_off_the_room_it_will_need_until_it_arrives_or_lapses() {

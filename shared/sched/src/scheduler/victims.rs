@@ -142,6 +142,7 @@ impl Running {
     }
 
     /// Task `id` of `team`, if its team's runners were computed.
+    #[cfg(test)]
     pub fn get(&self, team: &str, id: TaskId) -> Option<&Runner> {
         let team = self.teams.iter().find(|t| t.name == team)?;
         team.runners.as_ref()?.iter().find(|r| r.id == id)
@@ -175,6 +176,11 @@ impl Victim {
         self.rank.2.0.1
     }
 
+    /// Its key in the pass.
+    pub fn key(&self) -> QueueKey {
+        self.rank.2.0.0
+    }
+
     pub fn over(&self) -> bool {
         !self.rank.0
     }
@@ -188,6 +194,18 @@ impl Victims {
         Self(BinaryHeap::from(
             all.into_iter().map(Reverse).collect::<Vec<_>>(),
         ))
+    }
+}
+
+impl Victims {
+    /// How many victims are not taken yet.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The victims not taken yet, in no order.
+    pub fn remaining(&self) -> impl Iterator<Item = Victim> + '_ {
+        self.0.iter().map(|Reverse(v)| *v)
     }
 }
 

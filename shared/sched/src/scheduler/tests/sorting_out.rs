@@ -1,0 +1,90 @@
+//! A preemption search that stops releasing the victims which cannot help its unit decides
+//! exactly as one that releases every victim in turn: same victims, same explanations, same
+//! placements, whatever the quotas say.
+
+use super::*;
+
+/// A small deterministic generator (the scenario must be the same for both searches).
+struct Draw(u64);
+
+impl Draw {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % n
+    }
+}
+
+/// Every decision of a busy cluster under `policy` — three teams with small quotas, nodes of two
+/// models with CPU, many small low-priority tasks and larger urgent ones that preempt them —
+/// with searches sorting out as `sort_out_after` says; and how many did.
+fn decisions(policy: &str, seed: u64, sort_out_after: (usize, usize)) -> (Vec<String>, usize) {
+    let mut s = Scheduler::new(crate::policy::by_name(policy).unwrap());
+    s.sort_out_after = sort_out_after;
+    for i in 0..16 {
+        let mut spec = NodeSpec::new(format!("n{i}"), 8, if i % 3 == 0 { "A100" } else { "H100" });
+        spec.cpu_milli = 64_000;
+        s.apply(Input::NodeAdded(spec)).unwrap();
+    }
+    // Nominal quotas add up to the GPUs: a team within its quota reclaims what others borrow.
+    let teams = [("a", 40), ("b", 32), ("c", 24), ("d", 16), ("e", 16)];
+    for (team, gpus) in teams {
+        s.apply(quota(team, gpus)).unwrap();
+    }
+    let mut draw = Draw(seed);
+    let mut log = Vec::new();
+    let mut running: Vec<TaskId> = Vec::new();
+    let mut id = 0;
+    for step in 0..120u64 {
+        let at = step * 60_000;
+        for _ in 0..draw.below(8) {
+            id += 1;
+            let team = teams[draw.below(teams.len() as u64) as usize].0;
+            let mut spec = TaskSpec::new(id, team, [1, 1, 1, 2, 4, 8][draw.below(6) as usize]);
+            if spec.gpus == 1 && draw.below(2) == 0 {
+                spec.gpu_milli = [250, 500][draw.below(2) as usize];
+            }
+            spec.priority = i32::from(draw.below(8) == 0);
+            spec.cpu_milli = 1_000 * (1 + draw.below(8));
+            // From a minute to about ten hours, most of them short.
+            let lasts = 60_000 * (1 + draw.below(10) * draw.below(10) * draw.below(6));
+            spec.oracle_duration = Some(lasts);
+            spec.predicted_duration = Some(lasts);
+            s.apply(Input::TaskSubmitted { task: spec, at }).unwrap();
+        }
+        if !running.is_empty() && draw.below(2) == 0 {
+            let done = running.swap_remove(draw.below(running.len() as u64) as usize);
+            s.apply(Input::TaskFinished { task: done, at }).unwrap();
+        }
+        for d in s.apply(Input::Schedule { at }).unwrap() {
+            match &d {
+                Decision::Granted { task, .. } => running.push(*task),
+                Decision::Preempted { task, .. } => running.retain(|r| r != task),
+                _ => {}
+            }
+            log.push(serde_json::to_string(&d).unwrap());
+        }
+    }
+    (log, s.sorted_out)
+}
+
+#[test]
+fn sorting_victims_out_changes_no_decision() {
+    for policy in ["allot", "kueue"] {
+        let mut sorted = 0;
+        for seed in 1..=6 {
+            let (all, none) = decisions(policy, seed, (usize::MAX, 1));
+            assert_eq!(none, 0);
+            let (some, times) = decisions(policy, seed, (1, usize::MAX));
+            sorted += times;
+            assert!(
+                all.iter().any(|d| d.contains("\"preempted\"")),
+                "{policy}, seed {seed}: nothing was preempted"
+            );
+            assert_eq!(all, some, "{policy}, seed {seed}");
+        }
+        assert!(sorted > 0, "{policy}: no search sorted its victims out");
+    }
+}
