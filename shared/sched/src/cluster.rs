@@ -29,6 +29,8 @@ pub struct NodeState {
     /// GPUs out of service, by GPU index: such a GPU shows no free capacity, so nothing is
     /// placed on it, and it counts in no capacity.
     pub gpu_out: Vec<bool>,
+    /// Where the cluster keeps what it knows of the node's GPU model.
+    model: usize,
 }
 
 impl NodeState {
@@ -174,17 +176,30 @@ impl Placement {
     }
 }
 
+/// A GPU model of the cluster, as placement walks them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Model<'c> {
+    /// Its name, as its nodes declare it.
+    pub name: &'c str,
+    /// Where the cluster keeps what it knows of it.
+    id: usize,
+}
+
 /// The cluster.
 #[derive(Debug, Clone, Default)]
 pub struct Cluster {
     nodes: Vec<NodeState>,
     by_name: HashMap<String, NodeIdx>,
+    /// GPU models by the order they first joined (what a node's `model` and `Model::id`
+    /// index): their names, and each one's id by name.
+    model_names: Vec<String>,
+    model_ids: HashMap<String, usize>,
     /// Per GPU model, schedulable nodes bucketed by their number of entirely free GPUs.
-    buckets: HashMap<String, Vec<BTreeSet<NodeIdx>>>,
+    buckets: Vec<Vec<BTreeSet<NodeIdx>>>,
     /// GPU models present, cheapest first, then by name (asked for on every placement).
-    models: Vec<String>,
+    models: Vec<usize>,
     /// Cost per GPU-hour of each model (the highest its nodes declare; 0: unknown).
-    model_cost: HashMap<String, u64>,
+    model_cost: Vec<u64>,
     /// The most GPUs that every model has on one node (asked for on every failed placement).
     one_node_gpus: u32,
     capacity_milli: u64,
@@ -204,7 +219,20 @@ impl Cluster {
         self.by_name.insert(spec.name.clone(), idx);
         self.capacity_milli += u64::from(spec.gpus) * u64::from(WHOLE_GPU_MILLI);
         self.free_milli += u64::from(spec.gpus) * u64::from(WHOLE_GPU_MILLI);
+        let model = match self.model_ids.get(&spec.gpu_model) {
+            Some(model) => *model,
+            None => {
+                let model = self.model_names.len();
+                self.model_ids.insert(spec.gpu_model.clone(), model);
+                self.model_names.push(spec.gpu_model.clone());
+                self.model_cost.push(0);
+                self.buckets.push(Vec::new());
+                self.models.push(model);
+                model
+            }
+        };
         let state = NodeState {
+            model,
             gpu_free: vec![WHOLE_GPU_MILLI; spec.gpus as usize],
             gpu_memory_free: vec![spec.gpu_memory_mib; spec.gpus as usize],
             mig_free: spec.mig.clone(),
@@ -215,22 +243,15 @@ impl Cluster {
             gpu_out: vec![false; spec.gpus as usize],
             spec,
         };
-        let cost = self
-            .model_cost
-            .entry(state.spec.gpu_model.clone())
-            .or_default();
+        let cost = &mut self.model_cost[model];
         *cost = (*cost).max(state.spec.gpu_cost);
-        if !self.models.contains(&state.spec.gpu_model) {
-            self.models.push(state.spec.gpu_model.clone());
-        }
-        let costs = &self.model_cost;
+        let (costs, names) = (&self.model_cost, &self.model_names);
         self.models
-            .sort_unstable_by(|a, b| (costs.get(a), a).cmp(&(costs.get(b), b)));
+            .sort_unstable_by_key(|m| (costs[*m], names[*m].as_str()));
         self.nodes.push(state);
         self.index(idx);
         self.one_node_gpus = self
-            .models
-            .iter()
+            .models()
             .map(|m| self.max_gpus(m))
             .min()
             .unwrap_or(0);
@@ -334,29 +355,34 @@ impl Cluster {
     }
 
     /// Schedulable nodes of `model` with exactly `free` entirely free GPUs, lowest index first.
-    pub fn nodes_with_free(&self, model: &str, free: u32) -> impl Iterator<Item = NodeIdx> + '_ {
-        self.buckets
-            .get(model)
-            .and_then(|b| b.get(free as usize))
+    pub fn nodes_with_free(&self, model: Model<'_>, free: u32) -> impl Iterator<Item = NodeIdx> + '_ {
+        self.buckets[model.id]
+            .get(free as usize)
             .into_iter()
             .flat_map(|set| set.iter().copied())
     }
 
     /// GPU models present, cheapest first, then by name.
-    pub fn models(&self) -> impl Iterator<Item = &str> + '_ {
-        self.models.iter().map(String::as_str)
+    pub fn models(&self) -> impl Iterator<Item = Model<'_>> + '_ {
+        self.models.iter().map(|id| Model {
+            name: &self.model_names[*id],
+            id: *id,
+        })
     }
 
     /// A model's cost per GPU-hour (0: unknown).
-    pub fn model_cost(&self, model: &str) -> u64 {
-        self.model_cost.get(model).copied().unwrap_or(0)
+    pub fn model_cost(&self, model: Model<'_>) -> u64 {
+        self.model_cost[model.id]
+    }
+
+    /// The cost per GPU-hour of a node's model (0: unknown).
+    pub fn node_cost(&self, node: &NodeState) -> u64 {
+        self.model_cost[node.model]
     }
 
     /// The largest GPU count of any node of `model`.
-    pub fn max_gpus(&self, model: &str) -> u32 {
-        self.buckets
-            .get(model)
-            .map_or(0, |b| b.len().saturating_sub(1) as u32)
+    pub fn max_gpus(&self, model: Model<'_>) -> u32 {
+        self.buckets[model.id].len().saturating_sub(1) as u32
     }
 
     /// The most GPUs that a node of every model has: a task asking for no more (and for no MIG
@@ -440,14 +466,7 @@ impl Cluster {
         if !node.schedulable {
             return;
         }
-        let model = &node.spec.gpu_model;
-        // Looked up before inserting: the name is cloned only for a model's first node.
-        if !self.buckets.contains_key(model) {
-            self.buckets.insert(model.clone(), Vec::new());
-        }
-        let Some(buckets) = self.buckets.get_mut(model) else {
-            return;
-        };
+        let buckets = &mut self.buckets[node.model];
         let size = node.spec.gpus as usize + 1;
         if buckets.len() < size {
             buckets.resize_with(size, BTreeSet::new);
@@ -457,8 +476,7 @@ impl Cluster {
 
     fn unindex(&mut self, idx: NodeIdx) {
         let node = &self.nodes[idx.0 as usize];
-        if let Some(b) = self.buckets.get_mut(&node.spec.gpu_model)
-            && let Some(set) = b.get_mut(node.free_whole as usize)
+        if let Some(set) = self.buckets[node.model].get_mut(node.free_whole as usize)
         {
             set.remove(&idx);
         }

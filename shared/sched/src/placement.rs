@@ -19,7 +19,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::cluster::{Cluster, NodeShare, NodeState, Placement};
+use crate::cluster::{Cluster, Model, NodeShare, NodeState, Placement};
 use crate::model::{NodeIdx, TaskSpec, WHOLE_GPU_MILLI};
 
 /// A filter on nodes: which may be used.
@@ -45,7 +45,7 @@ pub fn best_fit_within(
     if task.gpus == 1 && task.gpu_milli < WHOLE_GPU_MILLI {
         return fraction(cluster, task, within);
     }
-    let models: Vec<&str> = cluster.models().filter(|m| task.accepts(m)).collect();
+    let models: Vec<Model<'_>> = cluster.models().filter(|m| task.accepts(m.name)).collect();
     let usable = |idx: NodeIdx| {
         within(idx)
             && fits_host(cluster.node(idx), task)
@@ -54,16 +54,16 @@ pub fn best_fit_within(
     // One node, cheapest tier first, fewest free GPUs that still fit, lowest index.
     let mut best: Option<(u64, u32, NodeIdx)> = None;
     for model in &models {
-        let cost = cluster.model_cost(model);
+        let cost = cluster.model_cost(*model);
         if best.is_some_and(|(c, _, _)| c < cost) {
             break;
         }
-        for free in task.gpus..=cluster.max_gpus(model) {
+        for free in task.gpus..=cluster.max_gpus(*model) {
             if best.is_some_and(|(_, f, _)| f < free) {
                 break;
             }
             if let Some(idx) = cluster
-                .nodes_with_free(model, free)
+                .nodes_with_free(*model, free)
                 .find(|idx| usable(*idx))
             {
                 if best.is_none_or(|b| (cost, free, idx) < b) {
@@ -81,13 +81,13 @@ pub fn best_fit_within(
     }
     // Larger than a node: whole idle nodes of one model, as close together as possible.
     for model in &models {
-        let per_node = cluster.max_gpus(model);
+        let per_node = cluster.max_gpus(*model);
         if per_node == 0 || task.gpus <= per_node {
             continue;
         }
         let needed = task.gpus.div_ceil(per_node) as usize;
         let idle: Vec<NodeIdx> = cluster
-            .nodes_with_free(model, per_node)
+            .nodes_with_free(*model, per_node)
             .filter(|idx| usable(*idx))
             .collect();
         if idle.len() < needed {
@@ -180,7 +180,7 @@ fn fraction(cluster: &Cluster, task: &TaskSpec, within: Within<'_>) -> Option<Pl
         {
             continue;
         }
-        let cost = cluster.model_cost(&node.spec.gpu_model);
+        let cost = cluster.node_cost(node);
         for (g, free) in node.gpu_free.iter().enumerate() {
             if node.gpu_fits(g, task.gpu_milli, task.gpu_memory_mib)
                 && best.is_none_or(|(f, _, _)| (cost, *free) < f)

@@ -2221,52 +2221,81 @@ impl Scheduler {
 
     /// The earliest start of `unit` if running tasks end when their estimates say, and the
     /// nodes it would use then.
-    fn reserve(&self, unit: &Unit, now: Time) -> Reservation {
+    fn reserve(&mut self, unit: &Unit, now: Time) -> Reservation {
         self.earliest_fit(unit, now, false)
     }
 
     /// The earliest moment `unit` fits if running tasks end, in order, when their estimates
     /// say (`heavy_tailed`: as [`Self::expected_end`] expects, a task past its estimate
     /// running as long again), and the nodes it would use then.
-    fn earliest_fit(&self, unit: &Unit, now: Time, heavy_tailed: bool) -> Reservation {
+    fn earliest_fit(&mut self, unit: &Unit, now: Time, heavy_tailed: bool) -> Reservation {
         // (expected end, arrival order): a total order, so the reservation never depends on
         // how the task table happens to iterate.
-        let mut ends: Vec<(Time, u64, &Placement)> = self
+        let mut ends: Vec<(Time, u64, TaskId)> = self
             .tasks
             .values()
             .filter_map(|t| match &t.state {
-                State::Running {
-                    placement, since, ..
-                } => {
+                State::Running { since, .. } => {
                     let end = if heavy_tailed {
                         self.expected_end(t, now)
                     } else {
                         let total = self.estimator.estimate(&t.spec);
                         (since + total.saturating_sub(t.attained)).max(now + 1)
                     };
-                    Some((end, t.seq, placement))
+                    Some((end, t.seq, t.spec.id))
                 }
                 State::Pending { .. } => None,
             })
             .collect();
-        ends.sort_by_key(|(end, seq, _)| (*end, *seq));
-        let mut cluster = self.cluster.clone();
-        for (end, _, placement) in ends {
-            cluster.release(placement);
-            if let Some((ps, _)) = self.place_unit_on(&mut cluster, unit) {
-                return Reservation {
-                    start: end,
-                    nodes: ps
-                        .iter()
-                        .flat_map(|p| p.shares.iter().map(|s| s.node))
-                        .collect(),
-                };
-            }
-        }
-        Reservation {
+        ends.sort_unstable();
+        // Released on the live cluster, in that order, and taken back before returning: most
+        // questions look at a few ends, and a copy of the cluster costs more than they do.
+        let mut cluster = std::mem::take(&mut self.cluster);
+        // Once a placement failed, a unit bound to one node can only fit after a release
+        // frees a node that might hold it.
+        let one_node = unit.single && no_room::one_node(&cluster, &unit.specs[0]);
+        let mut failed = false;
+        let mut fit = Reservation {
             start: Time::MAX,
             nodes: BTreeSet::new(),
+        };
+        let mut released = 0;
+        for (end, _, id) in &ends {
+            let State::Running { placement, .. } = &self.tasks[id].state else {
+                continue;
+            };
+            cluster.release(placement);
+            released += 1;
+            if failed
+                && one_node
+                && !placement
+                    .shares
+                    .iter()
+                    .any(|s| cluster.node(s.node).might_hold(&unit.specs[0]))
+            {
+                continue;
+            }
+            match self.place_unit_on(&mut cluster, unit) {
+                Some((ps, _)) => {
+                    fit = Reservation {
+                        start: *end,
+                        nodes: ps
+                            .iter()
+                            .flat_map(|p| p.shares.iter().map(|s| s.node))
+                            .collect(),
+                    };
+                    break;
+                }
+                None => failed = true,
+            }
         }
+        for (_, _, id) in &ends[..released] {
+            if let State::Running { placement, .. } = &self.tasks[id].state {
+                cluster.allocate(placement);
+            }
+        }
+        self.cluster = cluster;
+        fit
     }
 
     /// When `unit` (queued under `key`) is expected to start, for [`Self::waiting`]: a short

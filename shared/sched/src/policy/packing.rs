@@ -494,7 +494,7 @@ impl Request {
         } else {
             let largest = cluster
                 .models()
-                .filter(|m| task.accepts(m))
+                .filter(|m| task.accepts(m.name))
                 .map(|m| cluster.max_gpus(m))
                 .max()
                 .unwrap_or(0);
@@ -574,7 +574,7 @@ fn for_each_feasible<'c>(
             // The cluster indexes nodes by entirely free GPUs: on a full cluster only a few
             // nodes are worth a look.
             for model in cluster.models() {
-                if !task.accepts(model) {
+                if !task.accepts(model.name) {
                     continue;
                 }
                 for free in gpus..=cluster.max_gpus(model) {
