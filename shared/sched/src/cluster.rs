@@ -200,7 +200,8 @@ pub struct Cluster {
     models: Vec<usize>,
     /// Cost per GPU-hour of each model (the highest its nodes declare; 0: unknown).
     model_cost: Vec<u64>,
-    /// The most GPUs that every model has on one node (asked for on every failed placement).
+    /// The most GPUs that a node of every model with GPUs has (asked for on every failed
+    /// placement).
     one_node_gpus: u32,
     capacity_milli: u64,
     allocated_milli: u64,
@@ -250,11 +251,13 @@ impl Cluster {
             .sort_unstable_by_key(|m| (costs[*m], names[*m].as_str()));
         self.nodes.push(state);
         self.index(idx);
+        // Models without GPUs (CPU-only nodes) hold no GPU task, so they never make one span.
         self.one_node_gpus = self
             .models()
             .map(|m| self.max_gpus(m))
+            .filter(|gpus| *gpus > 0)
             .min()
-            .unwrap_or(0);
+            .unwrap_or(u32::MAX);
         idx
     }
 
@@ -355,7 +358,11 @@ impl Cluster {
     }
 
     /// Schedulable nodes of `model` with exactly `free` entirely free GPUs, lowest index first.
-    pub fn nodes_with_free(&self, model: Model<'_>, free: u32) -> impl Iterator<Item = NodeIdx> + '_ {
+    pub fn nodes_with_free(
+        &self,
+        model: Model<'_>,
+        free: u32,
+    ) -> impl Iterator<Item = NodeIdx> + '_ {
         self.buckets[model.id]
             .get(free as usize)
             .into_iter()
@@ -385,9 +392,9 @@ impl Cluster {
         self.buckets[model.id].len().saturating_sub(1) as u32
     }
 
-    /// The most GPUs that a node of every model has: a task asking for no more (and for no MIG
-    /// instance) is placed on one node, whatever model it ends up on.
-    /// With no node at all, any number.
+    /// The most GPUs that a node of every model with GPUs has: a task asking for no more (and
+    /// for no MIG instance) is placed on one node, whatever model it ends up on. With no GPU
+    /// at all, any number.
     pub fn one_node_gpus(&self) -> u32 {
         if self.models.is_empty() {
             u32::MAX
@@ -476,8 +483,7 @@ impl Cluster {
 
     fn unindex(&mut self, idx: NodeIdx) {
         let node = &self.nodes[idx.0 as usize];
-        if let Some(set) = self.buckets[node.model].get_mut(node.free_whole as usize)
-        {
+        if let Some(set) = self.buckets[node.model].get_mut(node.free_whole as usize) {
             set.remove(&idx);
         }
     }

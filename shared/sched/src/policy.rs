@@ -195,6 +195,13 @@ pub trait Policy: Send + std::fmt::Debug {
     fn place(&self, cluster: &Cluster, task: &TaskSpec) -> Option<Placement> {
         placement::best_fit(cluster, task)
     }
+    /// Whether every placement of `task` (not a MIG instance) that [`Policy::place`] can find
+    /// is on one node: placement searches rely on it (only a node that might hold such a task
+    /// can take it). Unless the policy knows better: no more GPUs than a node of every model
+    /// with GPUs has (larger tasks may span nodes of smaller models).
+    fn one_node(&self, cluster: &Cluster, task: &TaskSpec) -> bool {
+        task.gpus <= cluster.one_node_gpus()
+    }
     /// Tells the policy a task was submitted (FGD learns the distribution of task shapes).
     fn observe_submitted(&mut self, _task: &TaskSpec) {}
     /// The parameters it runs with, printed beside results.

@@ -1577,9 +1577,12 @@ impl Scheduler {
                 .filter(|floor| unit.specs[0].priority < *floor);
             let admitted = floor.is_none() && self.policy.admits(&team, unit.demand, &self.quotas);
             let excluded = unit.single
-                && self
-                    .no_room
-                    .excludes(&self.tasks[leader].shape, &unit.specs[0], &self.cluster);
+                && self.no_room.excludes(
+                    &self.tasks[leader].shape,
+                    &unit.specs[0],
+                    &self.cluster,
+                    &*self.policy,
+                );
             let mut placed = if !admitted || excluded {
                 None
             } else {
@@ -1817,7 +1820,8 @@ impl Scheduler {
         // others' resources are no longer released (see `useful_nodes`); only their quota is,
         // in turn, so that every admission and every victim's explanation reads the quotas as
         // before. (Most searches end after a few victims: they never pay for the sorting out.)
-        let one_node = unit.single && no_room::one_node(&self.cluster, &unit.specs[0]);
+        let one_node =
+            unit.single && no_room::one_node(&*self.policy, &self.cluster, &unit.specs[0]);
         let may_sort_out = one_node && self.policy.admits(&team, unit.demand, &self.quotas);
         let mut useful: Option<Vec<bool>> = None;
         // Victims released so far, a gang as one group; groups whose quota alone was.
@@ -1831,6 +1835,7 @@ impl Scheduler {
                 &self.tasks[&unit.members[0]].shape,
                 &unit.specs[0],
                 &self.cluster,
+                &*self.policy,
             );
         let mut freed_fits: Option<bool> = unplaceable.then_some(false);
         let mut gone: HashSet<TaskId> = HashSet::default();
@@ -2253,7 +2258,7 @@ impl Scheduler {
         let mut cluster = std::mem::take(&mut self.cluster);
         // Once a placement failed, a unit bound to one node can only fit after a release
         // frees a node that might hold it.
-        let one_node = unit.single && no_room::one_node(&cluster, &unit.specs[0]);
+        let one_node = unit.single && no_room::one_node(&*self.policy, &cluster, &unit.specs[0]);
         let mut failed = false;
         let mut fit = Reservation {
             start: Time::MAX,

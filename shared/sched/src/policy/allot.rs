@@ -304,6 +304,9 @@ impl Policy for Allot {
     fn place(&self, cluster: &Cluster, task: &TaskSpec) -> Option<Placement> {
         self.placer.place(cluster, task)
     }
+    fn one_node(&self, cluster: &Cluster, task: &TaskSpec) -> bool {
+        self.placer.one_node(cluster, task)
+    }
     fn observe_submitted(&mut self, task: &TaskSpec) {
         self.placer.observe_submitted(task);
     }

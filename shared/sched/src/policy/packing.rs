@@ -45,6 +45,9 @@ impl Policy for BestFit {
     fn when_blocked(&self) -> WhenBlocked {
         WhenBlocked::Continue
     }
+    fn one_node(&self, cluster: &Cluster, task: &TaskSpec) -> bool {
+        Request::of(cluster, task) != Request::Spanning
+    }
     fn place(&self, cluster: &Cluster, task: &TaskSpec) -> Option<Placement> {
         let request = Request::of(cluster, task);
         if request == Request::Spanning {
@@ -345,6 +348,9 @@ impl Policy for Fgd {
         }
         *self.counts.entry(Shape::of(task)).or_default() += 1;
         self.rebuild_rows();
+    }
+    fn one_node(&self, cluster: &Cluster, task: &TaskSpec) -> bool {
+        Request::of(cluster, task) != Request::Spanning
     }
     fn place(&self, cluster: &Cluster, task: &TaskSpec) -> Option<Placement> {
         let request = Request::of(cluster, task);

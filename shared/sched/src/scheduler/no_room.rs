@@ -15,6 +15,7 @@ use rustc_hash::FxHashMap as HashMap;
 
 use crate::cluster::Cluster;
 use crate::model::{NodeIdx, RequestShape as Shape, TaskSpec};
+use crate::policy::Policy;
 
 #[derive(Debug, Default)]
 pub(super) struct NoRoom {
@@ -48,7 +49,13 @@ impl NoRoom {
     /// Whether `task`, of `shape`, is known to fit nowhere on `cluster`: its shape found no
     /// room, and no node freed since might hold it (any release since counts for a task that
     /// may span nodes).
-    pub fn excludes(&mut self, shape: &Shape, task: &TaskSpec, cluster: &Cluster) -> bool {
+    pub fn excludes(
+        &mut self,
+        shape: &Shape,
+        task: &TaskSpec,
+        cluster: &Cluster,
+        policy: &dyn Policy,
+    ) -> bool {
         let Some(since) = self.shapes.get_mut(shape) else {
             return false;
         };
@@ -56,7 +63,9 @@ impl NoRoom {
         if fresh.is_empty() {
             return true;
         }
-        if one_node(cluster, task) && !fresh.iter().any(|n| cluster.node(*n).might_hold(task)) {
+        if one_node(policy, cluster, task)
+            && !fresh.iter().any(|n| cluster.node(*n).might_hold(task))
+        {
             *since = self.freed.len();
             return true;
         }
@@ -65,10 +74,10 @@ impl NoRoom {
     }
 }
 
-/// Whether every placement of `task` is on one node, whatever the policy: no MIG instance, and
-/// no more GPUs than a node of any model has (larger tasks may span idle nodes).
-pub(super) fn one_node(cluster: &Cluster, task: &TaskSpec) -> bool {
-    task.mig_profile.is_none() && task.gpus <= cluster.one_node_gpus()
+/// Whether every placement of `task` is on one node: no MIG instance (the scheduler places
+/// those itself), and the policy places it on one node ([`Policy::one_node`]).
+pub(super) fn one_node(policy: &dyn Policy, cluster: &Cluster, task: &TaskSpec) -> bool {
+    task.mig_profile.is_none() && policy.one_node(cluster, task)
 }
 
 #[cfg(test)]
@@ -76,6 +85,7 @@ mod tests {
     use super::*;
     use crate::cluster::{NodeShare, Placement};
     use crate::model::{NodeSpec, WHOLE_GPU_MILLI};
+    use crate::policy::Fifo;
 
     #[test]
     fn a_shape_is_tried_again_only_once_a_freed_node_might_hold_it() {
@@ -96,7 +106,7 @@ mod tests {
         let shape = Shape::of(&task);
         let mut no_room = NoRoom::default();
         no_room.insert(shape.clone());
-        assert!(no_room.excludes(&shape, &task, &cluster));
+        assert!(no_room.excludes(&shape, &task, &cluster, &Fifo));
         // One GPU freed on a: still no node with 4 free.
         let one = Placement {
             shares: vec![NodeShare {
@@ -107,7 +117,7 @@ mod tests {
         };
         cluster.release(&one);
         no_room.freed([a]);
-        assert!(no_room.excludes(&shape, &task, &cluster));
+        assert!(no_room.excludes(&shape, &task, &cluster, &Fifo));
         // The same release seen by a request that may span nodes (more GPUs than a node has):
         // try again.
         let wide = TaskSpec::new(2, "t", 12);
@@ -115,7 +125,7 @@ mod tests {
         let mut spanning = NoRoom::default();
         spanning.insert(wide_shape.clone());
         spanning.freed([a]);
-        assert!(!spanning.excludes(&wide_shape, &wide, &cluster));
+        assert!(!spanning.excludes(&wide_shape, &wide, &cluster, &Fifo));
         // Three more on b: b has 4 free, so the shape is tried again (and forgotten).
         let three = Placement {
             shares: vec![NodeShare {
@@ -126,7 +136,32 @@ mod tests {
         };
         cluster.release(&three);
         no_room.freed([b]);
-        assert!(!no_room.excludes(&shape, &task, &cluster));
-        assert!(!no_room.excludes(&shape, &task, &cluster));
+        assert!(!no_room.excludes(&shape, &task, &cluster, &Fifo));
+        assert!(!no_room.excludes(&shape, &task, &cluster, &Fifo));
+    }
+
+    #[test]
+    fn a_task_is_bound_to_one_node_unless_the_policy_may_span_it() {
+        let mut cluster = Cluster::default();
+        cluster.add_node(NodeSpec::new("big", 8, "H100"));
+        cluster.add_node(NodeSpec::new("cpu", 0, ""));
+        let one = TaskSpec::new(1, "t", 1);
+        let four = TaskSpec::new(2, "t", 4);
+        // A CPU-only node makes no GPU task span.
+        assert!(one_node(&Fifo, &cluster, &one));
+        assert!(one_node(&Fifo, &cluster, &four));
+        // Beside one-GPU nodes, best fit may span four of them; FGD places whole GPUs on one
+        // node whenever a model has nodes that large.
+        cluster.add_node(NodeSpec::new("small", 1, "T4"));
+        assert!(one_node(&Fifo, &cluster, &one));
+        assert!(!one_node(&Fifo, &cluster, &four));
+        assert!(one_node(
+            &crate::policy::packing::Fgd::new(),
+            &cluster,
+            &four
+        ));
+        let mut mig = one.clone();
+        mig.mig_profile = Some("1g.10gb".into());
+        assert!(!one_node(&Fifo, &cluster, &mig));
     }
 }
