@@ -24,6 +24,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::sync::Arc;
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
@@ -278,7 +279,7 @@ enum State {
 
 #[derive(Debug)]
 struct Task {
-    spec: TaskSpec,
+    spec: Arc<TaskSpec>,
     /// What placement depends on in `spec`, computed once.
     shape: Shape,
     submitted: Time,
@@ -466,7 +467,8 @@ const SORT_OUT_SHARE: usize = 8;
 /// The resources of a unit, in placement order, and what it asks of the quota.
 struct Unit {
     members: Vec<TaskId>,
-    specs: Vec<TaskSpec>,
+    /// Shared with the task table: a pass builds a unit for every task it looks at.
+    specs: Vec<Arc<TaskSpec>>,
     demand: Amounts,
     gpus: u32,
     /// One task outside any gang: its shape caches apply.
@@ -535,7 +537,7 @@ impl Scheduler {
         self.queue
             .values()
             .flat_map(|id| self.unit_ids(*id))
-            .map(|id| &self.tasks[&id].spec)
+            .map(|id| &*self.tasks[&id].spec)
     }
 
     /// Whether some pending task outside a gang could be placed on the free capacity as it
@@ -956,7 +958,7 @@ impl Scheduler {
             id,
             Task {
                 shape: Shape::of(&spec),
-                spec,
+                spec: Arc::new(spec),
                 submitted: at,
                 seq,
                 attained: 0,
@@ -984,7 +986,7 @@ impl Scheduler {
         // Complete: can the gang as a whole ever be placed?
         let leader = members[0];
         let unit = self.unit(leader);
-        let specs: Vec<&TaskSpec> = unit.specs.iter().collect();
+        let specs: Vec<&TaskSpec> = unit.specs.iter().map(|s| &**s).collect();
         if gang::place(&mut self.pristine, &specs).is_none() {
             for member in self.gangs.remove(&gang.name).unwrap_or_default() {
                 self.tasks.remove(&member);
@@ -1076,7 +1078,7 @@ impl Scheduler {
         if task.spec.gang.is_none() {
             self.shapes
                 .entry(task.shape.clone())
-                .or_insert_with(|| (0, task.spec.clone()))
+                .or_insert_with(|| (0, (*task.spec).clone()))
                 .0 += 1;
         }
     }
@@ -1090,7 +1092,7 @@ impl Scheduler {
             return Ok(());
         }
         let task = self.tasks.get_mut(&id).ok_or(ApplyError::UnknownTask(id))?;
-        task.spec.predicted_duration = Some(duration);
+        Arc::make_mut(&mut task.spec).predicted_duration = Some(duration);
         let State::Pending { key: old, .. } = task.state else {
             return Ok(());
         };
@@ -1149,7 +1151,10 @@ impl Scheduler {
 
     fn unit(&self, leader: TaskId) -> Unit {
         let members = self.unit_ids(leader);
-        let specs: Vec<TaskSpec> = members.iter().map(|m| self.tasks[m].spec.clone()).collect();
+        let specs: Vec<Arc<TaskSpec>> = members
+            .iter()
+            .map(|m| Arc::clone(&self.tasks[m].spec))
+            .collect();
         let mut demand = [0; 3];
         for spec in &specs {
             let d = quota::demand(spec);
@@ -1184,7 +1189,7 @@ impl Scheduler {
                 .place_on(cluster, &unit.specs[0])
                 .map(|p| (vec![p], None));
         }
-        let specs: Vec<&TaskSpec> = unit.specs.iter().collect();
+        let specs: Vec<&TaskSpec> = unit.specs.iter().map(|s| &**s).collect();
         gang::place(cluster, &specs).map(|(p, level)| (p, Some(level)))
     }
 
@@ -2068,8 +2073,8 @@ impl Scheduler {
         if !unit.single || spec.mig_profile.is_some() || self.cluster.free_milli() < need {
             return None;
         }
-        // Movable tasks per node: (cost in milli-GPU·ms, arrival, id), cheapest first.
-        let mut by_node: BTreeMap<NodeIdx, Vec<(u128, u64, TaskId)>> = BTreeMap::new();
+        // Movable tasks: (node, cost in milli-GPU·ms, arrival, id), by node, cheapest first.
+        let mut movable: Vec<(NodeIdx, u128, u64, TaskId)> = Vec::new();
         for t in self.tasks.values() {
             let State::Running { placement, .. } = &t.state else {
                 continue;
@@ -2085,23 +2090,21 @@ impl Scheduler {
                 continue;
             }
             let cost = u128::from(milli) * u128::from(restart + t.lost_work(now));
-            by_node
-                .entry(placement.shares[0].node)
-                .or_default()
-                .push((cost, t.seq, t.spec.id));
+            movable.push((placement.shares[0].node, cost, t.seq, t.spec.id));
         }
+        movable.sort_unstable();
         // Per node, the cheapest victims whose GPUs with the node's free ones cover the need.
         let mut candidates: Vec<(u128, NodeIdx, Vec<TaskId>)> = Vec::new();
-        for (node, mut movable) in by_node {
+        for on_node in movable.chunk_by(|a, b| a.0 == b.0) {
+            let node = on_node[0].0;
             let state = self.cluster.node(node);
             if !state.schedulable {
                 continue;
             }
             let mut free: u64 = state.gpu_free.iter().map(|f| u64::from(*f)).sum();
-            movable.sort_unstable();
             let mut cost = 0;
             let mut victims = Vec::new();
-            for (c, _, id) in movable {
+            for &(_, c, _, id) in on_node {
                 if free >= need {
                     break;
                 }
@@ -2236,7 +2239,7 @@ impl Scheduler {
     fn earliest_fit(&mut self, unit: &Unit, now: Time, heavy_tailed: bool) -> Reservation {
         // (expected end, arrival order): a total order, so the reservation never depends on
         // how the task table happens to iterate.
-        let mut ends: Vec<(Time, u64, TaskId)> = self
+        let mut ends: BinaryHeap<Reverse<(Time, u64, TaskId)>> = self
             .tasks
             .values()
             .filter_map(|t| match &t.state {
@@ -2247,14 +2250,14 @@ impl Scheduler {
                         let total = self.estimator.estimate(&t.spec);
                         (since + total.saturating_sub(t.attained)).max(now + 1)
                     };
-                    Some((end, t.seq, t.spec.id))
+                    Some(Reverse((end, t.seq, t.spec.id)))
                 }
                 State::Pending { .. } => None,
             })
             .collect();
-        ends.sort_unstable();
         // Released on the live cluster, in that order, and taken back before returning: most
-        // questions look at a few ends, and a copy of the cluster costs more than they do.
+        // questions look at a few ends, so they come from a heap, not a sort, and a copy of
+        // the cluster would cost more than they do.
         let mut cluster = std::mem::take(&mut self.cluster);
         // Once a placement failed, a unit bound to one node can only fit after a release
         // frees a node that might hold it.
@@ -2264,13 +2267,13 @@ impl Scheduler {
             start: Time::MAX,
             nodes: BTreeSet::new(),
         };
-        let mut released = 0;
-        for (end, _, id) in &ends {
-            let State::Running { placement, .. } = &self.tasks[id].state else {
+        let mut released = Vec::new();
+        while let Some(Reverse((end, _, id))) = ends.pop() {
+            let State::Running { placement, .. } = &self.tasks[&id].state else {
                 continue;
             };
             cluster.release(placement);
-            released += 1;
+            released.push(id);
             if failed
                 && one_node
                 && !placement
@@ -2283,7 +2286,7 @@ impl Scheduler {
             match self.place_unit_on(&mut cluster, unit) {
                 Some((ps, _)) => {
                     fit = Reservation {
-                        start: *end,
+                        start: end,
                         nodes: ps
                             .iter()
                             .flat_map(|p| p.shares.iter().map(|s| s.node))
@@ -2294,8 +2297,8 @@ impl Scheduler {
                 None => failed = true,
             }
         }
-        for (_, _, id) in &ends[..released] {
-            if let State::Running { placement, .. } = &self.tasks[id].state {
+        for id in released {
+            if let State::Running { placement, .. } = &self.tasks[&id].state {
                 cluster.allocate(placement);
             }
         }
