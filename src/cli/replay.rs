@@ -596,10 +596,94 @@ fn open(path: &Path) -> anyhow::Result<(Header, Entries)> {
     let header: Header = serde_json::from_str(&first)
         .with_context(|| format!("{}:1: not a journal header", path.display()))?;
     let shown = path.display().to_string();
-    let entries = lines.enumerate().map(move |(i, line)| {
-        let line = line.with_context(|| format!("reading {shown}"))?;
-        serde_json::from_str::<Entry>(&line)
-            .with_context(|| format!("{shown}:{}: not a journal entry", i + 2))
-    });
-    Ok((header, Box::new(entries)))
+    // Parsed on a thread of its own, ahead of the replay: parsing is about a tenth of the
+    // work, and a second core does it meanwhile. The thread stops at the first bad line, or
+    // once the replay stops reading.
+    // Handed over in batches: one hand-over per entry would cost more than the parsing.
+    let (parsed, batches) = std::sync::mpsc::sync_channel::<Vec<anyhow::Result<Entry>>>(4);
+    std::thread::Builder::new()
+        .name("journal-reader".into())
+        .spawn(move || {
+            let mut batch = Vec::with_capacity(PARSED_BATCH);
+            for (i, line) in lines.enumerate() {
+                let entry = line
+                    .with_context(|| format!("reading {shown}"))
+                    .and_then(|line| {
+                        serde_json::from_str::<Entry>(&line)
+                            .with_context(|| format!("{shown}:{}: not a journal entry", i + 2))
+                    });
+                let bad = entry.is_err();
+                batch.push(entry);
+                if bad || batch.len() == PARSED_BATCH {
+                    let full = std::mem::replace(&mut batch, Vec::with_capacity(PARSED_BATCH));
+                    if parsed.send(full).is_err() || bad {
+                        return;
+                    }
+                }
+            }
+            let _ = parsed.send(batch);
+        })
+        .context("starting the journal reader")?;
+    Ok((header, Box::new(batches.into_iter().flatten())))
+}
+
+/// How many entries the reader parses before handing them to the replay (up to four batches
+/// ahead of it).
+const PARSED_BATCH: usize = 1024;
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    /// A journal file of `n` entries (schedule passes), with `bad` written in place of entry
+    /// `at` if given.
+    fn journal(n: u64, bad: Option<(u64, &str)>) -> tempfile::NamedTempFile {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        writeln!(
+            file,
+            "{}",
+            serde_json::to_string(&Header::new("allot")).unwrap()
+        )
+        .unwrap();
+        for seq in 1..=n {
+            let line = match bad {
+                Some((at, bad)) if at == seq => bad.to_owned(),
+                _ => serde_json::to_string(&Entry {
+                    seq,
+                    input: Input::Schedule { at: seq },
+                    decisions: Vec::new(),
+                    rejected: None,
+                })
+                .unwrap(),
+            };
+            writeln!(file, "{line}").unwrap();
+        }
+        file
+    }
+
+    #[test]
+    fn entries_come_in_order_across_the_readers_batches() {
+        let n = 3 * PARSED_BATCH as u64 + 5;
+        let file = journal(n, None);
+        let (header, entries) = open(file.path()).unwrap();
+        assert_eq!(header.policy, "allot");
+        let seqs: Vec<u64> = entries.map(|e| e.unwrap().seq).collect();
+        assert_eq!(seqs, (1..=n).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_bad_line_ends_the_entries_with_an_error_naming_file_and_line() {
+        let at = PARSED_BATCH as u64 + 7;
+        let file = journal(2 * PARSED_BATCH as u64, Some((at, "{not json")));
+        let (_, entries) = open(file.path()).unwrap();
+        let all: Vec<anyhow::Result<Entry>> = entries.collect();
+        assert_eq!(all.len() as u64, at, "entries after the bad line were read");
+        assert!(all[..all.len() - 1].iter().all(Result::is_ok));
+        let err = format!("{:#}", all.last().unwrap().as_ref().unwrap_err());
+        // Line 1 is the header.
+        let place = format!("{}:{}: not a journal entry", file.path().display(), at + 1);
+        assert!(err.contains(&place), "{err}");
+    }
 }

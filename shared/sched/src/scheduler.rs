@@ -280,6 +280,8 @@ enum State {
 #[derive(Debug)]
 struct Task {
     spec: Arc<TaskSpec>,
+    /// Its team's number ([`Scheduler::teams`]).
+    team: usize,
     /// What placement depends on in `spec`, computed once.
     shape: Shape,
     submitted: Time,
@@ -417,6 +419,8 @@ pub struct Scheduler {
     /// ([`Scheduler::useful_nodes`]): after `(n, d)` — `n` releases, or 1/`d` of the victims
     /// left if more.
     sort_out_after: (usize, usize),
+    /// Teams numbered as they first submit: a pass groups running tasks by team by number.
+    teams: HashMap<String, usize>,
     /// How many searches sorted their victims out.
     #[cfg(test)]
     sorted_out: usize,
@@ -502,6 +506,7 @@ impl Scheduler {
             over_budget: BTreeMap::new(),
             holds: BTreeMap::new(),
             sort_out_after: (SORT_OUT_AFTER, SORT_OUT_SHARE),
+            teams: HashMap::default(),
             #[cfg(test)]
             sorted_out: 0,
         }
@@ -954,10 +959,19 @@ impl Scheduler {
         self.policy.observe_submitted(&spec);
         let id = spec.id;
         let gang = spec.gang.clone();
+        let team = match self.teams.get(&spec.team) {
+            Some(team) => *team,
+            None => {
+                let team = self.teams.len();
+                self.teams.insert(spec.team.clone(), team);
+                team
+            }
+        };
         self.tasks.insert(
             id,
             Task {
                 shape: Shape::of(&spec),
+                team,
                 spec: Arc::new(spec),
                 submitted: at,
                 seq,
@@ -1763,6 +1777,7 @@ impl Scheduler {
         let running = running.get_or_insert_with(|| {
             Running::of(self.tasks.values().filter(|t| t.is_running()).map(|t| {
                 (
+                    t.team,
                     t.spec.team.as_str(),
                     t.spec.id,
                     t.spec.max_runtime.is_some(),

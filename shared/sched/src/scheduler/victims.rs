@@ -76,17 +76,20 @@ impl Team {
 }
 
 impl Running {
-    /// The index of `all` running tasks: (team, task, whether it has a usage limit).
-    pub fn of<'a>(all: impl IntoIterator<Item = (&'a str, TaskId, bool)>) -> Self {
+    /// The index of `all` running tasks: (team's number, team, task, whether it has a usage
+    /// limit). Tasks come grouped by nothing in particular: a team is found by its number (the
+    /// scheduler numbers teams as they first submit), not by comparing names.
+    pub fn of<'a>(all: impl IntoIterator<Item = (usize, &'a str, TaskId, bool)>) -> Self {
         let mut running = Self::default();
-        // Tasks come grouped by nothing in particular; a team's name repeats, so the last
-        // one found is tried first.
-        let mut last = usize::MAX;
-        for (team, id, limited) in all {
-            if running.teams.get(last).is_none_or(|t| t.name != team) {
-                last = running.team(team);
+        let mut slots: Vec<usize> = Vec::new();
+        for (number, team, id, limited) in all {
+            if slots.len() <= number {
+                slots.resize(number + 1, usize::MAX);
             }
-            let team = &mut running.teams[last];
+            if slots[number] == usize::MAX {
+                slots[number] = running.team(team);
+            }
+            let team = &mut running.teams[slots[number]];
             team.limited += usize::from(limited);
             team.ids.push(id);
         }
@@ -279,7 +282,7 @@ mod tests {
     #[test]
     fn a_floor_leaves_out_better_keys_unless_a_task_has_a_usage_limit() {
         let mut running =
-            Running::of([TaskId(11), TaskId(32), TaskId(23)].map(|id| ("a", id, false)));
+            Running::of([TaskId(11), TaskId(32), TaskId(23)].map(|id| (0, "a", id, false)));
         let ids = |running: &mut Running| {
             let team = running.teams_mut().next().unwrap();
             let mut ids: Vec<u64> = team
@@ -298,7 +301,7 @@ mod tests {
 
     #[test]
     fn a_team_never_looked_at_is_never_computed() {
-        let mut running = Running::of([("a", TaskId(1), false), ("b", TaskId(2), true)]);
+        let mut running = Running::of([(0, "a", TaskId(1), false), (1, "b", TaskId(2), true)]);
         let mut made_for = Vec::new();
         for t in running.teams_mut() {
             if t.name == "b" {
