@@ -597,9 +597,9 @@ fn open(path: &Path) -> anyhow::Result<(Header, Entries)> {
         .with_context(|| format!("{}:1: not a journal header", path.display()))?;
     let shown = path.display().to_string();
     // Parsed on a thread of its own, ahead of the replay: parsing is about a tenth of the
-    // work, and a second core does it meanwhile. The thread stops at the first bad line, or
-    // once the replay stops reading.
-    // Handed over in batches: one hand-over per entry would cost more than the parsing.
+    // work, and a second core does it meanwhile. Handed over in batches (one hand-over per
+    // entry would cost more than the parsing); the thread stops at the first bad line, or once
+    // the replay stops reading.
     let (parsed, batches) = std::sync::mpsc::sync_channel::<Vec<anyhow::Result<Entry>>>(4);
     std::thread::Builder::new()
         .name("journal-reader".into())

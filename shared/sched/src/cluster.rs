@@ -123,16 +123,14 @@ impl<'c> Freeing<'c> {
     /// GPUs and the CPU and memory (where tracked) free. Necessary for any one-node placement,
     /// as [`NodeState::might_hold`] is.
     pub fn might_hold(&self, task: &crate::model::TaskSpec) -> bool {
-        let spec = &self.node.spec;
         let whole = self
             .gpu_free
             .iter()
             .filter(|f| **f == WHOLE_GPU_MILLI)
             .count() as u32;
         self.node.schedulable
-            && task.accepts(&spec.gpu_model)
-            && (spec.cpu_milli == 0 || self.free_cpu >= task.cpu_milli)
-            && (spec.memory_mib == 0 || self.free_memory >= task.memory_mib)
+            && task.accepts(&self.node.spec.gpu_model)
+            && crate::placement::host_room(&self.node.spec, self.free_cpu, self.free_memory, task)
             && gpus_might_hold(&self.gpu_free, whole, task)
     }
 }
@@ -201,8 +199,8 @@ pub struct Cluster {
     /// Cost per GPU-hour of each model (the highest its nodes declare; 0: unknown).
     model_cost: Vec<u64>,
     /// The most GPUs that a node of every model with GPUs has (asked for on every failed
-    /// placement).
-    one_node_gpus: u32,
+    /// placement); `None` while no node has a GPU.
+    one_node_gpus: Option<u32>,
     capacity_milli: u64,
     allocated_milli: u64,
     free_milli: u64,
@@ -256,8 +254,7 @@ impl Cluster {
             .models()
             .map(|m| self.max_gpus(m))
             .filter(|gpus| *gpus > 0)
-            .min()
-            .unwrap_or(u32::MAX);
+            .min();
         idx
     }
 
@@ -396,11 +393,7 @@ impl Cluster {
     /// for no MIG instance) is placed on one node, whatever model it ends up on. With no GPU
     /// at all, any number.
     pub fn one_node_gpus(&self) -> u32 {
-        if self.models.is_empty() {
-            u32::MAX
-        } else {
-            self.one_node_gpus
-        }
+        self.one_node_gpus.unwrap_or(u32::MAX)
     }
 
     /// Takes the resources of `placement`.

@@ -20,7 +20,7 @@
 use std::collections::BTreeMap;
 
 use crate::cluster::{Cluster, Model, NodeShare, NodeState, Placement};
-use crate::model::{NodeIdx, TaskSpec, WHOLE_GPU_MILLI};
+use crate::model::{NodeIdx, NodeSpec, TaskSpec, WHOLE_GPU_MILLI};
 
 /// A filter on nodes: which may be used.
 pub type Within<'a> = &'a dyn Fn(NodeIdx) -> bool;
@@ -240,8 +240,14 @@ fn cpu_only(cluster: &Cluster, task: &TaskSpec, within: Within<'_>) -> Option<Pl
 
 /// CPU and memory, where the node tracks them.
 pub fn fits_host(node: &NodeState, task: &TaskSpec) -> bool {
-    (node.spec.cpu_milli == 0 || node.free_cpu >= task.cpu_milli)
-        && (node.spec.memory_mib == 0 || node.free_memory >= task.memory_mib)
+    host_room(&node.spec, node.free_cpu, node.free_memory, task)
+}
+
+/// Whether a node declared as `spec`, with this CPU and memory free, has the task's CPU and
+/// memory (a node that does not track one has all of it).
+pub fn host_room(spec: &NodeSpec, free_cpu: u64, free_memory: u64, task: &TaskSpec) -> bool {
+    (spec.cpu_milli == 0 || free_cpu >= task.cpu_milli)
+        && (spec.memory_mib == 0 || free_memory >= task.memory_mib)
 }
 
 /// Whether the node's GPUs have as much memory as the task asks of each.

@@ -1147,6 +1147,16 @@ impl Scheduler {
 
     /// The ids of the unit led by `leader`: its gang's members in the same state, or itself.
     fn unit_ids(&self, leader: TaskId) -> Vec<TaskId> {
+        let running = self.tasks[&leader].is_running();
+        self.members(leader)
+            .iter()
+            .copied()
+            .filter(|m| self.tasks[m].is_running() == running)
+            .collect()
+    }
+
+    /// Every member of `leader`'s gang, or `leader` alone.
+    fn members(&self, leader: TaskId) -> &[TaskId] {
         let task = &self.tasks[&leader];
         match task
             .spec
@@ -1154,12 +1164,8 @@ impl Scheduler {
             .as_ref()
             .and_then(|g| self.gangs.get(&g.name))
         {
-            Some(members) => members
-                .iter()
-                .copied()
-                .filter(|m| self.tasks[m].is_running() == task.is_running())
-                .collect(),
-            None => vec![leader],
+            Some(members) => members,
+            None => std::slice::from_ref(&task.spec.id),
         }
     }
 
@@ -2048,20 +2054,12 @@ impl Scheduler {
     /// The node shares of the running group (a gang whole, as [`Self::unit_ids`] has it) led by
     /// `leader`.
     fn group_shares(&self, leader: TaskId) -> impl Iterator<Item = &NodeShare> + '_ {
-        let task = &self.tasks[&leader];
-        let members: &[TaskId] = match task
-            .spec
-            .gang
-            .as_ref()
-            .and_then(|g| self.gangs.get(&g.name))
-        {
-            Some(members) => members,
-            None => std::slice::from_ref(&task.spec.id),
-        };
-        members.iter().flat_map(|m| match &self.tasks[m].state {
-            State::Running { placement, .. } => placement.shares.as_slice(),
-            State::Pending { .. } => &[],
-        })
+        self.members(leader)
+            .iter()
+            .flat_map(|m| match &self.tasks[m].state {
+                State::Running { placement, .. } => placement.shares.as_slice(),
+                State::Pending { .. } => &[],
+            })
     }
 
     /// Makes room for `unit`, blocked by fragmentation alone, by moving smaller running tasks

@@ -32,9 +32,9 @@ pub(super) struct Runner {
     pub lost: u64,
 }
 
-/// The running tasks by team. A team's runners (key, lost work …) are computed and sorted
-/// worst key first only when a search first looks at them: a search settles most teams with
-/// one question to the policy and never reads their tasks.
+/// The running tasks by team. A team's runners (key, lost work …) are computed only when a
+/// search first looks at them, and kept in no order (the search's heap ranks them): a search
+/// settles most teams with one question to the policy and never reads their tasks.
 #[derive(Debug, Default)]
 pub(super) struct Running {
     teams: Vec<Team>,
