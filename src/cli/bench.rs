@@ -41,7 +41,9 @@ use super::settings::Lookup;
 
 mod gateway;
 mod placement;
+mod process;
 mod remediation;
+mod scale;
 mod submit;
 
 /// Benchmarks.
@@ -61,6 +63,10 @@ pub enum BenchCommand {
     /// The scheduling core's placement pass (1,250 nodes × 8 GPUs, 10,000 pending) for every
     /// policy in one process; no server needed.
     Placement(placement::PlacementArgs),
+    /// A simulated fleet (2,000 nodes × 8 GPUs, 1 Hz telemetry) and 50,000 workloads through
+    /// every service and NATS: submit → grant latency, decisions/s, telemetry events/s, each
+    /// service's CPU and memory, and nothing lost or doubled.
+    Scale(scale::ScaleArgs),
 }
 
 /// Latency percentiles, ms (nearest rank), shared by the benchmarks.
@@ -130,6 +136,7 @@ pub async fn bench(cmd: BenchCommand, env: Lookup<'_>) -> anyhow::Result<ExitCod
         BenchCommand::Remediation(args) => remediation::remediation(args, env).await,
         BenchCommand::Gateway(args) => gateway::gateway(args).await,
         BenchCommand::Placement(args) => placement::placement(args),
+        BenchCommand::Scale(args) => scale::scale(args, env).await,
     }
 }
 
@@ -395,4 +402,19 @@ fn pick_free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?
         .local_addr()?
         .port())
+}
+
+/// The server's timestamp of a stored message, ms since the epoch.
+fn server_ms(message: &jetstream::Message) -> Option<f64> {
+    message
+        .info()
+        .ok()
+        .map(|i| i.published.unix_timestamp_nanos() as f64 / 1e6)
+}
+
+/// The wall clock, ms since the epoch (one clock with the server's on loopback).
+fn wall_ms() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
 }

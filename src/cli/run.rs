@@ -486,10 +486,13 @@ fn read_prices(path: &str, s: &mut Settings<'_>) -> Option<allot_billing::PriceT
     }
 }
 
+/// The text of `examples/prices.yaml`.
+pub const DEFAULT_PRICES: &str = include_str!("../../examples/prices.yaml");
+
 /// The example price table (`examples/prices.yaml`), built in: what `allot up` bills with when
 /// given no other.
 pub fn default_prices() -> allot_billing::PriceTable {
-    allot_billing::PriceTable::parse(include_str!("../../examples/prices.yaml"))
+    allot_billing::PriceTable::parse(DEFAULT_PRICES)
         .expect("examples/prices.yaml is valid (a unit test checks it)")
 }
 

@@ -8,7 +8,7 @@
 //!
 //! Every wait is bounded; each test prints the figures docs/faults.md records.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use allot_bus::streams::names;
-use allot_events::alloc::{Applied, Dispatch, Launch, NodeGrant};
+use allot_events::alloc::{Applied, Dispatch, Launch, NodeGrant, gpus_granted_twice};
 use allot_events::cost::CostAccrued;
 use allot_events::task::{RunSpec, TaskCompleted, TaskStarted};
 use allot_events::workload::WorkloadOutcome;
@@ -36,7 +36,7 @@ const SPEEDUP: u32 = 60;
 /// The tasks of every workload.
 const TASKS: [&str; 3] = ["prep", "train", "probe"];
 /// examples/prices.yaml: an H100-hour, in micro-units (the simulated GPUs are H100s).
-const H100_HOUR: i128 = 2_900_000;
+const H100_HOUR: i64 = 2_900_000;
 /// How soon the standby must lead after the leader dies (the allocators' lease TTL is 2 s).
 const TAKEOVER: Duration = Duration::from_secs(5);
 /// How often a workload is submitted while the faults happen, and at most how many: each is
@@ -296,64 +296,6 @@ struct Figures {
     remediation_actions: usize,
 }
 
-/// Every time the journal grants a GPU share that, with the leases holding that GPU, makes more
-/// than one whole GPU (a whole GPU shares with nothing), or ends a lease that is not held.
-fn gpus_granted_twice(journal: &[Applied]) -> Vec<String> {
-    let mut problems = Vec::new();
-    let mut holders: BTreeMap<(String, u32), BTreeMap<LeaseId, u32>> = BTreeMap::new();
-    let mut held: BTreeMap<LeaseId, Vec<(String, u32)>> = BTreeMap::new();
-    for a in journal {
-        let seq = a.entry.seq;
-        for d in &a.entry.decisions {
-            match d {
-                Decision::Granted { lease, .. } => {
-                    let Some(dispatch) = a.dispatch.iter().find(|g| g.lease == *lease) else {
-                        problems.push(format!(
-                            "entry {seq}: lease {lease:?} granted without a dispatch"
-                        ));
-                        continue;
-                    };
-                    if held.contains_key(lease) {
-                        problems.push(format!(
-                            "entry {seq}: lease {lease:?} granted while it is held"
-                        ));
-                    }
-                    let gpus = held.entry(*lease).or_default();
-                    for node in &dispatch.nodes {
-                        for &(gpu, milli) in &node.gpus {
-                            let on = holders.entry((node.node.clone(), gpu)).or_default();
-                            let total: u32 = on.values().sum::<u32>() + milli;
-                            if total > allot_sched::model::WHOLE_GPU_MILLI {
-                                problems.push(format!(
-                                    "entry {seq}: {} GPU {gpu} granted to lease {lease:?} ({milli} \
-                                     milli-GPU) while leases {:?} hold it",
-                                    node.node, on
-                                ));
-                            }
-                            on.insert(*lease, milli);
-                            gpus.push((node.node.clone(), gpu));
-                        }
-                    }
-                }
-                Decision::Released { lease, .. } | Decision::Preempted { lease, .. } => {
-                    match held.remove(lease) {
-                        Some(gpus) => {
-                            for gpu in gpus {
-                                holders.get_mut(&gpu).map(|on| on.remove(lease));
-                            }
-                        }
-                        None => problems.push(format!(
-                            "entry {seq}: lease {lease:?} ended but is not held"
-                        )),
-                    }
-                }
-                _ => {}
-            }
-        }
-    }
-    problems
-}
-
 /// How each task of `workloads` ran, against the journal and the executors' reports: every
 /// lease ends once; each task (workload and name) completes exactly once, under a lease granted
 /// once and started once; earlier leases of it ended by preemption (a legitimate second grant)
@@ -459,88 +401,13 @@ fn run_problems(
     (problems, figures)
 }
 
-/// Every lease in the journal against the cost events: its periods follow on from its grant
-/// to its end, the last one flagged, and add up to lease time × price (milli-GPU × ms × price
-/// ÷ 3.6 × 10⁹, rounded down once); no event for a lease the journal never granted. Events
-/// are counted once per id, as `allot costs` does. Returns the problems and the total.
+/// Every lease in the journal against the cost events (`allot_billing::reconcile`, at the H100
+/// price the simulated GPUs have): the problems and the total.
 fn cost_problems(journal: &[Applied], costs: &[(String, CostAccrued)]) -> (Vec<String>, i64) {
-    let mut problems = Vec::new();
-    // lease → (grant time, milli-GPU, end time)
-    let mut leases: BTreeMap<LeaseId, (u64, u64, Option<u64>)> = BTreeMap::new();
-    for a in journal {
-        for d in &a.entry.decisions {
-            match d {
-                Decision::Granted { lease, at, .. } => {
-                    let Some(g) = a.dispatch.iter().find(|g| g.lease == *lease) else {
-                        continue;
-                    };
-                    let milli = g
-                        .nodes
-                        .iter()
-                        .flat_map(|n| &n.gpus)
-                        .map(|(_, m)| u64::from(*m))
-                        .sum();
-                    if !g
-                        .nodes
-                        .iter()
-                        .all(|n| n.gpu_model == "H100" && n.cpu_milli == 0 && n.memory_mib == 0)
-                    {
-                        problems.push(format!(
-                            "lease {lease:?} holds more than H100 GPU time: {:?}",
-                            g.nodes
-                        ));
-                    }
-                    leases.insert(*lease, (*at, milli, None));
-                }
-                Decision::Released { lease, at, .. } | Decision::Preempted { lease, at, .. } => {
-                    if let Some(l) = leases.get_mut(lease) {
-                        l.2 = Some(*at);
-                    }
-                }
-                _ => {}
-            }
-        }
-    }
-    let mut seen = BTreeSet::new();
-    let mut charged: BTreeMap<LeaseId, Vec<&CostAccrued>> = BTreeMap::new();
-    for (id, c) in costs {
-        if seen.insert(id) {
-            charged.entry(c.lease).or_default().push(c);
-        }
-    }
-    let mut total = 0;
-    for (lease, (from, milli, to)) in &leases {
-        let Some(to) = to else {
-            problems.push(format!("lease {lease:?} never ended"));
-            continue;
-        };
-        let want = (i128::from(*milli) * i128::from(to - from) * H100_HOUR / 3_600_000_000) as i64;
-        total += want;
-        let mut periods = charged.remove(lease).unwrap_or_default();
-        periods.sort_by_key(|c| (c.from_ms, c.to_ms));
-        let got: i64 = periods.iter().map(|c| c.amount).sum();
-        let bounds: Vec<(u64, u64, bool)> = periods
-            .iter()
-            .map(|c| (c.from_ms, c.to_ms, c.last))
-            .collect();
-        let follow_on = periods.first().map(|c| c.from_ms) == Some(*from)
-            && periods.last().map(|c| (c.to_ms, c.last)) == Some((*to, true))
-            && periods
-                .windows(2)
-                .all(|w| w[0].to_ms == w[1].from_ms && !w[0].last);
-        if !follow_on || got != want {
-            problems.push(format!(
-                "lease {lease:?} ({milli} milli-GPU from {from} to {to}): charged {got} in periods \
-                 {bounds:?}, lease time × price is {want}"
-            ));
-        }
-    }
-    for (lease, periods) in charged {
-        problems.push(format!(
-            "lease {lease:?} is not in the journal but was charged {periods:?}"
-        ));
-    }
-    (problems, total)
+    let r = allot_billing::reconcile::reconcile(journal, costs, |model| {
+        (model == "H100").then_some(H100_HOUR)
+    });
+    (r.problems, r.total)
 }
 
 /// Checks everything a user would notice after the faults, waiting (bounded) for the cluster

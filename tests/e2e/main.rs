@@ -21,6 +21,7 @@ mod readme;
 mod remediation;
 mod replay;
 mod replicas;
+mod scale;
 mod stress;
 mod submit;
 mod submit_wait;

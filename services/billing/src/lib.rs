@@ -10,10 +10,10 @@
 //!   preemptions, periods aligned to the interval and split at price changes, amounts rounded
 //!   down once per lease so periods add up exactly.
 //! - This file: the service. One durable consumer reads every pool's journal
-//!   (`allot.alloc.*.journal` in DECISIONS). For each entry it computes the events on a copy of
-//!   the pool's ledger, publishes them, each under an id derived from (pool, lease, period
-//!   start), and only then commits the ledger and the consumer's position in one SQLite
-//!   transaction. A crash in between re-publishes the same events under the same ids:
+//!   (`allot.alloc.*.journal` in DECISIONS). For each batch of entries it computes the events
+//!   on copies of the pools' ledgers, publishes them, each under an id derived from (pool,
+//!   lease, period start), and only then commits the ledgers and the consumer's position in
+//!   one SQLite transaction. A crash in between re-publishes the same events under the same ids:
 //!   JetStream drops them within COSTS' one-hour duplicate window, and `allot costs` counts an
 //!   event id once in any case. A journal entry delivered twice bills nothing twice (each
 //!   pool's ledger remembers the last entry it applied).
@@ -22,12 +22,15 @@
 //!   last cost event reports the idle share of its GPU cost beside its amount (`idle`).
 //!   Telemetry and the journal are separate streams: samples read after the lease's close are
 //!   not counted, so the share is a measurement, not an invoice line.
+//! - [`reconcile`]: the journal against the cost events — every lease billed exactly lease
+//!   time × price, none twice — for audits, the fault matrix and `allot bench scale`.
 //! - `metrics`: what billing counts for Prometheus — the amount billed per team and currency
 //!   (`allot_cost_total`), budget thresholds crossed.
 
 pub mod budget;
 pub mod ledger;
 mod metrics;
+pub mod reconcile;
 /// The price table lives in `allot-prices` (the predictor right-sizes with it too); this path
 /// stays for billing's callers.
 pub use allot_prices as prices;
@@ -341,22 +344,35 @@ impl Handler for Billing {
         Ok(Some(position.unwrap_or(0)))
     }
 
+    /// A batch is billed as one: every entry's cost events are computed in order on copies of
+    /// the pools' ledgers, all of them published, and only then the ledgers, the spending, the
+    /// GPUs held and the position committed in one transaction. A crash in between bills the
+    /// whole batch again from the ledgers as they were, under the same event ids. Committing
+    /// once per batch instead of once per entry matters at scale: a pool's ledger holds every
+    /// open lease, and writing it after each entry made billing fall behind a 2,000-node fleet
+    /// (`allot bench scale`, docs/benchmarks.md).
     async fn handle(&mut self, batch: &[Delivery]) -> Result<Vec<Outcome>, HandlerError> {
-        let mut outcomes = Vec::with_capacity(batch.len());
+        let Some(last) = batch.last() else {
+            return Ok(Vec::new());
+        };
+        let mut ledgers: HashMap<String, PoolLedger> = HashMap::new();
+        let mut events: Vec<CostAccrued> = Vec::new();
+        let mut applied_in_order = Vec::new();
         for d in batch {
+            // Leader elections: nothing to bill.
             let AnyEvent::Alloc(AllocEvent::Applied(applied)) = &d.event.data else {
-                // Leader elections: nothing to bill.
-                let tx = self.conn.transaction().map_err(db)?;
-                allot_store::record_position(&tx, &self.consumer, d.stream_sequence).map_err(db)?;
-                tx.commit().map_err(db)?;
-                outcomes.push(Outcome::Handled);
                 continue;
             };
             let pool = applied.pool.clone();
-            let mut ledger = self.ledger(&pool)?;
-            let mut events = ledger.apply(&pool, applied, &self.prices, self.interval_ms);
-            for e in events.iter_mut().filter(|e| e.last) {
+            let ledger = match ledgers.entry(pool.clone()) {
+                std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+                std::collections::hash_map::Entry::Vacant(v) => v.insert(self.ledger(&pool)?),
+            };
+            let mut costs = ledger.apply(&pool, applied, &self.prices, self.interval_ms);
+            for e in costs.iter_mut().filter(|e| e.last) {
                 if let Some(idle) = &mut e.idle {
+                    // The samples counted while the lease was held; a lease granted in this
+                    // batch has none yet.
                     let (samples, idle_samples): (i64, i64) = self
                         .conn
                         .query_row(
@@ -374,63 +390,70 @@ impl Handler for Billing {
                     }
                 }
             }
-            let budgets = self.budget_changes(&events)?;
-            let mut envelopes = Vec::with_capacity(events.len() + budgets.events.len());
-            for (i, e) in events.iter().enumerate() {
-                let mut envelope = Envelope::at(
-                    SOURCE,
-                    CostEvent::Accrued(e.clone()),
-                    chrono::DateTime::from_timestamp_millis(e.to_ms as i64).unwrap_or_default(),
+            events.extend(costs);
+            applied_in_order.push(applied);
+        }
+        let budgets = self.budget_changes(&events)?;
+        let mut envelopes = Vec::with_capacity(events.len() + budgets.events.len());
+        for (i, e) in events.iter().enumerate() {
+            let mut envelope = Envelope::at(
+                SOURCE,
+                CostEvent::Accrued(e.clone()),
+                chrono::DateTime::from_timestamp_millis(e.to_ms as i64).unwrap_or_default(),
+            );
+            envelope.id = event_id(e);
+            envelopes.push(envelope);
+            // A threshold is announced right after the cost that crossed it.
+            for (_, b) in budgets.events.iter().filter(|(at, _)| *at == i) {
+                let mut envelope = Envelope::new(SOURCE, CostEvent::BudgetCrossed(b.clone()));
+                envelope.id = Uuid::new_v5(
+                    &EVENT_ID_NAMESPACE,
+                    format!("budget/{}/{}/{:?}", b.team, b.period, b.level).as_bytes(),
                 );
-                envelope.id = event_id(e);
+                tracing::info!(team = %b.team, period = %b.period, level = ?b.level, "budget threshold");
                 envelopes.push(envelope);
-                // A threshold is announced right after the cost that crossed it.
-                for (_, b) in budgets.events.iter().filter(|(at, _)| *at == i) {
-                    let mut envelope = Envelope::new(SOURCE, CostEvent::BudgetCrossed(b.clone()));
-                    envelope.id = Uuid::new_v5(
-                        &EVENT_ID_NAMESPACE,
-                        format!("budget/{}/{}/{:?}", b.team, b.period, b.level).as_bytes(),
-                    );
-                    tracing::info!(team = %b.team, period = %b.period, level = ?b.level, "budget threshold");
-                    envelopes.push(envelope);
-                }
             }
-            let mut pending = Vec::with_capacity(envelopes.len());
-            for envelope in &envelopes {
-                pending.push(self.publisher.send(envelope).await.map_err(|e| {
+        }
+        let mut pending = Vec::with_capacity(envelopes.len());
+        for envelope in &envelopes {
+            pending.push(
+                self.publisher.send(envelope).await.map_err(|e| {
                     HandlerError::transient(format!("publishing a cost event: {e}"))
-                })?);
-            }
-            for p in pending {
-                p.wait().await.map_err(|e| {
-                    HandlerError::transient(format!("publishing a cost event: {e}"))
-                })?;
-            }
-            let text = serde_json::to_string(&ledger).expect("a ledger serializes");
-            let tx = self.conn.transaction().map_err(db)?;
+                })?,
+            );
+        }
+        for p in pending {
+            p.wait()
+                .await
+                .map_err(|e| HandlerError::transient(format!("publishing a cost event: {e}")))?;
+        }
+        let tx = self.conn.transaction().map_err(db)?;
+        for (pool, ledger) in &ledgers {
+            let text = serde_json::to_string(ledger).expect("a ledger serializes");
             tx.execute(
                 "INSERT INTO ledgers (pool, ledger) VALUES (?1, ?2)
                  ON CONFLICT (pool) DO UPDATE SET ledger = excluded.ledger",
                 params![pool, text],
             )
             .map_err(db)?;
-            for ((team, period), s) in &budgets.spend {
-                tx.execute(
-                    "INSERT INTO spend (team, period, micros, gpu_use, level) VALUES (?1, ?2, ?3, ?4, ?5)
-                     ON CONFLICT (team, period) DO UPDATE SET micros = excluded.micros,
-                        gpu_use = excluded.gpu_use, level = excluded.level",
-                    params![team, period, s.micros, s.gpu_use.to_string(), s.level],
-                )
-                .map_err(db)?;
-            }
-            holdings(&tx, &pool, applied).map_err(db)?;
-            allot_store::record_position(&tx, &self.consumer, d.stream_sequence).map_err(db)?;
-            tx.commit().map_err(db)?;
-            metrics::billed(&events, budgets.events.iter().map(|(_, b)| b));
-            self.ledgers.insert(pool, ledger);
-            outcomes.push(Outcome::Handled);
         }
-        Ok(outcomes)
+        for ((team, period), s) in &budgets.spend {
+            tx.execute(
+                "INSERT INTO spend (team, period, micros, gpu_use, level) VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (team, period) DO UPDATE SET micros = excluded.micros,
+                    gpu_use = excluded.gpu_use, level = excluded.level",
+                params![team, period, s.micros, s.gpu_use.to_string(), s.level],
+            )
+            .map_err(db)?;
+        }
+        for applied in applied_in_order {
+            holdings(&tx, &applied.pool, applied).map_err(db)?;
+        }
+        allot_store::record_position(&tx, &self.consumer, last.stream_sequence).map_err(db)?;
+        tx.commit().map_err(db)?;
+        metrics::billed(&events, budgets.events.iter().map(|(_, b)| b));
+        self.ledgers.extend(ledgers);
+        Ok(vec![Outcome::Handled; batch.len()])
     }
 }
 

@@ -44,6 +44,8 @@ pub struct Planner {
     /// How long after the newest node registration a submission waits for the fleet to form
     /// before its capacity is checked, ms ([`crate::store::cluster`]).
     settle: Time,
+    /// The fleet's shape as last read (`store::cluster`).
+    fleet: store::FleetCache,
     wake: Arc<Notify>,
 }
 
@@ -67,6 +69,7 @@ impl Planner {
             teams,
             window,
             settle: DEFAULT_SETTLE_MS,
+            fleet: store::FleetCache::default(),
             wake,
         }
     }
@@ -95,9 +98,9 @@ impl Handler for Planner {
         for d in batch {
             let mut outcome = Outcome::Handled;
             let (pool, teams, window) = (&self.pool, self.teams.as_ref(), self.window);
-            let settle = self.settle;
+            let (settle, fleet) = (self.settle, &mut self.fleet);
             allot_store::apply(&mut self.conn, &self.consumer, d.stream_sequence, |c| {
-                let step = step(c, pool, teams, window, settle, d)?;
+                let step = step(c, pool, teams, window, (settle, fleet), d)?;
                 queued |= step.queued;
                 outcome = step.outcome;
                 Ok::<_, StoreError>(())
@@ -139,12 +142,12 @@ fn step(
     pool: &str,
     teams: Option<&TeamsConfig>,
     window: Option<Time>,
-    settle: Time,
+    fleet: (Time, &mut store::FleetCache),
     d: &Delivery,
 ) -> Result<Step, StoreError> {
     let at = d.published.timestamp_millis().max(0) as Time;
     match &d.event.data {
-        AnyEvent::Workload(WorkloadEvent::Submitted(s)) => submitted(c, pool, teams, settle, s, d),
+        AnyEvent::Workload(WorkloadEvent::Submitted(s)) => submitted(c, pool, teams, fleet, s, d),
         AnyEvent::Workload(WorkloadEvent::Aborted(a)) => aborted(c, a, d),
         AnyEvent::Task(TaskEvent::Completed(t)) => {
             on_attempt(c, t.task, Some(at), |w, name, attempt| {
@@ -209,7 +212,7 @@ fn submitted(
     c: &Connection,
     pool: &str,
     teams: Option<&TeamsConfig>,
-    settle: Time,
+    (settle, fleet): (Time, &mut store::FleetCache),
     s: &WorkloadSubmitted,
     d: &Delivery,
 ) -> Result<Step, StoreError> {
@@ -239,8 +242,8 @@ fn submitted(
         return Ok(Step::handled(false));
     }
     let at = d.published.timestamp_millis().max(0) as Time;
-    let cluster = store::cluster(c, at, settle)?;
-    let mut w = match plan(s, at, pool, teams, cluster.as_ref()) {
+    let cluster = store::cluster(c, at, settle, fleet)?;
+    let mut w = match plan(s, at, pool, teams, cluster.as_deref()) {
         Ok(w) => w,
         Err(why) => {
             warn!(workload.id = %s.workload_id, reason = %why, "submission rejected");

@@ -8,6 +8,8 @@
 //! acknowledged; since each event's `Nats-Msg-Id` is derived from what it says, publishing one
 //! again after a crash is harmless.
 
+use std::sync::Arc;
+
 use allot_events::node::NodeRegistered;
 use allot_events::query::planner::TaskNode;
 use allot_events::task::RunSpec;
@@ -112,6 +114,15 @@ CREATE TABLE right_sizing (
     advice   TEXT NOT NULL
 ) STRICT;
 ",
+    "
+-- The fleet's version: one more with every node registration, so that a shape of the nodes
+-- kept in memory is known to be current without reading every node again.
+CREATE TABLE fleet (
+    id      INTEGER PRIMARY KEY CHECK (id = 1),
+    version INTEGER NOT NULL
+) STRICT;
+INSERT INTO fleet (id, version) VALUES (1, 0);
+",
 ];
 
 /// Records node `r` (its latest registration replaces an earlier one).
@@ -127,8 +138,16 @@ pub fn register_node(
             registered = excluded.registered, registered_ms = excluded.registered_ms",
         params![r.node, json, at_ms as i64],
     )?;
+    conn.execute("UPDATE fleet SET version = version + 1 WHERE id = 1", [])?;
     Ok(())
 }
+
+/// The registered nodes as last read: their shapes and the newest registration's time, at the
+/// fleet's version. Each consumer keeps its own; [`cluster`] reads the nodes again only when
+/// the version moved, so a submission costs one row, not the whole fleet (at 2,000 nodes,
+/// parsing every registration was most of a submission's cost).
+#[derive(Debug, Default)]
+pub struct FleetCache(Option<(i64, Option<i64>, Option<Arc<ClusterShape>>)>);
 
 /// The shapes of the registered nodes, to check a submission made at `at_ms` against; `None`
 /// while none has registered, or while the fleet is still forming — a node registered within
@@ -136,30 +155,39 @@ pub fn register_node(
 /// registrations and submissions from two streams, in no fixed relative order). Then capacity
 /// is not checked, as `allot submit` does not check it against an empty inventory, and the
 /// allocator parks what no node can hold.
+///
+/// `cache` keeps what was read for the next call.
 pub fn cluster(
     conn: &Connection,
     at_ms: Time,
     settle_ms: Time,
-) -> Result<Option<ClusterShape>, StoreError> {
-    let newest: Option<i64> =
-        conn.query_row("SELECT max(registered_ms) FROM nodes", [], |r| r.get(0))?;
-    match newest {
-        None => return Ok(None),
-        Some(newest) if (newest.max(0) as Time).saturating_add(settle_ms) > at_ms => {
-            return Ok(None);
+    cache: &mut FleetCache,
+) -> Result<Option<Arc<ClusterShape>>, StoreError> {
+    let version: i64 =
+        conn.query_row("SELECT version FROM fleet WHERE id = 1", [], |r| r.get(0))?;
+    if cache.0.as_ref().is_none_or(|(v, _, _)| *v != version) {
+        let newest: Option<i64> =
+            conn.query_row("SELECT max(registered_ms) FROM nodes", [], |r| r.get(0))?;
+        let mut stmt = conn.prepare("SELECT name, registered FROM nodes ORDER BY name")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+        let mut cluster = ClusterShape::default();
+        for row in rows {
+            let (name, json) = row?;
+            let r: NodeRegistered = serde_json::from_str(&json)
+                .map_err(|e| StoreError::Corrupt(format!("node {name}: {e}")))?;
+            cluster.add(NodeShape::from(&r));
         }
-        Some(_) => {}
+        let shape = (!cluster.nodes.is_empty()).then(|| Arc::new(cluster));
+        cache.0 = Some((version, newest, shape));
     }
-    let mut stmt = conn.prepare("SELECT name, registered FROM nodes ORDER BY name")?;
-    let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
-    let mut cluster = ClusterShape::default();
-    for row in rows {
-        let (name, json) = row?;
-        let r: NodeRegistered = serde_json::from_str(&json)
-            .map_err(|e| StoreError::Corrupt(format!("node {name}: {e}")))?;
-        cluster.add(NodeShape::from(&r));
+    let Some((_, newest, shape)) = &cache.0 else {
+        unreachable!("filled above")
+    };
+    match *newest {
+        None => Ok(None),
+        Some(newest) if (newest.max(0) as Time).saturating_add(settle_ms) > at_ms => Ok(None),
+        Some(_) => Ok(shape.clone()),
     }
-    Ok((!cluster.nodes.is_empty()).then_some(cluster))
 }
 
 /// Why the state could not be read or written.
@@ -567,24 +595,22 @@ mod tests {
     #[test]
     fn capacity_is_checked_only_against_a_fleet_that_has_settled() {
         let conn = allot_store::open_in_memory(MIGRATIONS).unwrap();
-        assert_eq!(
-            cluster(&conn, 100_000, 30_000).unwrap(),
-            None,
-            "no nodes yet"
-        );
+        let cache = &mut FleetCache::default();
+        let mut cluster = |at| cluster(&conn, at, 30_000, cache).unwrap();
+        assert_eq!(cluster(100_000), None, "no nodes yet");
         let n1 = allot_testkit::node("n1").gpus(2).registered();
         register_node(&conn, &n1, 50_000).unwrap();
         // 20 s after the last registration: more may come.
-        assert_eq!(cluster(&conn, 70_000, 30_000).unwrap(), None);
+        assert_eq!(cluster(70_000), None);
         // 30 s after: the fleet is what it is.
-        let settled = cluster(&conn, 80_000, 30_000).unwrap().expect("checked");
+        let settled = cluster(80_000).expect("checked");
         assert_eq!(settled.nodes.len(), 1);
         assert_eq!(settled.nodes[0].gpus, 2);
-        // Another node joins: the clock starts again.
+        // Another node joins: the clock starts again, and the shape read before is stale.
         let n2 = allot_testkit::node("n2").gpus(8).registered();
         register_node(&conn, &n2, 90_000).unwrap();
-        assert_eq!(cluster(&conn, 100_000, 30_000).unwrap(), None);
-        let both = cluster(&conn, 120_000, 30_000).unwrap().expect("checked");
+        assert_eq!(cluster(100_000), None);
+        let both = cluster(120_000).expect("checked");
         assert_eq!(both.nodes.iter().map(|n| n.count).sum::<u32>(), 2);
     }
 

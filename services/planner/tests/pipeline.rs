@@ -623,7 +623,8 @@ fn raw_submissions_get_the_checks_allot_submit_makes() {
     // The planner has seen the pool's 4-GPU node.
     h.until(|h| {
         let conn = allot_store::rusqlite::Connection::open(&h.stack.db).ok()?;
-        allot_planner::store::cluster(&conn, u64::MAX, 0).ok()?
+        let fleet = &mut allot_planner::store::FleetCache::default();
+        allot_planner::store::cluster(&conn, u64::MAX, 0, fleet).ok()?
     })
     .expect("the node registered with the planner");
 

@@ -6,11 +6,13 @@
 //! it. Every append carries the subject sequence the leader expects to follow, so an append
 //! from a deposed leader is rejected by the server (fencing).
 
+use std::collections::BTreeMap;
+
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use allot_sched::journal::Entry;
-use allot_sched::{LeaseId, TaskId};
+use allot_sched::{Decision, LeaseId, TaskId};
 
 use crate::task::RunSpec;
 
@@ -184,4 +186,62 @@ pub struct NodeGrant {
     pub cpu_milli: u64,
     /// Memory, MiB.
     pub memory_mib: u64,
+}
+
+/// Reads a pool's journal (its entries in order) for every time it grants a GPU share that, with the leases holding that GPU, makes more
+/// than one whole GPU (a whole GPU shares with nothing), or ends a lease that is not held.
+pub fn gpus_granted_twice(journal: &[Applied]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut holders: BTreeMap<(String, u32), BTreeMap<LeaseId, u32>> = BTreeMap::new();
+    let mut held: BTreeMap<LeaseId, Vec<(String, u32)>> = BTreeMap::new();
+    for a in journal {
+        let seq = a.entry.seq;
+        for d in &a.entry.decisions {
+            match d {
+                Decision::Granted { lease, .. } => {
+                    let Some(dispatch) = a.dispatch.iter().find(|g| g.lease == *lease) else {
+                        problems.push(format!(
+                            "entry {seq}: lease {lease:?} granted without a dispatch"
+                        ));
+                        continue;
+                    };
+                    if held.contains_key(lease) {
+                        problems.push(format!(
+                            "entry {seq}: lease {lease:?} granted while it is held"
+                        ));
+                    }
+                    let gpus = held.entry(*lease).or_default();
+                    for node in &dispatch.nodes {
+                        for &(gpu, milli) in &node.gpus {
+                            let on = holders.entry((node.node.clone(), gpu)).or_default();
+                            let total: u32 = on.values().sum::<u32>() + milli;
+                            if total > allot_sched::model::WHOLE_GPU_MILLI {
+                                problems.push(format!(
+                                    "entry {seq}: {} GPU {gpu} granted to lease {lease:?} ({milli} \
+                                     milli-GPU) while leases {:?} hold it",
+                                    node.node, on
+                                ));
+                            }
+                            on.insert(*lease, milli);
+                            gpus.push((node.node.clone(), gpu));
+                        }
+                    }
+                }
+                Decision::Released { lease, .. } | Decision::Preempted { lease, .. } => {
+                    match held.remove(lease) {
+                        Some(gpus) => {
+                            for gpu in gpus {
+                                holders.get_mut(&gpu).map(|on| on.remove(lease));
+                            }
+                        }
+                        None => problems.push(format!(
+                            "entry {seq}: lease {lease:?} ended but is not held"
+                        )),
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    problems
 }

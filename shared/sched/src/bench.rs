@@ -9,6 +9,9 @@
 //! with running tasks, those shorter than half an hour finish when their durations say (the
 //! holes departures leave, and what the history estimator learns from), then pending tasks
 //! arrive until 10,000 wait. [`pass`] is the measured `Schedule` pass.
+//!
+//! [`prepared_at`] builds the same mix at another [`Size`] (`allot bench placement --nodes
+//! --pending`: the core at 100,000 GPUs for `allot bench scale`'s findings).
 
 use crate::policy;
 use crate::quota::Quota;
@@ -20,6 +23,25 @@ pub const NODES: usize = 1_250;
 pub const GPUS_PER_NODE: u32 = 8;
 /// Tasks waiting when the measured pass runs.
 pub const PENDING: u64 = 10_000;
+
+/// How large the prepared cluster and queue are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Size {
+    /// Nodes of [`GPUS_PER_NODE`] GPUs.
+    pub nodes: usize,
+    /// Tasks waiting when the measured pass runs.
+    pub pending: u64,
+}
+
+impl Default for Size {
+    /// The criterion bench's size: [`NODES`] nodes, [`PENDING`] pending.
+    fn default() -> Size {
+        Size {
+            nodes: NODES,
+            pending: PENDING,
+        }
+    }
+}
 /// Share of GPU capacity the first tasks ask for; those shorter than [`NOW`] finish before the
 /// measured pass.
 const FILL: f64 = 0.9;
@@ -95,11 +117,16 @@ fn apply(s: &mut Scheduler, input: Input) -> Vec<Decision> {
 /// A scheduler under `policy` (one of [`policy::NAMES`]) on the prepared cluster with the
 /// 10,000 tasks pending, ready for the pass.
 pub fn prepared(policy: &str) -> Scheduler {
+    prepared_at(policy, Size::default())
+}
+
+/// [`prepared`] at another size: the same mix of nodes, quotas and tasks, scaled.
+pub fn prepared_at(policy: &str, size: Size) -> Scheduler {
     let mut s = Scheduler::new(policy::by_name(policy).expect("a policy of NAMES"));
-    for i in 0..NODES {
+    for i in 0..size.nodes {
         apply(&mut s, Input::NodeAdded(node(i)));
     }
-    let capacity = NODES as u64 * u64::from(GPUS_PER_NODE) * 1_000;
+    let capacity = size.nodes as u64 * u64::from(GPUS_PER_NODE) * 1_000;
     for (team, share) in TEAMS {
         let quota = Quota::gpus(capacity * share / 100);
         apply(
@@ -139,7 +166,7 @@ pub fn prepared(policy: &str) -> Scheduler {
         apply(&mut s, Input::TaskFinished { task, at });
     }
 
-    while (s.pending() as u64) < PENDING {
+    while (s.pending() as u64) < size.pending {
         let t = task(id, &mut rng);
         id += 1;
         apply(&mut s, Input::TaskSubmitted { task: t, at: NOW });

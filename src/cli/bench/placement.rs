@@ -5,7 +5,8 @@
 //! Each policy's pass runs `--runs` times on a freshly prepared scheduler (a pass changes it);
 //! the median is reported, in wall time and in the thread's CPU time (less sensitive to other
 //! work on a shared machine). Decisions per second counts the pass's grants, as the criterion
-//! bench does.
+//! bench does. `--nodes` and `--pending` scale the same mix (the core at 100,000 GPUs:
+//! `--nodes 12500 --pending 100000`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -27,6 +28,12 @@ pub struct PlacementArgs {
     /// Passes per policy; the median is reported.
     #[arg(long, default_value_t = 5)]
     pub runs: usize,
+    /// Nodes of 8 GPUs (12,500 for the core at 100,000 GPUs).
+    #[arg(long, default_value_t = allot_sched::bench::NODES)]
+    pub nodes: usize,
+    /// Tasks waiting when the measured pass runs.
+    #[arg(long, default_value_t = allot_sched::bench::PENDING)]
+    pub pending: u64,
     /// Write the results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -83,11 +90,18 @@ pub fn placement(args: PlacementArgs) -> anyhow::Result<ExitCode> {
     if args.runs == 0 {
         bail!("--runs must be at least 1");
     }
+    if args.nodes == 0 {
+        bail!("--nodes must be at least 1");
+    }
+    let size = allot_sched::bench::Size {
+        nodes: args.nodes,
+        pending: args.pending,
+    };
     let scenario = format!(
         "{} nodes × {} GPUs, {} pending",
-        allot_sched::bench::NODES,
+        size.nodes,
         allot_sched::bench::GPUS_PER_NODE,
-        allot_sched::bench::PENDING
+        size.pending
     );
     eprintln!("placement: {scenario}; {} passes per policy", args.runs);
     println!(
@@ -100,7 +114,7 @@ pub fn placement(args: PlacementArgs) -> anyhow::Result<ExitCode> {
         let mut cpus = Vec::new();
         let mut outcome = None;
         for _ in 0..args.runs {
-            let mut s = allot_sched::bench::prepared(policy);
+            let mut s = allot_sched::bench::prepared_at(policy, size);
             let (cpu0, wall0) = (thread_cpu_ms(), Instant::now());
             let decisions = allot_sched::bench::pass(&mut s);
             walls.push(wall0.elapsed().as_secs_f64() * 1e3);

@@ -30,10 +30,10 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::process::{ExitCode, Stdio};
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::pull::OrderedConfig};
@@ -51,7 +51,8 @@ use allot_remediation::{BreakerPolicy, Watch};
 
 use super::super::local;
 use super::super::settings::Lookup;
-use super::Percentiles;
+use super::process::{self, cpu_or_nan, own_cpu, status_kib, written_bytes};
+use super::{Percentiles, server_ms, wall_ms};
 
 #[cfg(test)]
 mod tests;
@@ -546,49 +547,26 @@ async fn run(
 /// The remediation service in a child process.
 #[derive(Debug)]
 struct Service {
-    child: tokio::process::Child,
+    process: process::Child,
     pid: u32,
     db: PathBuf,
-    log: PathBuf,
 }
 
 impl Service {
     /// Starts `allot run remediation` on `url` with its data under `data_dir`, and waits until
     /// its consumers exist.
     async fn start(url: &str, data_dir: &Path) -> anyhow::Result<Service> {
-        std::fs::create_dir_all(data_dir)?;
-        let log = data_dir.join("remediation.log");
-        let out = std::fs::File::create(&log)?;
-        let child = tokio::process::Command::new(std::env::current_exe()?)
-            .args(["run", "remediation", "--data-dir"])
-            .arg(data_dir)
-            .env("ALLOT_NATS_URL", url)
-            .env("ALLOT_LOG", "info,async_nats=warn")
-            .env("ALLOT_OPS_ADDR", "127.0.0.1:0")
-            .current_dir(data_dir)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out)
-            .kill_on_drop(true)
-            .spawn()
-            .context("starting allot run remediation")?;
-        let pid = child.id().context("the service exited at once")?;
-        eprintln!("remediation service: pid {pid}, log {}", log.display());
-        let mut service = Service {
-            child,
-            pid,
-            db: data_dir.join("remediation.db"),
-            log,
-        };
+        let mut process = process::Child::start(
+            "remediation",
+            &["remediation".into(), "--data-dir".into(), data_dir.into()],
+            &[],
+            url,
+            data_dir,
+        )?;
         let client = async_nats::connect(url).await?;
         let js = jetstream::new(client);
         for _ in 0..300 {
-            if let Some(status) = service.child.try_wait()? {
-                anyhow::bail!(
-                    "the remediation service exited at start-up ({status}): {}",
-                    std::fs::read_to_string(&service.log).unwrap_or_default()
-                );
-            }
+            process.exited()?;
             let mut ready = true;
             for (stream, durable) in [
                 (names::TELEMETRY, TELEMETRY_DURABLE),
@@ -600,7 +578,11 @@ impl Service {
                 };
             }
             if ready {
-                return Ok(service);
+                return Ok(Service {
+                    pid: process.pid,
+                    process,
+                    db: data_dir.join("remediation.db"),
+                });
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -609,36 +591,17 @@ impl Service {
 
     /// CPU seconds used so far.
     fn cpu_s(&self) -> f64 {
-        cpu_seconds(self.pid).unwrap_or(f64::NAN)
+        self.process.cpu_s()
     }
 
     /// Resident memory now and at its peak, MiB.
     fn memory_mib(&self) -> (f64, f64) {
-        let status =
-            std::fs::read_to_string(format!("/proc/{}/status", self.pid)).unwrap_or_default();
-        let mib = |key| status_kib(&status, key).map_or(f64::NAN, |k| k as f64 / 1024.0);
-        (mib("VmRSS"), mib("VmHWM"))
+        self.process.memory_mib()
     }
 
     /// Stops it as its orchestrator would (SIGTERM, SIGKILL after 10 s).
     async fn stop(&mut self) {
-        terminate(self.pid);
-        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
-            .await
-            .is_err()
-        {
-            let _ = self.child.kill().await;
-        }
-    }
-}
-
-/// Asks process `pid` (our child) to stop. A graceful stop lets the service finish its batch
-/// and close its database, which is read afterwards; std has no safe way to send SIGTERM.
-#[allow(unsafe_code)]
-fn terminate(pid: u32) {
-    // SAFETY: kill(2) on our own child's pid touches no memory of ours.
-    unsafe {
-        libc::kill(pid as libc::pid_t, libc::SIGTERM);
+        self.process.stop().await;
     }
 }
 
@@ -1021,7 +984,7 @@ async fn settle(
 
 /// One heartbeat per node per interval, spread evenly over it, until `stop`; how many were
 /// sent, and over how long.
-async fn heartbeats(
+pub(super) async fn heartbeats(
     publisher: Publisher,
     names: Arc<Vec<String>>,
     interval: Duration,
@@ -1063,7 +1026,13 @@ async fn heartbeats(
 }
 
 /// Node `name`'s samples at `tick`: cool, busy GPUs, or two overheating ones during `fault`.
-fn sample(name: &str, node: usize, gpus: u32, tick: u64, fault: Option<&Fault>) -> GpusSampled {
+pub(super) fn sample(
+    name: &str,
+    node: usize,
+    gpus: u32,
+    tick: u64,
+    fault: Option<&Fault>,
+) -> GpusSampled {
     let samples = (0..gpus)
         .map(|g| {
             let mix = node as u64 * 31 + u64::from(g) * 17 + tick * 7;
@@ -1097,8 +1066,8 @@ fn sample(name: &str, node: usize, gpus: u32, tick: u64, fault: Option<&Fault>) 
     }
 }
 
-/// A simulated node: `gpus` × H100 80 GB, 64 cores, 512 GiB.
-fn registration(name: &str, gpus: u32) -> NodeRegistered {
+/// A simulated node of pool `default`: `gpus` × H100 80 GB, 64 cores, 512 GiB.
+pub(super) fn registration(name: &str, gpus: u32) -> NodeRegistered {
     NodeRegistered {
         node: name.into(),
         hostname: name.into(),
@@ -1282,65 +1251,4 @@ fn commit_cost(
         sqlite_ms: per(spent[3]),
         wal_bytes_per_commit: wal().saturating_sub(wal_before) as f64 / f64::from(ROUNDS),
     })
-}
-
-/// User + system CPU seconds of process `pid` (all its threads), from `/proc/<pid>/stat`.
-fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    cpu_ticks(&stat).map(|t| t as f64 / USER_HZ)
-}
-
-fn cpu_or_nan(pid: u32) -> f64 {
-    cpu_seconds(pid).unwrap_or(f64::NAN)
-}
-
-fn own_cpu() -> f64 {
-    cpu_or_nan(std::process::id())
-}
-
-/// The unit of `/proc/<pid>/stat`'s times: Linux reports them in USER_HZ, which is 100 on
-/// every architecture Allot runs on (`getconf CLK_TCK`).
-const USER_HZ: f64 = 100.0;
-
-/// utime + stime (fields 14 and 15) of a `/proc/<pid>/stat` line, in clock ticks. The
-/// command name (field 2) may hold spaces and parentheses, so fields count from its last `)`.
-pub fn cpu_ticks(stat: &str) -> Option<u64> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(utime + stime)
-}
-
-/// A `kB` figure of `/proc/<pid>/status` (`VmRSS`, `VmHWM` …).
-pub fn status_kib(status: &str, key: &str) -> Option<u64> {
-    status.lines().find_map(|line| {
-        let value = line.strip_prefix(key)?.strip_prefix(':')?;
-        value.split_whitespace().next()?.parse().ok()
-    })
-}
-
-/// Bytes process `pid` has passed to write(2) and its kin (`wchar` of `/proc/<pid>/io`):
-/// its database and WAL writes, its log, and its few bytes to NATS.
-fn written_bytes(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/io"))
-        .ok()
-        .and_then(|io| {
-            io.lines()
-                .find_map(|l| l.strip_prefix("wchar:")?.trim().parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-fn server_ms(message: &jetstream::Message) -> Option<f64> {
-    message
-        .info()
-        .ok()
-        .map(|i| i.published.unix_timestamp_nanos() as f64 / 1e6)
-}
-
-fn wall_ms() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
 }

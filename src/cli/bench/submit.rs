@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::pull::OrderedConfig};
@@ -35,14 +35,13 @@ use futures::StreamExt;
 use allot_bus::Publisher;
 use allot_bus::async_nats::jetstream::message::PublishMessage;
 use allot_bus::streams::names;
-use allot_events::node::{GpuInfo, GpuSourceKind, NodeRegistered};
 use allot_events::task::TaskCompleted;
 use allot_events::{AllocEvent, AnyEvent, NodeEvent, TaskEvent, WorkloadEvent, subject};
 use allot_sched::{Decision, TaskId};
 
 use super::super::local;
 use super::super::settings::Lookup;
-use super::Percentiles;
+use super::{Percentiles, server_ms, wall_ms};
 
 #[cfg(test)]
 mod tests;
@@ -217,7 +216,7 @@ async fn run(args: &SubmitArgs, url: &str, dir: &std::path::Path) -> anyhow::Res
 
     // The pool, the allocator and the planner.
     for n in 0..args.nodes {
-        let node = sim_node(&format!("bench-node-{n}"));
+        let node = super::remediation::registration(&format!("bench-node-{n}"), 8);
         publisher.publish(NodeEvent::Registered(node)).await?;
     }
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -234,7 +233,7 @@ async fn run(args: &SubmitArgs, url: &str, dir: &std::path::Path) -> anyhow::Res
     let planner = allot_planner::Config::new(url, dir.join("planner"));
     std::fs::create_dir_all(&planner.data_dir)?;
     let planner = tokio::spawn(allot_planner::run(planner, stopped.clone()));
-    wait_until_ready(&js, args.nodes).await?;
+    wait_until_ready(&js, args.nodes, Duration::from_secs(20)).await?;
 
     // Task id → index; one record per workload.
     let ids: HashMap<TaskId, usize> = submissions
@@ -510,10 +509,15 @@ async fn baseline(
     ))
 }
 
-/// Waits until the allocator leads with every node in its journal, and the planner's
-/// consumers exist.
-async fn wait_until_ready(js: &jetstream::Context, nodes: usize) -> anyhow::Result<()> {
-    for _ in 0..400 {
+/// Waits (at most `within`) until the allocator leads with every node in its journal, and the
+/// planner's consumers exist.
+pub(super) async fn wait_until_ready(
+    js: &jetstream::Context,
+    nodes: usize,
+    within: Duration,
+) -> anyhow::Result<()> {
+    let start = Instant::now();
+    while start.elapsed() < within {
         let journal = match js.get_stream(names::DECISIONS).await {
             Ok(mut s) => s.info().await.map(|i| i.state.messages).unwrap_or(0),
             Err(_) => 0,
@@ -528,42 +532,8 @@ async fn wait_until_ready(js: &jetstream::Context, nodes: usize) -> anyhow::Resu
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    anyhow::bail!("the allocator and the planner did not start within 20 s")
-}
-
-/// A simulated node of the pool: 8 × H100 80 GB, 64 cores, 512 GiB.
-fn sim_node(name: &str) -> NodeRegistered {
-    NodeRegistered {
-        node: name.into(),
-        hostname: name.into(),
-        pool: POOL.into(),
-        rack: None,
-        cpu_milli: 64_000,
-        memory_mib: 512 * 1024,
-        gpu_source: GpuSourceKind::Simulated,
-        driver_version: None,
-        gpus: (0..8)
-            .map(|i| GpuInfo {
-                index: i,
-                uuid: format!("GPU-{name}-{i}"),
-                model: "H100".into(),
-                memory_total_mib: 81_559,
-                power_limit_mw: Some(700_000),
-                nvlink_peers: Vec::new(),
-            })
-            .collect(),
-    }
-}
-
-fn server_ms(message: &jetstream::Message) -> Option<f64> {
-    message
-        .info()
-        .ok()
-        .map(|i| i.published.unix_timestamp_nanos() as f64 / 1e6)
-}
-
-fn wall_ms() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+    anyhow::bail!(
+        "the allocator and the planner did not start within {} s",
+        within.as_secs()
+    )
 }

@@ -1,7 +1,8 @@
 use std::time::Duration;
 
 use super::super::Percentiles;
-use super::{FAULT_LASTS, QUIET_START, breaker_cap, cpu_ticks, schedule, status_kib};
+use super::super::process::{cpu_ticks, status_kib};
+use super::{FAULT_LASTS, QUIET_START, breaker_cap, schedule};
 
 #[test]
 fn the_issues_fleet_gets_its_forty_faults_within_the_circuit_breaker() {
