@@ -418,3 +418,77 @@ fn wall_ms() -> f64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
 }
+
+/// Connects to `url` and creates Allot's streams: the client, its JetStream context and a
+/// publisher whose events come from `/allot/bench`.
+async fn connect(url: &str) -> anyhow::Result<(async_nats::Client, jetstream::Context, Publisher)> {
+    let client = async_nats::connect(url).await?;
+    let js = jetstream::new(client.clone());
+    allot_bus::ensure_streams(&js, &allot_bus::catalog(1)).await?;
+    let publisher = Publisher::new(client.clone(), "/allot/bench");
+    Ok((client, js, publisher))
+}
+
+/// The messages of `stream` on `filters` (every subject when empty), in order, through an
+/// ordered consumer starting at `from` (`New`: what is stored from now on).
+async fn follow(
+    js: &jetstream::Context,
+    stream: &str,
+    filters: Vec<String>,
+    from: jetstream::consumer::DeliverPolicy,
+) -> anyhow::Result<pull::Ordered> {
+    Ok(js
+        .get_stream(stream)
+        .await?
+        .create_consumer(pull::OrderedConfig {
+            filter_subjects: filters,
+            deliver_policy: from,
+            ..Default::default()
+        })
+        .await?
+        .messages()
+        .await?)
+}
+
+/// A raw JetStream baseline's own file stream `name` on `subjects`, and what is stored in it
+/// from now on.
+async fn raw_stream(
+    js: &jetstream::Context,
+    name: &str,
+    subjects: &str,
+) -> anyhow::Result<pull::Ordered> {
+    js.create_stream(jetstream::stream::Config {
+        name: name.into(),
+        subjects: vec![subjects.into()],
+        storage: jetstream::stream::StorageType::File,
+        ..Default::default()
+    })
+    .await?;
+    follow(
+        js,
+        name,
+        Vec::new(),
+        jetstream::consumer::DeliverPolicy::New,
+    )
+    .await
+}
+
+/// The submission of workload spec `text` (YAML), checked as `allot submit` checks it, from
+/// `/allot/bench`.
+fn submission(text: &str) -> anyhow::Result<allot_workload::submit::Submission> {
+    let checked = allot_workload::check(
+        text,
+        allot_workload::Format::Yaml,
+        allot_workload::Context::default(),
+    )
+    .map_err(|p| anyhow::anyhow!("bench spec rejected: {p:?}\n{text}"))?;
+    let key = allot_workload::submit::idempotency_key(&checked.workload, None);
+    Ok(allot_workload::submit::submission(
+        checked.workload,
+        key,
+        None,
+        "bench".into(),
+        "/allot/bench",
+        chrono::Utc::now(),
+    ))
+}

@@ -477,25 +477,18 @@ async fn run(
     nats_pid: u32,
     dir: &Path,
 ) -> anyhow::Result<Report> {
-    let client = async_nats::connect(url).await?;
-    let js = jetstream::new(client.clone());
-    allot_bus::ensure_streams(&js, &allot_bus::catalog(1)).await?;
-    let publisher = Publisher::new(client.clone(), "/allot/bench");
+    let (client, js, publisher) = super::connect(url).await?;
     let names: Arc<Vec<String>> = Arc::new((1..=args.nodes).map(|i| format!("node-{i}")).collect());
 
     // The actions, from the start of REMEDIATION.
     let seen = Arc::new(Mutex::new(Vec::<Seen>::new()));
-    let mut actions = js
-        .get_stream(names::REMEDIATION)
-        .await?
-        .create_consumer(OrderedConfig {
-            filter_subject: subject::remediation("action_taken", ">"),
-            deliver_policy: DeliverPolicy::All,
-            ..Default::default()
-        })
-        .await?
-        .messages()
-        .await?;
+    let mut actions = super::follow(
+        &js,
+        names::REMEDIATION,
+        vec![subject::remediation("action_taken", ">")],
+        DeliverPolicy::All,
+    )
+    .await?;
     let watcher = {
         let seen = seen.clone();
         tokio::spawn(async move {

@@ -45,7 +45,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::pull::OrderedConfig};
+use async_nats::jetstream::{self, consumer::DeliverPolicy};
 use bytes::Bytes;
 use clap::Args;
 use futures::StreamExt;
@@ -454,31 +454,14 @@ async fn run(
     nats_pid: u32,
     dir: &Path,
 ) -> anyhow::Result<Report> {
-    let client = async_nats::connect(url).await?;
-    let js = jetstream::new(client.clone());
-    allot_bus::ensure_streams(&js, &allot_bus::catalog(1)).await?;
-    let publisher = Publisher::new(client.clone(), "/allot/bench");
+    let (client, js, publisher) = super::connect(url).await?;
 
     // The submissions, validated before anything is timed.
     let mut shared = Shared::default();
     let mut submissions = Vec::with_capacity(args.workloads);
     for i in 0..args.workloads {
         let (text, hold) = workload(i, args);
-        let checked = allot_workload::check(
-            &text,
-            allot_workload::Format::Yaml,
-            allot_workload::Context::default(),
-        )
-        .map_err(|p| anyhow::anyhow!("bench spec {i} rejected: {p:?}"))?;
-        let key = allot_workload::submit::idempotency_key(&checked.workload, None);
-        let s = allot_workload::submit::submission(
-            checked.workload,
-            key,
-            None,
-            "bench".into(),
-            "/allot/bench",
-            chrono::Utc::now(),
-        );
+        let s = super::submission(&text)?;
         shared.index.insert(s.workload_id.clone(), i);
         shared.holds.push(hold);
         submissions.push(s);
@@ -555,16 +538,13 @@ async fn run(
     let (nats_cpu0, own_cpu0) = (cpu_or_nan(nats_pid), own_cpu());
 
     // The executor: every grant started, then completed after its hold.
-    let journal = js
-        .get_stream(names::DECISIONS)
-        .await?
-        .create_consumer(OrderedConfig {
-            filter_subject: subject::alloc_journal(POOL),
-            deliver_policy: DeliverPolicy::New,
-            ..Default::default()
-        })
-        .await?;
-    let mut entries = journal.messages().await?;
+    let mut entries = super::follow(
+        &js,
+        names::DECISIONS,
+        vec![subject::alloc_journal(POOL)],
+        DeliverPolicy::New,
+    )
+    .await?;
     let submitting = Arc::new(AtomicBool::new(true));
     let executor = {
         let (shared, publisher, submitting) =
@@ -591,16 +571,13 @@ async fn run(
         })
     };
     // Workloads finishing.
-    let finishing = js
-        .get_stream(names::WORKLOADS)
-        .await?
-        .create_consumer(OrderedConfig {
-            filter_subject: "allot.workload.finished.>".into(),
-            deliver_policy: DeliverPolicy::New,
-            ..Default::default()
-        })
-        .await?;
-    let mut finishing = finishing.messages().await?;
+    let mut finishing = super::follow(
+        &js,
+        names::WORKLOADS,
+        vec!["allot.workload.finished.>".into()],
+        DeliverPolicy::New,
+    )
+    .await?;
     let (all_finished_tx, mut all_finished) = tokio::sync::watch::channel(0usize);
     let finisher = {
         let shared = shared.clone();
@@ -628,19 +605,16 @@ async fn run(
     };
 
     // The server's times of the submissions and of the first tasks' TaskReady.
-    let stamps = js
-        .get_stream(names::WORKLOADS)
-        .await?
-        .create_consumer(OrderedConfig {
-            filter_subjects: vec![
-                "allot.workload.submitted.>".into(),
-                subject::task("ready", POOL),
-            ],
-            deliver_policy: DeliverPolicy::New,
-            ..Default::default()
-        })
-        .await?;
-    let mut stamps = stamps.messages().await?;
+    let mut stamps = super::follow(
+        &js,
+        names::WORKLOADS,
+        vec![
+            "allot.workload.submitted.>".into(),
+            subject::task("ready", POOL),
+        ],
+        DeliverPolicy::New,
+    )
+    .await?;
     let stamper = {
         let shared = shared.clone();
         tokio::spawn(async move {
@@ -1055,22 +1029,7 @@ async fn telemetry(
 /// The baseline: a small message through a raw stream of its own every [`PROBE_EVERY`] until
 /// `stop`, publish → delivery to an ordered consumer, ms. Submissions are about as small.
 async fn probe(js: jetstream::Context, stop: Arc<AtomicBool>) -> anyhow::Result<Percentiles> {
-    let stream = js
-        .create_stream(jetstream::stream::Config {
-            name: "BENCH_PROBE".into(),
-            subjects: vec!["bench.probe.>".into()],
-            storage: jetstream::stream::StorageType::File,
-            ..Default::default()
-        })
-        .await?;
-    let mut messages = stream
-        .create_consumer(OrderedConfig {
-            deliver_policy: DeliverPolicy::New,
-            ..Default::default()
-        })
-        .await?
-        .messages()
-        .await?;
+    let mut messages = super::raw_stream(&js, "BENCH_PROBE", "bench.probe.>").await?;
     let payload = Bytes::from(vec![b'x'; 1_024]);
     let mut tick = tokio::time::interval(PROBE_EVERY);
     let mut latencies = Vec::new();
@@ -1144,17 +1103,8 @@ async fn read_all(
     stream: &str,
     filter: &str,
 ) -> anyhow::Result<Vec<Envelope>> {
-    let mut messages = js
-        .get_stream(stream)
-        .await?
-        .create_consumer(OrderedConfig {
-            filter_subject: filter.to_owned(),
-            deliver_policy: DeliverPolicy::All,
-            ..Default::default()
-        })
-        .await?
-        .messages()
-        .await?;
+    let mut messages =
+        super::follow(js, stream, vec![filter.to_owned()], DeliverPolicy::All).await?;
     let mut out = Vec::new();
     // An empty subject delivers nothing: a quiet second ends the read.
     while let Ok(Some(message)) =

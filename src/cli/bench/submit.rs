@@ -27,12 +27,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::pull::OrderedConfig};
+use async_nats::jetstream::{self, consumer::DeliverPolicy};
 use bytes::Bytes;
 use clap::Args;
 use futures::StreamExt;
 
-use allot_bus::Publisher;
 use allot_bus::async_nats::jetstream::message::PublishMessage;
 use allot_bus::streams::names;
 use allot_events::task::TaskCompleted;
@@ -175,10 +174,7 @@ struct Report {
 }
 
 async fn run(args: &SubmitArgs, url: &str, dir: &std::path::Path) -> anyhow::Result<Report> {
-    let client = async_nats::connect(url).await?;
-    let js = jetstream::new(client.clone());
-    allot_bus::ensure_streams(&js, &allot_bus::catalog(1)).await?;
-    let publisher = Publisher::new(client.clone(), "/allot/bench");
+    let (client, js, publisher) = super::connect(url).await?;
 
     // The submissions, validated before anything is timed.
     let total = args.warmup + args.workloads;
@@ -189,21 +185,7 @@ async fn run(args: &SubmitArgs, url: &str, dir: &std::path::Path) -> anyhow::Res
                  spec:\n  tasks:\n    - name: run\n      resources: {{gpus: 1}}\n      \
                  command: [python, train.py]\n"
             );
-            let checked = allot_workload::check(
-                &text,
-                allot_workload::Format::Yaml,
-                allot_workload::Context::default(),
-            )
-            .map_err(|p| anyhow::anyhow!("bench spec rejected: {p:?}"))?;
-            let key = allot_workload::submit::idempotency_key(&checked.workload, None);
-            Ok(allot_workload::submit::submission(
-                checked.workload,
-                key,
-                None,
-                "bench".into(),
-                "/allot/bench",
-                chrono::Utc::now(),
-            ))
+            super::submission(&text)
         })
         .collect::<anyhow::Result<_>>()?;
     let payload_size = submissions[0].envelope.to_json().len();
@@ -250,16 +232,13 @@ async fn run(args: &SubmitArgs, url: &str, dir: &std::path::Path) -> anyhow::Res
     let (all_granted_tx, mut all_granted) = tokio::sync::watch::channel(0usize);
 
     // The watcher of grants (and the stand-in executor that completes them).
-    let decisions = js
-        .get_stream(names::DECISIONS)
-        .await?
-        .create_consumer(OrderedConfig {
-            filter_subject: subject::alloc_journal(POOL),
-            deliver_policy: DeliverPolicy::New,
-            ..Default::default()
-        })
-        .await?;
-    let mut grants = decisions.messages().await?;
+    let mut grants = super::follow(
+        &js,
+        names::DECISIONS,
+        vec![subject::alloc_journal(POOL)],
+        DeliverPolicy::New,
+    )
+    .await?;
     let watcher = {
         let journeys = journeys.clone();
         let publisher = publisher.clone();
@@ -293,13 +272,21 @@ async fn run(args: &SubmitArgs, url: &str, dir: &std::path::Path) -> anyhow::Res
                     }
                     granted += 1;
                     let _ = all_granted_tx.send(granted);
+                    // The completion names the node the grant put it on, as an executor's
+                    // does: the allocator refuses a report from any other node.
+                    let node = applied
+                        .dispatch
+                        .iter()
+                        .find(|g| g.lease == *lease)
+                        .and_then(|g| g.nodes.first())
+                        .map_or_else(String::new, |n| n.node.clone());
                     let (publisher, task, lease) = (publisher.clone(), *task, *lease);
                     tokio::spawn(async move {
                         tokio::time::sleep(hold).await;
                         let done = TaskCompleted {
                             pool: POOL.into(),
                             task,
-                            node: "bench".into(),
+                            node,
                             lease,
                         };
                         if let Err(e) = publisher.publish(TaskEvent::Completed(done)).await {
@@ -313,19 +300,16 @@ async fn run(args: &SubmitArgs, url: &str, dir: &std::path::Path) -> anyhow::Res
         })
     };
     // Server timestamps of the submissions and the planner's TaskReady.
-    let stamps = js
-        .get_stream(names::WORKLOADS)
-        .await?
-        .create_consumer(OrderedConfig {
-            filter_subjects: vec![
-                subject::workload_submitted("bench"),
-                subject::task("ready", POOL),
-            ],
-            deliver_policy: DeliverPolicy::New,
-            ..Default::default()
-        })
-        .await?;
-    let mut stamps = stamps.messages().await?;
+    let mut stamps = super::follow(
+        &js,
+        names::WORKLOADS,
+        vec![
+            subject::workload_submitted("bench"),
+            subject::task("ready", POOL),
+        ],
+        DeliverPolicy::New,
+    )
+    .await?;
     let stamper = {
         let journeys = journeys.clone();
         tokio::spawn(async move {
@@ -442,22 +426,7 @@ async fn baseline(
     args: &SubmitArgs,
     payload_size: usize,
 ) -> anyhow::Result<Percentiles> {
-    let stream = js
-        .create_stream(jetstream::stream::Config {
-            name: "BENCH_RAW".into(),
-            subjects: vec!["bench.raw.>".into()],
-            storage: jetstream::stream::StorageType::File,
-            ..Default::default()
-        })
-        .await?;
-    let mut messages = stream
-        .create_consumer(OrderedConfig {
-            deliver_policy: DeliverPolicy::New,
-            ..Default::default()
-        })
-        .await?
-        .messages()
-        .await?;
+    let mut messages = super::raw_stream(js, "BENCH_RAW", "bench.raw.>").await?;
     let total = args.warmup + args.workloads;
     let sent = Arc::new(Mutex::new(vec![None::<Instant>; total]));
     let reader = {
