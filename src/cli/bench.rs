@@ -450,6 +450,24 @@ async fn follow(
         .await?)
 }
 
+/// Spawns a task that calls `f` with every decodable event of `messages`, the message it came
+/// in (for the server's timestamp) and when it was delivered, until the consumer ends or fails.
+fn on_each(
+    mut messages: pull::Ordered,
+    mut f: impl FnMut(allot_events::AnyEvent, &jetstream::Message, Instant) + Send + 'static,
+) -> tokio::task::JoinHandle<anyhow::Result<()>> {
+    tokio::spawn(async move {
+        while let Some(message) = messages.next().await {
+            let message = message?;
+            let seen = Instant::now();
+            if let Ok(envelope) = allot_events::decode(&message.payload) {
+                f(envelope.data, &message, seen);
+            }
+        }
+        Ok(())
+    })
+}
+
 /// A raw JetStream baseline's own file stream `name` on `subjects`, and what is stored in it
 /// from now on.
 async fn raw_stream(

@@ -129,7 +129,7 @@ pub struct ScaleArgs {
     #[arg(long, default_value_t = 256)]
     pub window: usize,
     /// The services to run, comma-separated (default: all but the collector).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(SERVICES))]
     pub services: Vec<String>,
     /// How long after the last submission the work may take to finish and the services to
     /// catch up before the run counts as failed.
@@ -248,17 +248,6 @@ pub(super) async fn scale(args: ScaleArgs, env: Lookup<'_>) -> anyhow::Result<Ex
     } else {
         args.services.clone()
     };
-    let unknown: Vec<&str> = services
-        .iter()
-        .map(String::as_str)
-        .filter(|s| !SERVICES.contains(s))
-        .collect();
-    anyhow::ensure!(
-        unknown.is_empty(),
-        "--services: unknown {} (known: {})",
-        unknown.join(", "),
-        SERVICES.join(", ")
-    );
     for needed in ["planner", "allocator"] {
         anyhow::ensure!(
             services.iter().any(|s| s == needed),
@@ -538,7 +527,7 @@ async fn run(
     let (nats_cpu0, own_cpu0) = (cpu_or_nan(nats_pid), own_cpu());
 
     // The executor: every grant started, then completed after its hold.
-    let mut entries = super::follow(
+    let entries = super::follow(
         &js,
         names::DECISIONS,
         vec![subject::alloc_journal(POOL)],
@@ -549,29 +538,20 @@ async fn run(
     let executor = {
         let (shared, publisher, submitting) =
             (shared.clone(), publisher.clone(), submitting.clone());
-        tokio::spawn(async move {
-            while let Some(message) = entries.next().await {
-                let message = message?;
-                let seen = Instant::now();
-                let Ok(envelope) = allot_events::decode(&message.payload) else {
-                    continue;
-                };
-                let AnyEvent::Alloc(AllocEvent::Applied(applied)) = envelope.data else {
-                    continue;
-                };
+        super::on_each(entries, move |event, message, seen| {
+            if let AnyEvent::Alloc(AllocEvent::Applied(applied)) = event {
                 execute(
                     &applied,
-                    (seen, super::server_ms(&message)),
+                    (seen, super::server_ms(message)),
                     &shared,
                     &publisher,
                     submitting.load(Ordering::Relaxed),
                 );
             }
-            anyhow::Ok(())
         })
     };
     // Workloads finishing.
-    let mut finishing = super::follow(
+    let finishing = super::follow(
         &js,
         names::WORKLOADS,
         vec!["allot.workload.finished.>".into()],
@@ -581,31 +561,24 @@ async fn run(
     let (all_finished_tx, mut all_finished) = tokio::sync::watch::channel(0usize);
     let finisher = {
         let shared = shared.clone();
-        tokio::spawn(async move {
-            while let Some(message) = finishing.next().await {
-                let message = message?;
-                let Ok(envelope) = allot_events::decode(&message.payload) else {
-                    continue;
-                };
-                let AnyEvent::Workload(WorkloadEvent::Finished(f)) = envelope.data else {
-                    continue;
-                };
-                let mut s = shared.lock().expect("not poisoned");
-                let Some(&i) = s.index.get(&f.workload_id) else {
-                    continue;
-                };
-                if s.journeys[i].finished.is_none() {
-                    s.journeys[i].finished = Some(f.outcome == WorkloadOutcome::Succeeded);
-                    s.finished += 1;
-                    let _ = all_finished_tx.send(s.finished);
-                }
+        super::on_each(finishing, move |event, _, _| {
+            let AnyEvent::Workload(WorkloadEvent::Finished(f)) = event else {
+                return;
+            };
+            let mut s = shared.lock().expect("not poisoned");
+            let Some(&i) = s.index.get(&f.workload_id) else {
+                return;
+            };
+            if s.journeys[i].finished.is_none() {
+                s.journeys[i].finished = Some(f.outcome == WorkloadOutcome::Succeeded);
+                s.finished += 1;
+                let _ = all_finished_tx.send(s.finished);
             }
-            anyhow::Ok(())
         })
     };
 
     // The server's times of the submissions and of the first tasks' TaskReady.
-    let mut stamps = super::follow(
+    let stamps = super::follow(
         &js,
         names::WORKLOADS,
         vec![
@@ -617,29 +590,22 @@ async fn run(
     .await?;
     let stamper = {
         let shared = shared.clone();
-        tokio::spawn(async move {
-            while let Some(message) = stamps.next().await {
-                let message = message?;
-                let at = super::server_ms(&message);
-                let Ok(envelope) = allot_events::decode(&message.payload) else {
-                    continue;
-                };
-                let mut s = shared.lock().expect("not poisoned");
-                match envelope.data {
-                    AnyEvent::Workload(WorkloadEvent::Submitted(w)) => {
-                        if let Some(&i) = s.index.get(&w.workload_id) {
-                            s.journeys[i].stored_ms = at;
-                        }
+        super::on_each(stamps, move |event, message, _| {
+            let at = super::server_ms(message);
+            let mut s = shared.lock().expect("not poisoned");
+            match event {
+                AnyEvent::Workload(WorkloadEvent::Submitted(w)) => {
+                    if let Some(&i) = s.index.get(&w.workload_id) {
+                        s.journeys[i].stored_ms = at;
                     }
-                    AnyEvent::Task(TaskEvent::Ready(r)) if first_task(&r.name) => {
-                        if let Some(&i) = s.index.get(&r.workload) {
-                            s.journeys[i].ready_ms.get_or_insert(at.unwrap_or(f64::NAN));
-                        }
-                    }
-                    _ => {}
                 }
+                AnyEvent::Task(TaskEvent::Ready(r)) if first_task(&r.name) => {
+                    if let Some(&i) = s.index.get(&r.workload) {
+                        s.journeys[i].ready_ms.get_or_insert(at.unwrap_or(f64::NAN));
+                    }
+                }
+                _ => {}
             }
-            anyhow::Ok(())
         })
     };
 

@@ -232,7 +232,7 @@ async fn run(args: &SubmitArgs, url: &str, dir: &std::path::Path) -> anyhow::Res
     let (all_granted_tx, mut all_granted) = tokio::sync::watch::channel(0usize);
 
     // The watcher of grants (and the stand-in executor that completes them).
-    let mut grants = super::follow(
+    let grants = super::follow(
         &js,
         names::DECISIONS,
         vec![subject::alloc_journal(POOL)],
@@ -243,64 +243,56 @@ async fn run(args: &SubmitArgs, url: &str, dir: &std::path::Path) -> anyhow::Res
         let journeys = journeys.clone();
         let publisher = publisher.clone();
         let hold = args.hold;
-        tokio::spawn(async move {
-            let mut granted = 0usize;
-            while let Some(message) = grants.next().await {
-                let message = message?;
-                let seen = Instant::now();
-                let seen_wall_ms = wall_ms();
-                let Ok(envelope) = allot_events::decode(&message.payload) else {
+        let mut granted = 0usize;
+        super::on_each(grants, move |event, message, seen| {
+            let seen_wall_ms = wall_ms();
+            let AnyEvent::Alloc(AllocEvent::Applied(applied)) = event else {
+                return;
+            };
+            let stored_ms = server_ms(message);
+            for d in &applied.entry.decisions {
+                let Decision::Granted { task, lease, .. } = d else {
                     continue;
                 };
-                let AnyEvent::Alloc(AllocEvent::Applied(applied)) = envelope.data else {
-                    continue;
-                };
-                let stored_ms = server_ms(&message);
-                for d in &applied.entry.decisions {
-                    let Decision::Granted { task, lease, .. } = d else {
+                let Some(&i) = ids.get(task) else { continue };
+                {
+                    let mut j = journeys.lock().expect("not poisoned");
+                    if j[i].seen.is_some() {
                         continue;
-                    };
-                    let Some(&i) = ids.get(task) else { continue };
-                    {
-                        let mut j = journeys.lock().expect("not poisoned");
-                        if j[i].seen.is_some() {
-                            continue;
-                        }
-                        j[i].seen = Some(seen);
-                        j[i].seen_wall_ms = seen_wall_ms;
-                        j[i].granted_ms = stored_ms;
                     }
-                    granted += 1;
-                    let _ = all_granted_tx.send(granted);
-                    // The completion names the node the grant put it on, as an executor's
-                    // does: the allocator refuses a report from any other node.
-                    let node = applied
-                        .dispatch
-                        .iter()
-                        .find(|g| g.lease == *lease)
-                        .and_then(|g| g.nodes.first())
-                        .map_or_else(String::new, |n| n.node.clone());
-                    let (publisher, task, lease) = (publisher.clone(), *task, *lease);
-                    tokio::spawn(async move {
-                        tokio::time::sleep(hold).await;
-                        let done = TaskCompleted {
-                            pool: POOL.into(),
-                            task,
-                            node,
-                            lease,
-                        };
-                        if let Err(e) = publisher.publish(TaskEvent::Completed(done)).await {
-                            // After the run, the client is closed under the completions still waiting: expected.
-                            tracing::debug!(error = %e, "completing a bench task failed");
-                        }
-                    });
+                    j[i].seen = Some(seen);
+                    j[i].seen_wall_ms = seen_wall_ms;
+                    j[i].granted_ms = stored_ms;
                 }
+                granted += 1;
+                let _ = all_granted_tx.send(granted);
+                // The completion names the node the grant put it on, as an executor's
+                // does: the allocator refuses a report from any other node.
+                let node = applied
+                    .dispatch
+                    .iter()
+                    .find(|g| g.lease == *lease)
+                    .and_then(|g| g.nodes.first())
+                    .map_or_else(String::new, |n| n.node.clone());
+                let (publisher, task, lease) = (publisher.clone(), *task, *lease);
+                tokio::spawn(async move {
+                    tokio::time::sleep(hold).await;
+                    let done = TaskCompleted {
+                        pool: POOL.into(),
+                        task,
+                        node,
+                        lease,
+                    };
+                    if let Err(e) = publisher.publish(TaskEvent::Completed(done)).await {
+                        // After the run, the client is closed under the completions still waiting: expected.
+                        tracing::debug!(error = %e, "completing a bench task failed");
+                    }
+                });
             }
-            anyhow::Ok(())
         })
     };
     // Server timestamps of the submissions and the planner's TaskReady.
-    let mut stamps = super::follow(
+    let stamps = super::follow(
         &js,
         names::WORKLOADS,
         vec![
@@ -312,29 +304,22 @@ async fn run(args: &SubmitArgs, url: &str, dir: &std::path::Path) -> anyhow::Res
     .await?;
     let stamper = {
         let journeys = journeys.clone();
-        tokio::spawn(async move {
-            while let Some(message) = stamps.next().await {
-                let message = message?;
-                let at = server_ms(&message);
-                let Ok(envelope) = allot_events::decode(&message.payload) else {
-                    continue;
-                };
-                let mut j = journeys.lock().expect("not poisoned");
-                match envelope.data {
-                    AnyEvent::Workload(WorkloadEvent::Submitted(s)) => {
-                        if let Some(&i) = workload_index.get(&s.workload_id) {
-                            j[i].stored_ms = at;
-                        }
+        super::on_each(stamps, move |event, message, _| {
+            let at = server_ms(message);
+            let mut j = journeys.lock().expect("not poisoned");
+            match event {
+                AnyEvent::Workload(WorkloadEvent::Submitted(s)) => {
+                    if let Some(&i) = workload_index.get(&s.workload_id) {
+                        j[i].stored_ms = at;
                     }
-                    AnyEvent::Task(TaskEvent::Ready(r)) => {
-                        if let Some(&i) = workload_index.get(&r.workload) {
-                            j[i].ready_ms = at;
-                        }
-                    }
-                    _ => {}
                 }
+                AnyEvent::Task(TaskEvent::Ready(r)) => {
+                    if let Some(&i) = workload_index.get(&r.workload) {
+                        j[i].ready_ms = at;
+                    }
+                }
+                _ => {}
             }
-            anyhow::Ok(())
         })
     };
 
