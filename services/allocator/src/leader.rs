@@ -13,12 +13,14 @@
 //! delivers each stream strictly in order, once, and is simply dropped when leadership ends;
 //! the next leader starts again from the journal.
 //!
-//! The readers feed one channel, so the scheduler sees one total order. Each message becomes
-//! at most one input, journalled (fenced, see [`crate::journal`]) before the next message is
-//! looked at; a pass runs after every batch that changed something and every
-//! `pass_interval` while tasks wait. A pass that decides nothing is not journalled: it leaves
-//! the scheduler's observable state as it was, so a replay that skips it recomputes the same
-//! decisions.
+//! The readers feed one channel, so the scheduler sees one total order. The leader takes what
+//! has arrived (up to [`BATCH`] messages), turns each message into at most one input applied
+//! in that order, runs a pass if anything changed, and commits the batch's entries and the
+//! pass to the journal as one atomic, fenced append (see [`crate::journal`]) before it looks
+//! at the next message: one round trip per batch, however busy the pool. A pass also runs
+//! every `pass_interval` while tasks wait. A pass that decides nothing is not journalled: it
+//! leaves the scheduler's observable state as it was, so a replay that skips it recomputes the
+//! same decisions.
 //!
 //! # Keeping the lease
 //!
@@ -239,10 +241,11 @@ async fn term(
                 team: team.clone(),
                 quota: *quota,
             };
-            keeper.check()?;
-            journal.apply(&mut scheduler, input, None, None).await?;
+            journal.apply(&mut scheduler, input, None, None);
         }
     }
+    keeper.check()?;
+    journal.commit().await?;
     let mut leading = Leading {
         config,
         keeper,
@@ -489,24 +492,25 @@ impl Leading<'_> {
             {
                 self.dead_letter(&arrival, &why).await;
             } else {
-                changed |= self.apply(&arrival).await?;
+                changed |= self.apply(&arrival);
             }
             self.positions
                 .insert(arrival.stream.to_owned(), arrival.sequence);
         }
         if changed {
-            self.pass().await?;
+            let at = self.now();
+            self.journal.pass(&mut self.scheduler, at);
         }
-        Ok(())
+        self.commit().await
     }
 
-    /// Journals the input `arrival` means, if any; whether it changed anything.
-    async fn apply(&mut self, arrival: &Arrival) -> Result<bool, AllocatorError> {
+    /// Applies and stages the input `arrival` means, if any; whether it changed anything.
+    fn apply(&mut self, arrival: &Arrival) -> bool {
         let at = self.now();
         let data = &arrival.event.data;
         let Some(input) = inputs::input(&self.config.pool, &self.scheduler, &self.parked, data, at)
         else {
-            return Ok(false);
+            return false;
         };
         let source = Source {
             stream: arrival.stream.to_owned(),
@@ -529,16 +533,14 @@ impl Leading<'_> {
             }),
             _ => None,
         };
-        self.keeper.check()?;
         let (entry, error) = self
             .journal
-            .apply(&mut self.scheduler, input, Some(source), launch)
-            .await?;
+            .apply(&mut self.scheduler, input, Some(source), launch);
         journal::track_parked(&mut self.parked, &entry.input, error.as_ref());
         if grows {
-            self.unpark().await?;
+            self.unpark();
         }
-        Ok(true)
+        true
     }
 
     /// Why a task report must not be believed, if it must not: it names a lease the task does
@@ -602,25 +604,27 @@ impl Leading<'_> {
 
     /// Submits parked tasks again now that the pool has grown; those that still cannot fit
     /// stay parked.
-    async fn unpark(&mut self) -> Result<(), AllocatorError> {
+    fn unpark(&mut self) {
         let parked = std::mem::take(&mut self.parked);
         for task in parked.into_values() {
             let at = self.now();
             let input = Input::TaskSubmitted { task, at };
-            self.keeper.check()?;
-            let (entry, error) = self
-                .journal
-                .apply(&mut self.scheduler, input, None, None)
-                .await?;
+            let (entry, error) = self.journal.apply(&mut self.scheduler, input, None, None);
             journal::track_parked(&mut self.parked, &entry.input, error.as_ref());
         }
-        Ok(())
     }
 
+    /// Runs a pass and commits it.
     async fn pass(&mut self) -> Result<(), AllocatorError> {
         let at = self.now();
+        self.journal.pass(&mut self.scheduler, at);
+        self.commit().await
+    }
+
+    /// Commits what is staged, if the lease is surely still held.
+    async fn commit(&mut self) -> Result<(), AllocatorError> {
         self.keeper.check()?;
-        Ok(self.journal.pass(&mut self.scheduler, at).await?)
+        Ok(self.journal.commit().await?)
     }
 }
 

@@ -8,6 +8,8 @@
 //! | `allot_allocator_leading{pool}` | 1 while this instance leads the pool |
 //! | `allot_pending_tasks{pool,team}` | tasks waiting: in the scheduler's queue (a gang's members each), or parked until a node that can hold them joins |
 //! | `allot_scheduling_pass_duration_seconds{pool}` | how long a scheduling pass took to decide (the scheduler's work; not the journal write) |
+//! | `allot_journal_commit_entries{pool}` | entries appended by one journal commit (one atomic batch per batch of inputs) |
+//! | `allot_journal_commit_duration_seconds{pool}` | how long a journal commit took, the round trip to the server included |
 //! | `allot_gpus{pool}` | GPUs of the pool's schedulable nodes |
 //! | `allot_gpus_allocated{pool}` | GPUs granted (fractions of a GPU count as such) |
 //! | `allot_gpus_wasted{pool}` | free GPUs while some waiting task could be placed on them alone, else 0 |
@@ -51,6 +53,8 @@ struct Families {
     leading: Family<Pool, Gauge>,
     pending: Family<PoolTeam, Gauge>,
     pass: Family<Pool, Histogram, fn() -> Histogram>,
+    commit_entries: Family<Pool, Histogram, fn() -> Histogram>,
+    commit: Family<Pool, Histogram, fn() -> Histogram>,
     gpus: Family<Pool, Ratio>,
     allocated: Family<Pool, Ratio>,
     wasted: Family<Pool, Ratio>,
@@ -61,6 +65,11 @@ struct Families {
 /// over thousands of queued tasks tens of milliseconds.
 fn pass_buckets() -> Histogram {
     Histogram::new(exponential_buckets(0.0001, 2.0, 18))
+}
+
+/// 1 to 2,048 entries, doubling.
+fn entries_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(1.0, 2.0, 12))
 }
 
 static FAMILIES: LazyLock<Families> = LazyLock::new(|| Families {
@@ -77,6 +86,17 @@ static FAMILIES: LazyLock<Families> = LazyLock::new(|| Families {
     pass: register_with_unit(
         "scheduling_pass_duration",
         "How long a scheduling pass took to decide",
+        Unit::Seconds,
+        Family::new_with_constructor(pass_buckets as fn() -> Histogram),
+    ),
+    commit_entries: register(
+        "journal_commit_entries",
+        "Entries appended to the journal by one commit",
+        Family::new_with_constructor(entries_buckets as fn() -> Histogram),
+    ),
+    commit: register_with_unit(
+        "journal_commit_duration",
+        "How long a journal commit took, the round trip to the server included",
         Unit::Seconds,
         Family::new_with_constructor(pass_buckets as fn() -> Histogram),
     ),
@@ -170,6 +190,8 @@ impl Drop for Term {
         }
         f.leading.remove(&self.pool);
         f.pass.remove(&self.pool);
+        f.commit_entries.remove(&self.pool);
+        f.commit.remove(&self.pool);
         f.gpus.remove(&self.pool);
         f.allocated.remove(&self.pool);
         f.wasted.remove(&self.pool);
@@ -184,5 +206,20 @@ pub(crate) fn pass_took(pool: &str, took: Duration) {
         .get_or_create(&Pool {
             pool: pool.to_owned(),
         })
+        .observe(took.as_secs_f64());
+}
+
+/// A journal commit of `pool` appended `entries` entries in `took`.
+pub(crate) fn committed(pool: &str, entries: usize, took: Duration) {
+    let pool = Pool {
+        pool: pool.to_owned(),
+    };
+    FAMILIES
+        .commit_entries
+        .get_or_create(&pool)
+        .observe(entries as f64);
+    FAMILIES
+        .commit
+        .get_or_create(&pool)
         .observe(took.as_secs_f64());
 }

@@ -237,21 +237,41 @@ fn a_deposed_leaders_append_is_rejected() {
             .await
             .unwrap();
         new.elected("new", "fifo").await.unwrap();
-        // The old one, unaware, tries to go on.
+        // The old one, unaware, tries to go on with a batch of three entries: the whole batch
+        // is refused, not just its first entry.
         let mut scheduler =
             allot_sched::Scheduler::new(allot_sched::policy::by_name("fifo").unwrap());
-        let err = old
-            .apply(
+        for at in 1..=3 {
+            old.apply(
                 &mut scheduler,
-                allot_sched::Input::Schedule { at: 1 },
+                allot_sched::Input::Schedule { at },
                 None,
                 None,
-            )
-            .await
-            .unwrap_err();
+            );
+        }
+        let err = old.commit().await.unwrap_err();
         assert!(matches!(err, JournalError::Deposed { .. }), "{err}");
         let events = journal::read(&js, POOL).await.unwrap();
         assert_eq!(events.len(), 2, "only the two elections are in the journal");
+        // The new leader's batch lands whole, in order, after its election.
+        for at in 1..=3 {
+            new.apply(
+                &mut scheduler,
+                allot_sched::Input::Schedule { at },
+                None,
+                None,
+            );
+        }
+        new.commit().await.unwrap();
+        let events = journal::read(&js, POOL).await.unwrap();
+        let seqs: Vec<u64> = events
+            .iter()
+            .filter_map(|(_, e)| match e {
+                allot_events::AllocEvent::Applied(a) => Some(a.entry.seq),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(seqs, [1, 2, 3]);
         // A journal written under one policy is not continued under another.
         let err = Journal::open(publisher, POOL, "allot").await.unwrap_err();
         assert!(matches!(err, JournalError::PolicyChanged { .. }), "{err}");

@@ -1,6 +1,7 @@
 //! The allocator's metrics against a real nats-server: while it leads, `/metrics` (the
 //! process's registry) shows its pool as the scheduler sees it — tasks waiting per team, GPUs
-//! and GPUs allocated, wastage — and once it stops leading, nothing of the pool.
+//! and GPUs allocated, wastage, its journal commits — and once it stops leading, nothing of the
+//! pool.
 //!
 //! A test binary of its own: the registry is the process's, shared by every test in it.
 
@@ -105,6 +106,23 @@ async fn pending_tasks_per_team_and_wasted_gpus_show_what_waits_while_it_leads()
             .is_some_and(|n| n >= 1.0),
         "{}",
         allot_runtime::metrics::encode()
+    );
+    // Every message in the journal was appended by a commit the histogram counted: the
+    // election, the node, the four tasks and the pass that granted task 1.
+    let journalled = allot_allocator::journal::read(&async_nats::jetstream::new(client), POOL)
+        .await
+        .unwrap()
+        .len();
+    assert!(journalled >= 7, "{journalled} journal messages");
+    assert_eq!(
+        sample(r#"allot_journal_commit_entries_sum{pool="metered"}"#),
+        Some(journalled as f64),
+        "{}",
+        allot_runtime::metrics::encode()
+    );
+    assert!(
+        sample(r#"allot_journal_commit_duration_seconds_count{pool="metered"}"#)
+            .is_some_and(|n| n >= 1.0)
     );
 
     // A term's series go with it: a stopped (or deposed) leader reports no pool.

@@ -34,6 +34,14 @@ pub enum PublishError {
         /// The timeout that expired.
         timeout_ms: u64,
     },
+    /// A message could not be handed to the connection (it is closed, or its buffer full).
+    #[error("sending to {subject}: {why}")]
+    Send {
+        /// The subject published to.
+        subject: String,
+        /// The client's error.
+        why: String,
+    },
     /// The connection or server failed.
     #[error("publishing to {subject}: {source}")]
     Nats {
@@ -70,7 +78,10 @@ impl PublishError {
 
     /// Whether publishing the same event again may succeed.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Timeout { .. } | Self::Nats { .. })
+        matches!(
+            self,
+            Self::Timeout { .. } | Self::Nats { .. } | Self::Send { .. }
+        )
     }
 }
 

@@ -1,7 +1,9 @@
-//! Publishing CloudEvents to JetStream with de-duplication and an awaited acknowledgement.
+//! Publishing CloudEvents to JetStream with de-duplication and an awaited acknowledgement,
+//! one at a time or as one atomic batch.
 
 use std::time::Duration;
 
+use async_nats::header;
 use async_nats::jetstream::{self, context::PublishAckFuture, message::PublishMessage};
 use bytes::Bytes;
 
@@ -121,4 +123,64 @@ impl Publisher {
             ack,
         })
     }
+
+    /// Stores `messages` on `subject` as one atomic batch (ADR-50; the stream must allow
+    /// atomic publishing): all of them, consecutively, or none. Expectations (such as
+    /// `Nats-Expected-Last-Subject-Sequence`) on the first message are checked at the commit,
+    /// against the stream as it was before the batch, so nothing can land between the batch's
+    /// messages. One round trip however many messages: all but the last are sent without
+    /// asking for a reply; the last commits the batch and brings its acknowledgement, whose
+    /// sequence is the last message's. At most [`ATOMIC_BATCH_MAX`] messages.
+    pub async fn publish_atomic(
+        &self,
+        subject: &str,
+        messages: Vec<PublishMessage>,
+    ) -> Result<Published, PublishError> {
+        assert!(
+            (1..=ATOMIC_BATCH_MAX).contains(&messages.len()),
+            "an atomic batch holds 1 to {ATOMIC_BATCH_MAX} messages, not {}",
+            messages.len()
+        );
+        if messages.len() == 1 {
+            let message = messages.into_iter().next().expect("one message");
+            return self
+                .send_raw(subject.to_owned(), message)
+                .await?
+                .wait()
+                .await;
+        }
+        let id = uuid::Uuid::now_v7().simple().to_string();
+        let last = messages.len();
+        let client = self.js.client();
+        for (i, message) in messages.into_iter().enumerate() {
+            let message = message
+                .header(header::NATS_BATCH_ID, id.as_str())
+                .header(header::NATS_BATCH_SEQUENCE, (i + 1).to_string());
+            if i + 1 == last {
+                let commit =
+                    message.header(header::NATS_BATCH_COMMIT, header::NATS_BATCH_COMMIT_FINAL);
+                return self
+                    .send_raw(subject.to_owned(), commit)
+                    .await?
+                    .wait()
+                    .await;
+            }
+            let outbound = message.outbound_message(subject.to_owned());
+            client
+                .publish_with_headers(
+                    outbound.subject,
+                    outbound.headers.unwrap_or_default(),
+                    outbound.payload,
+                )
+                .await
+                .map_err(|e| PublishError::Send {
+                    subject: subject.to_owned(),
+                    why: e.to_string(),
+                })?;
+        }
+        unreachable!("the last message commits the batch")
+    }
 }
+
+/// Most messages in one atomic batch (the server's limit).
+pub const ATOMIC_BATCH_MAX: usize = 1000;

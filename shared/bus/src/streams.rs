@@ -37,6 +37,8 @@ pub struct StreamSpec {
     pub deny_purge: bool,
     /// Window in which a repeated `Nats-Msg-Id` is dropped as a duplicate.
     pub duplicate_window: Duration,
+    /// Accept atomic batches ([`crate::Publisher::publish_atomic`]).
+    pub allow_atomic: bool,
 }
 
 impl StreamSpec {
@@ -53,6 +55,7 @@ impl StreamSpec {
             deny_delete: false,
             deny_purge: false,
             duplicate_window: Duration::from_secs(120),
+            allow_atomic: false,
         }
     }
 
@@ -74,6 +77,7 @@ impl StreamSpec {
             deny_purge: self.deny_purge,
             duplicate_window: self.duplicate_window,
             allow_direct: true,
+            allow_atomic_publish: self.allow_atomic,
             ..Config::default()
         }
     }
@@ -105,6 +109,7 @@ impl StreamSpec {
             && current.deny_delete == want.deny_delete
             && current.deny_purge == want.deny_purge
             && current.duplicate_window == want.duplicate_window
+            && current.allow_atomic_publish == want.allow_atomic_publish
     }
 }
 
@@ -189,9 +194,11 @@ pub fn catalog(replicas: usize) -> Vec<StreamSpec> {
                 &[subject::WORKLOAD_ALL, subject::TASK_ALL],
             )
         },
+        // The allocator commits each batch of journal entries atomically, in one round trip.
         StreamSpec {
             deny_delete: true,
             deny_purge: true,
+            allow_atomic: true,
             ..StreamSpec::new(
                 names::DECISIONS,
                 "The allocator's journal: every input applied and every decision made, in order",
