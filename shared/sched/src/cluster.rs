@@ -2,6 +2,7 @@
 //! releases (never rebuilt per decision), with an index that makes best-fit placement cheap.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{Hash, Hasher};
 
 use rustc_hash::FxHashMap as HashMap;
 
@@ -31,6 +32,10 @@ pub struct NodeState {
     pub gpu_out: Vec<bool>,
     /// Where the cluster keeps what it knows of the node's GPU model.
     model: usize,
+    /// Free milli-GPU per GPU, largest first (kept on every change).
+    free_desc: Vec<u32>,
+    /// A hash of `free_desc` and [`NodeState::host_free`] (kept with them).
+    state_hash: u64,
 }
 
 impl NodeState {
@@ -63,6 +68,45 @@ impl NodeState {
     pub fn gpu_fits(&self, gpu: usize, milli: u32, memory_mib: u64) -> bool {
         self.gpu_free[gpu] >= milli
             && (self.spec.gpu_memory_mib == 0 || self.gpu_memory_free[gpu] >= memory_mib)
+    }
+
+    /// Free milli-GPU per GPU, largest first: the node's free shape, which is what packing
+    /// policies compare (two nodes with equal shapes and host room lose the same by a
+    /// placement).
+    pub fn free_desc(&self) -> &[u32] {
+        &self.free_desc
+    }
+
+    /// A hash of the free shape and the host room: nodes equal in both hash equally, so a
+    /// policy that evaluates each distinct state once need not hash the node itself.
+    pub fn state_hash(&self) -> u64 {
+        self.state_hash
+    }
+
+    /// Free CPU (millicores) and memory (MiB); a node that does not track one has all of it.
+    pub fn host_free(&self) -> (u64, u64) {
+        let cpu = if self.spec.cpu_milli == 0 {
+            u64::MAX
+        } else {
+            self.free_cpu
+        };
+        let memory = if self.spec.memory_mib == 0 {
+            u64::MAX
+        } else {
+            self.free_memory
+        };
+        (cpu, memory)
+    }
+
+    /// Recomputes the free shape and its hash after a change.
+    fn refresh(&mut self) {
+        self.free_desc.clear();
+        self.free_desc.extend_from_slice(&self.gpu_free);
+        self.free_desc.sort_unstable_by(|a, b| b.cmp(a));
+        let mut hasher = rustc_hash::FxHasher::default();
+        self.free_desc.hash(&mut hasher);
+        self.host_free().hash(&mut hasher);
+        self.state_hash = hasher.finish();
     }
 
     /// The NVLink domain the node is in: its own name when it declares none.
@@ -240,6 +284,8 @@ impl Cluster {
             free_memory: spec.memory_mib,
             schedulable: true,
             gpu_out: vec![false; spec.gpus as usize],
+            free_desc: Vec::new(),
+            state_hash: 0,
             spec,
         };
         let cost = &mut self.model_cost[model];
@@ -461,7 +507,10 @@ impl Cluster {
         }
     }
 
+    /// Files the node under its entirely free GPUs, after every change to it (which is also
+    /// when its free shape is brought up to date).
     fn index(&mut self, idx: NodeIdx) {
+        self.nodes[idx.0 as usize].refresh();
         let node = &self.nodes[idx.0 as usize];
         if !node.schedulable {
             return;

@@ -375,26 +375,21 @@ impl Policy for Fgd {
                 }
             };
             let state = NodeKey::of(rows, node);
-            let (from, to) = match state.as_ref().and_then(|k| evaluated.get(k)) {
+            let (from, to) = match evaluated.get(&state) {
                 Some(range) => *range,
                 None => {
                     let from = losses.len();
-                    let mut free = node.gpu_free.clone();
-                    free.sort_unstable_by(|a, b| b.cmp(a));
-                    let (cpu, memory) = host_free(node);
                     Self::losses(
                         self.measure,
                         rows,
-                        &free,
-                        cpu,
-                        memory,
+                        state.free,
+                        state.cpu,
+                        state.memory,
                         task,
                         request,
                         &mut losses,
                     );
-                    if let Some(key) = state {
-                        evaluated.insert(key, (from, losses.len()));
-                    }
+                    evaluated.insert(state, (from, losses.len()));
                     (from, losses.len())
                 }
             };
@@ -445,36 +440,47 @@ impl Policy for Fgd {
 }
 
 /// A node's state as far as fragmentation goes: its shapes (by the address of their rows),
-/// free CPU and memory, and free milli-GPU per GPU, largest first.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct NodeKey {
+/// free CPU and memory, and free milli-GPU per GPU, largest first — all kept by the cluster,
+/// with their hash ([`NodeState::state_hash`]), so a node's key costs no sorting or hashing.
+#[derive(Debug, Clone, Copy)]
+struct NodeKey<'c> {
     rows: usize,
     cpu: u64,
     memory: u64,
-    gpus: usize,
-    free: [u32; MAX_KEYED_GPUS],
+    free: &'c [u32],
+    hash: u64,
 }
 
-/// Nodes with more GPUs are evaluated without looking for equal states.
-const MAX_KEYED_GPUS: usize = 16;
-
-impl NodeKey {
-    fn of(rows: &[Row], node: &NodeState) -> Option<Self> {
-        let gpus = node.gpu_free.len();
-        if gpus > MAX_KEYED_GPUS {
-            return None;
-        }
-        let mut free = [0; MAX_KEYED_GPUS];
-        free[..gpus].copy_from_slice(&node.gpu_free);
-        free[..gpus].sort_unstable_by(|a, b| b.cmp(a));
-        let (cpu, memory) = host_free(node);
-        Some(Self {
+impl<'c> NodeKey<'c> {
+    fn of(rows: &[Row], node: &'c NodeState) -> Self {
+        let (cpu, memory) = node.host_free();
+        Self {
             rows: rows.as_ptr() as usize,
             cpu,
             memory,
-            gpus,
-            free,
-        })
+            free: node.free_desc(),
+            hash: node.state_hash(),
+        }
+    }
+}
+
+impl PartialEq for NodeKey<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash
+            && self.rows == other.rows
+            && self.cpu == other.cpu
+            && self.memory == other.memory
+            && self.free == other.free
+    }
+}
+
+impl Eq for NodeKey<'_> {}
+
+impl std::hash::Hash for NodeKey<'_> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        // Equal keys have equal hashes (the cluster's hash covers every field but the rows,
+        // which follow from the model).
+        state.write_u64(self.hash ^ self.rows as u64);
     }
 }
 
@@ -571,7 +577,7 @@ fn for_each_feasible<'c>(
     mut visit: impl FnMut(NodeIdx, &'c NodeState),
 ) {
     let host_fits = |node: &NodeState| {
-        let (cpu, memory) = host_free(node);
+        let (cpu, memory) = node.host_free();
         cpu >= task.cpu_milli && memory >= task.memory_mib
     };
     match request {
@@ -609,21 +615,6 @@ fn for_each_feasible<'c>(
             }
         }
     }
-}
-
-/// Free CPU and memory; a node that does not track one has all of it.
-fn host_free(node: &NodeState) -> (u64, u64) {
-    let cpu = if node.spec.cpu_milli == 0 {
-        u64::MAX
-    } else {
-        node.free_cpu
-    };
-    let memory = if node.spec.memory_mib == 0 {
-        u64::MAX
-    } else {
-        node.free_memory
-    };
-    (cpu, memory)
 }
 
 /// Free milli-GPU on the node.
