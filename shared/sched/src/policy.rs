@@ -202,6 +202,16 @@ pub trait Policy: Send + std::fmt::Debug {
     fn one_node(&self, cluster: &Cluster, task: &TaskSpec) -> bool {
         task.gpus <= cluster.one_node_gpus()
     }
+    /// A placer for many tasks of `task`'s shape on a changing cluster that places exactly as
+    /// [`Policy::place`] would, at a fraction of the cost per placement (see
+    /// [`packing::Incremental`]); `None` where the policy has none, or not for this task.
+    fn incremental(
+        &self,
+        _cluster: &Cluster,
+        _task: &TaskSpec,
+    ) -> Option<packing::Incremental<'_>> {
+        None
+    }
     /// Tells the policy a task was submitted (FGD learns the distribution of task shapes).
     fn observe_submitted(&mut self, _task: &TaskSpec) {}
     /// The parameters it runs with, printed beside results.

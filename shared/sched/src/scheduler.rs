@@ -36,6 +36,7 @@ use crate::model::{
     LeaseId, NodeIdx, NodeSpec, RequestShape as Shape, TaskId, TaskSpec, Time, WHOLE_GPU_MILLI,
 };
 use crate::placement::{self, Level};
+use crate::policy::packing::Incremental;
 use crate::policy::{Contender, DeadlineRisk, PendingView, Policy, QueueKey, WhenBlocked};
 use crate::quota::{self, Amounts, Quota, Quotas};
 
@@ -918,11 +919,34 @@ impl Scheduler {
             .collect();
         order.sort_unstable();
         let mut held = Vec::new();
+        // Preloads come in few shapes and each takes a little of a large cluster: a shape's
+        // placer ranks the cluster once and then looks only at the nodes taken since
+        // (`changed[seen..]`), placing exactly as the policy would from scratch.
+        let mut placers: HashMap<Shape, (Option<Incremental<'_>>, usize)> = HashMap::default();
+        let mut changed: Vec<NodeIdx> = Vec::new();
+        let (policy, cluster) = (&*self.policy, &mut self.cluster);
         for (_, _, id) in order {
-            let Some(placement) = self.place_on(&self.cluster, &self.preloads[&id].spec) else {
+            let spec = &self.preloads[&id].spec;
+            let found = if spec.mig_profile.is_some() {
+                placement::best_fit(cluster, spec)
+            } else {
+                let (placer, seen) = placers
+                    .entry(Shape::of(spec))
+                    .or_insert_with(|| (policy.incremental(cluster, spec), changed.len()));
+                match placer {
+                    Some(placer) => {
+                        placer.update(cluster, &changed[*seen..]);
+                        *seen = changed.len();
+                        placer.place(cluster)
+                    }
+                    None => policy.place(cluster, spec),
+                }
+            };
+            let Some(placement) = found else {
                 continue;
             };
-            self.cluster.allocate(&placement);
+            cluster.allocate(&placement);
+            changed.extend(placement.shares.iter().map(|s| s.node));
             let preload = self.preloads.get_mut(&id).expect("listed above");
             if preload.announced.as_ref() != Some(&placement) {
                 preload.announced = Some(placement.clone());

@@ -357,77 +357,34 @@ impl Policy for Fgd {
         if request == Request::Spanning {
             return placement::best_fit(cluster, task);
         }
-        let mut best: Option<(u64, Fit, Choice)> = None;
+        let mut best: Option<Candidate> = None;
         // Nodes in the same state lose the same for the same task: evaluate each state once
         // (a full cluster has hundreds of feasible nodes but only about a hundred states).
         let mut evaluated: HashMap<NodeKey, (usize, usize)> = HashMap::default();
         let mut losses: Vec<(u32, u64)> = Vec::new();
-        // Nodes come in a few models: look each model's rows up once per run of equal models.
-        let mut model_rows: Option<(&str, &[Row])> = None;
+        let mut rows = ModelRows::default();
         for_each_feasible(cluster, task, request, |idx, node| {
-            let model = node.spec.gpu_model.as_str();
-            let rows = match model_rows {
-                Some((m, rows)) if std::ptr::eq(m, model) || m == model => rows,
-                _ => {
-                    let rows = self.rows(model);
-                    model_rows = Some((model, rows));
-                    rows
-                }
-            };
+            let rows = rows.of(self, node);
             let state = NodeKey::of(rows, node);
             let (from, to) = match evaluated.get(&state) {
                 Some(range) => *range,
                 None => {
                     let from = losses.len();
-                    Self::losses(
-                        self.measure,
-                        rows,
-                        state.free,
-                        state.cpu,
-                        state.memory,
-                        task,
-                        request,
-                        &mut losses,
-                    );
+                    self.node_losses(rows, state, task, request, &mut losses);
                     evaluated.insert(state, (from, losses.len()));
                     (from, losses.len())
                 }
             };
-            let free = node_free(node);
-            for &(gpu_free, loss) in &losses[from..to] {
-                let (fit, choice) = match request {
-                    Request::Fraction(milli) => {
-                        // Any GPU with this much free compute loses the same; it must also
-                        // have the memory.
-                        let gpu = (0..node.gpu_free.len()).find(|g| {
-                            node.gpu_free[*g] == gpu_free
-                                && node.gpu_fits(*g, milli, task.gpu_memory_mib)
-                        });
-                        let Some(gpu) = gpu else {
-                            continue;
-                        };
-                        (
-                            Fit {
-                                node_free_after: free - u64::from(milli),
-                                gpu_free_after: gpu_free - milli,
-                            },
-                            Choice::Gpu(idx, gpu as u32),
-                        )
-                    }
-                    _ => (
-                        Fit {
-                            node_free_after: free - task.gpu_demand_milli(),
-                            gpu_free_after: 0,
-                        },
-                        Choice::Node(idx),
-                    ),
-                };
-                if best.as_ref().is_none_or(|b| (loss, fit, choice) < *b) {
-                    best = Some((loss, fit, choice));
+            candidates(idx, node, task, request, &losses[from..to], |c| {
+                if best.as_ref().is_none_or(|b| c < *b) {
+                    best = Some(c);
                 }
-            }
+            });
         });
         best.map(|(_, _, choice)| choice.placement(cluster, task))
+    }
+    fn incremental(&self, cluster: &Cluster, task: &TaskSpec) -> Option<Incremental<'_>> {
+        Incremental::new(self, cluster, task)
     }
     fn parameters(&self) -> String {
         format!(
@@ -436,6 +393,201 @@ impl Policy for Fgd {
              so far, then best fit",
             self.counts.len()
         )
+    }
+}
+
+/// A placement's rank: the loss of expected usable capacity, then how tight it is, then where.
+type Candidate = (u64, Fit, Choice);
+
+impl Fgd {
+    /// What placing `task` on a node in `state` loses, per distinct GPU share it could go on
+    /// (see [`Fgd::losses`]), appended to `out`.
+    fn node_losses(
+        &self,
+        rows: &[Row],
+        state: NodeKey<'_>,
+        task: &TaskSpec,
+        request: Request,
+        out: &mut Vec<(u32, u64)>,
+    ) {
+        Self::losses(
+            self.measure,
+            rows,
+            state.free,
+            state.cpu,
+            state.memory,
+            task,
+            request,
+            out,
+        );
+    }
+}
+
+/// Looks each model's rows up once per run of nodes of equal models.
+#[derive(Default)]
+struct ModelRows<'p> {
+    last: Option<(&'p str, &'p [Row])>,
+}
+
+impl<'p> ModelRows<'p> {
+    fn of(&mut self, fgd: &'p Fgd, node: &'p NodeState) -> &'p [Row] {
+        let model = node.spec.gpu_model.as_str();
+        match self.last {
+            Some((m, rows)) if std::ptr::eq(m, model) || m == model => rows,
+            _ => {
+                let rows = fgd.rows(model);
+                self.last = Some((model, rows));
+                rows
+            }
+        }
+    }
+}
+
+/// The placements of `task` on the feasible node `idx`, one per entry of `losses` (its
+/// state's losses) that the node can take, each ranked, handed to `take` in turn.
+fn candidates(
+    idx: NodeIdx,
+    node: &NodeState,
+    task: &TaskSpec,
+    request: Request,
+    losses: &[(u32, u64)],
+    mut take: impl FnMut(Candidate),
+) {
+    let free = node_free(node);
+    for &(gpu_free, loss) in losses {
+        let (fit, choice) = match request {
+            Request::Fraction(milli) => {
+                // Any GPU with this much free compute loses the same; it must also have the
+                // memory.
+                let gpu = (0..node.gpu_free.len()).find(|g| {
+                    node.gpu_free[*g] == gpu_free && node.gpu_fits(*g, milli, task.gpu_memory_mib)
+                });
+                let Some(gpu) = gpu else {
+                    continue;
+                };
+                (
+                    Fit {
+                        node_free_after: free - u64::from(milli),
+                        gpu_free_after: gpu_free - milli,
+                    },
+                    Choice::Gpu(idx, gpu as u32),
+                )
+            }
+            _ => (
+                Fit {
+                    node_free_after: free - task.gpu_demand_milli(),
+                    gpu_free_after: 0,
+                },
+                Choice::Node(idx),
+            ),
+        };
+        take((loss, fit, choice));
+    }
+}
+
+/// [`Fgd::place`] for many tasks of one shape while the cluster changes under them: every
+/// feasible node's placements are ranked once, and afterwards only the nodes that changed
+/// are looked at again, so a further placement costs a few nodes' evaluation instead of the
+/// whole cluster's. It places exactly as [`Fgd::place`] would on the cluster as it is,
+/// provided that every node changed since it was built is named to
+/// [`Incremental::update`] before it is asked, and that the policy has learnt no new task
+/// shape since (the scheduler uses one within a single pass's preload holds).
+#[derive(Debug)]
+pub struct Incremental<'p> {
+    fgd: &'p Fgd,
+    task: TaskSpec,
+    request: Request,
+    /// Every feasible node's placements, best first.
+    ranked: std::collections::BTreeSet<Candidate>,
+    /// Each node's entries in `ranked`.
+    by_node: HashMap<NodeIdx, Vec<Candidate>>,
+    /// Losses per node state seen.
+    evaluated: HashMap<OwnedKey, Vec<(u32, u64)>>,
+}
+
+/// A [`NodeKey`] that outlives the cluster's borrow.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct OwnedKey {
+    rows: usize,
+    cpu: u64,
+    memory: u64,
+    hash: u64,
+    free: Box<[u32]>,
+}
+
+impl<'p> Incremental<'p> {
+    fn new(fgd: &'p Fgd, cluster: &Cluster, task: &TaskSpec) -> Option<Self> {
+        let request = Request::of(cluster, task);
+        if request == Request::Spanning || task.mig_profile.is_some() {
+            return None;
+        }
+        let mut incremental = Self {
+            fgd,
+            task: task.clone(),
+            request,
+            ranked: Default::default(),
+            by_node: HashMap::default(),
+            evaluated: HashMap::default(),
+        };
+        let mut feasible = Vec::new();
+        for_each_feasible(cluster, task, request, |idx, _| feasible.push(idx));
+        for idx in feasible {
+            incremental.rank(cluster, idx);
+        }
+        Some(incremental)
+    }
+
+    /// Ranks the feasible node `idx` as it is now.
+    fn rank(&mut self, cluster: &Cluster, idx: NodeIdx) {
+        let node = cluster.node(idx);
+        let rows = self.fgd.rows(node.spec.gpu_model.as_str());
+        let state = NodeKey::of(rows, node);
+        let key = OwnedKey {
+            rows: state.rows,
+            cpu: state.cpu,
+            memory: state.memory,
+            hash: state.hash,
+            free: state.free.into(),
+        };
+        let (fgd, task, request) = (self.fgd, &self.task, self.request);
+        let losses = self.evaluated.entry(key).or_insert_with(|| {
+            let mut out = Vec::new();
+            fgd.node_losses(rows, state, task, request, &mut out);
+            out
+        });
+        let mut entries = Vec::new();
+        candidates(idx, node, task, request, losses, |c| entries.push(c));
+        for c in &entries {
+            self.ranked.insert(*c);
+        }
+        if !entries.is_empty() {
+            self.by_node.insert(idx, entries);
+        }
+    }
+
+    /// Takes in that the nodes `changed` changed on `cluster` (a node may be named twice).
+    pub fn update(&mut self, cluster: &Cluster, changed: &[NodeIdx]) {
+        for idx in changed {
+            if let Some(entries) = self.by_node.remove(idx) {
+                for c in &entries {
+                    self.ranked.remove(c);
+                }
+            }
+        }
+        for idx in changed {
+            if !self.by_node.contains_key(idx)
+                && feasible(cluster.node(*idx), &self.task, self.request)
+            {
+                self.rank(cluster, *idx);
+            }
+        }
+    }
+
+    /// Where [`Fgd::place`] would put the task on `cluster` now.
+    pub fn place(&self, cluster: &Cluster) -> Option<Placement> {
+        self.ranked
+            .first()
+            .map(|(_, _, choice)| choice.placement(cluster, &self.task))
     }
 }
 
@@ -576,15 +728,11 @@ fn for_each_feasible<'c>(
     request: Request,
     mut visit: impl FnMut(NodeIdx, &'c NodeState),
 ) {
-    let host_fits = |node: &NodeState| {
-        let (cpu, memory) = node.host_free();
-        cpu >= task.cpu_milli && memory >= task.memory_mib
-    };
     match request {
         Request::Spanning => {}
         Request::Whole(gpus) => {
-            // The cluster indexes nodes by entirely free GPUs: on a full cluster only a few
-            // nodes are worth a look.
+            // The cluster indexes schedulable nodes by entirely free GPUs: on a full cluster
+            // only a few nodes are worth a look.
             for model in cluster.models() {
                 if !task.accepts(model.name) {
                     continue;
@@ -592,7 +740,7 @@ fn for_each_feasible<'c>(
                 for free in gpus..=cluster.max_gpus(model) {
                     for idx in cluster.nodes_with_free(model, free) {
                         let node = cluster.node(idx);
-                        if host_fits(node) && placement::fits_gpu_memory(node, task) {
+                        if host_fits(node, task) && placement::fits_gpu_memory(node, task) {
                             visit(idx, node);
                         }
                     }
@@ -600,21 +748,39 @@ fn for_each_feasible<'c>(
             }
         }
         Request::Host | Request::Fraction(_) => {
-            let milli = match request {
-                Request::Fraction(milli) => milli,
-                _ => 0,
-            };
             for (i, node) in cluster.nodes().iter().enumerate() {
-                let gpu_room = milli == 0
-                    || (task.accepts(&node.spec.gpu_model)
-                        && (0..node.gpu_free.len())
-                            .any(|g| node.gpu_fits(g, milli, task.gpu_memory_mib)));
-                if node.schedulable && host_fits(node) && gpu_room {
+                if feasible(node, task, request) {
                     visit(NodeIdx(i as u32), node);
                 }
             }
         }
     }
+}
+
+/// Whether `node` can hold `request` on its own: what [`for_each_feasible`] visits.
+fn feasible(node: &NodeState, task: &TaskSpec, request: Request) -> bool {
+    if !node.schedulable || !host_fits(node, task) {
+        return false;
+    }
+    match request {
+        Request::Spanning => false,
+        Request::Host => true,
+        Request::Whole(gpus) => {
+            task.accepts(&node.spec.gpu_model)
+                && node.free_whole >= gpus
+                && placement::fits_gpu_memory(node, task)
+        }
+        Request::Fraction(milli) => {
+            task.accepts(&node.spec.gpu_model)
+                && (0..node.gpu_free.len()).any(|g| node.gpu_fits(g, milli, task.gpu_memory_mib))
+        }
+    }
+}
+
+/// Whether the node's free CPU and memory hold the task's.
+fn host_fits(node: &NodeState, task: &TaskSpec) -> bool {
+    let (cpu, memory) = node.host_free();
+    cpu >= task.cpu_milli && memory >= task.memory_mib
 }
 
 /// Free milli-GPU on the node.

@@ -557,3 +557,139 @@ fn host_aware_fgd_keeps_cpu_hungry_tasks_off_nodes_whose_gpus_they_would_strand(
     assert_eq!(on(&reference).as_deref(), Some("n1"), "the paper's: a tie");
     assert_eq!(on(&host_aware).as_deref(), Some("n2"));
 }
+
+// ---------------------------------------------------------------------------------------------
+// The incremental placer
+
+mod incremental {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A node: GPUs, model, free share of each GPU (as a step of 250), GPU memory tracked,
+    /// CPU free (in 8-core steps), schedulable.
+    type NodeCase = (u32, bool, Vec<u32>, bool, u64, bool);
+
+    fn node_case() -> impl Strategy<Value = NodeCase> {
+        prop_oneof![Just(1u32), Just(2), Just(4), Just(8)].prop_flat_map(|gpus| {
+            (
+                Just(gpus),
+                any::<bool>(),
+                proptest::collection::vec(0u32..=4, gpus as usize),
+                any::<bool>(),
+                0u64..=8,
+                prop::bool::weighted(0.9),
+            )
+        })
+    }
+
+    /// A task shape: 0 (CPU only), a fraction, or whole GPUs; accepted models; CPU; GPU memory.
+    fn shape() -> impl Strategy<Value = TaskSpec> {
+        (
+            prop_oneof![
+                Just((0u32, 0u32)),
+                (1u32..=3).prop_map(|q| (1, q * 250)),
+                Just((1, 1000)),
+                Just((2, 1000)),
+                Just((4, 1000)),
+                Just((8, 1000)),
+            ],
+            prop_oneof![Just(vec![]), Just(vec!["A"]), Just(vec!["B"])],
+            0u64..=3,
+            prop_oneof![Just(0u64), Just(20_000), Just(60_000)],
+        )
+            .prop_map(|((gpus, milli), models, cpu, gpu_memory)| {
+                let mut t = TaskSpec::new(0, "t", gpus);
+                t.gpu_milli = milli;
+                t.gpu_models = models.into_iter().map(String::from).collect();
+                t.cpu_milli = cpu * 8_000;
+                t.gpu_memory_mib = if gpus == 0 { 0 } else { gpu_memory };
+                t
+            })
+    }
+
+    fn build(nodes: &[NodeCase]) -> Cluster {
+        let mut cluster = Cluster::new();
+        for (i, (gpus, b, free, memory, cpu_free, schedulable)) in nodes.iter().enumerate() {
+            let idx = cluster.add_node(NodeSpec {
+                name: format!("n{i}"),
+                gpus: *gpus,
+                gpu_model: if *b { "B" } else { "A" }.into(),
+                gpu_memory_mib: if *memory { 80_000 } else { 0 },
+                cpu_milli: 64_000,
+                memory_mib: 262_144,
+                ..NodeSpec::default()
+            });
+            cluster.allocate(&Placement {
+                shares: vec![NodeShare {
+                    node: idx,
+                    gpus: free
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, f)| **f < 4)
+                        .map(|(g, f)| (g as u32, WHOLE_GPU_MILLI - f * 250))
+                        .collect(),
+                    cpu_milli: 64_000 - cpu_free * 8_000,
+                    ..NodeShare::default()
+                }],
+            });
+            if !schedulable {
+                cluster.set_schedulable(idx, false);
+            }
+        }
+        cluster
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// Placing tasks of a few shapes one after another — each placement taken, now and
+        /// then an earlier one given back — the incremental placers, told only which nodes
+        /// changed, place every task exactly where FGD places it from scratch.
+        #[test]
+        fn places_exactly_as_fgd_from_scratch(
+            nodes in proptest::collection::vec(node_case(), 1..24),
+            history in proptest::collection::vec(shape(), 1..12),
+            shapes in proptest::collection::vec(shape(), 1..4),
+            steps in proptest::collection::vec((0usize..4, prop::bool::weighted(0.2)), 1..40),
+            host_aware in any::<bool>(),
+        ) {
+            let mut fgd = if host_aware { Fgd::with_measure(Measure::HostAware) } else { Fgd::new() };
+            for t in &history {
+                fgd.observe_submitted(t);
+            }
+            let mut cluster = build(&nodes);
+            let mut placers: Vec<Option<(Option<Incremental<'_>>, usize)>> =
+                (0..shapes.len()).map(|_| None).collect();
+            let mut changed: Vec<NodeIdx> = Vec::new();
+            let mut taken: Vec<Placement> = Vec::new();
+            for (pick, give_back) in steps {
+                if give_back && !taken.is_empty() {
+                    let placement = taken.remove(pick % taken.len());
+                    cluster.release(&placement);
+                    changed.extend(placement.shares.iter().map(|s| s.node));
+                    continue;
+                }
+                let i = pick % shapes.len();
+                let task = &shapes[i];
+                let want = fgd.place(&cluster, task);
+                let (placer, seen) = placers[i]
+                    .get_or_insert_with(|| (fgd.incremental(&cluster, task), changed.len()));
+                let got = match placer {
+                    Some(placer) => {
+                        placer.update(&cluster, &changed[*seen..]);
+                        *seen = changed.len();
+                        placer.place(&cluster)
+                    }
+                    None => fgd.place(&cluster, task),
+                };
+                prop_assert_eq!(&got, &want);
+                if let Some(placement) = got {
+                    cluster.allocate(&placement);
+                    changed.extend(placement.shares.iter().map(|s| s.node));
+                    taken.push(placement);
+                }
+            }
+        }
+    }
+}
