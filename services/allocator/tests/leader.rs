@@ -241,27 +241,19 @@ fn a_deposed_leaders_append_is_rejected() {
         // is refused, not just its first entry.
         let mut scheduler =
             allot_sched::Scheduler::new(allot_sched::policy::by_name("fifo").unwrap());
-        for at in 1..=3 {
-            old.apply(
-                &mut scheduler,
-                allot_sched::Input::Schedule { at },
-                None,
-                None,
-            );
-        }
+        let mut stage_three = |journal: &mut Journal| {
+            for at in 1..=3 {
+                let input = allot_sched::Input::Schedule { at };
+                journal.apply(&mut scheduler, input, None, None);
+            }
+        };
+        stage_three(&mut old);
         let err = old.commit().await.unwrap_err();
         assert!(matches!(err, JournalError::Deposed { .. }), "{err}");
         let events = journal::read(&js, POOL).await.unwrap();
         assert_eq!(events.len(), 2, "only the two elections are in the journal");
         // The new leader's batch lands whole, in order, after its election.
-        for at in 1..=3 {
-            new.apply(
-                &mut scheduler,
-                allot_sched::Input::Schedule { at },
-                None,
-                None,
-            );
-        }
+        stage_three(&mut new);
         new.commit().await.unwrap();
         let events = journal::read(&js, POOL).await.unwrap();
         let seqs: Vec<u64> = events

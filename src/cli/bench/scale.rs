@@ -61,7 +61,7 @@ use allot_events::workload::WorkloadOutcome;
 use allot_events::{
     AllocEvent, AnyEvent, CostEvent, Envelope, NodeEvent, TaskEvent, WorkloadEvent, subject,
 };
-use allot_sched::{Decision, LeaseId};
+use allot_sched::{Decision, Input, LeaseId};
 
 use super::super::local;
 use super::super::settings::Lookup;
@@ -87,12 +87,14 @@ const SERVICES: [&str; 8] = [
 ];
 /// How often the services' CPU, memory and backlog are sampled.
 const SAMPLE_EVERY: Duration = Duration::from_secs(5);
-/// The stages of submit → grant, by the server's timestamps.
-const SPLIT: [&str; 4] = [
+/// The stages of submit → grant, by the server's timestamps and the allocator's clock (the
+/// time it gave the task's submission input, on this machine's clock too).
+const SPLIT: [&str; 5] = [
     "1 publish → submission stored",
     "2 stored → TaskReady stored (planner)",
-    "3 TaskReady → grant journalled (allocator)",
-    "4 journalled → grant delivered",
+    "3 TaskReady stored → applied (allocator reads it)",
+    "4 applied → grant journalled (allocator: pass, commit)",
+    "5 journalled → grant delivered",
 ];
 /// How often the baseline's probe goes through raw JetStream.
 const PROBE_EVERY: Duration = Duration::from_millis(50);
@@ -147,11 +149,13 @@ struct Journey {
     sent: Option<Instant>,
     /// Its first task's grant delivered.
     granted: Option<Instant>,
-    /// Wall clock just before the publish, and the server's times of the submission stored,
-    /// the first task's `TaskReady` stored and its grant journalled, ms since the epoch.
+    /// Wall clock just before the publish, the server's times of the submission stored and
+    /// the first task's `TaskReady` stored, the allocator's time of applying that task's
+    /// submission, and the server's time of its grant journalled, ms since the epoch.
     sent_wall_ms: f64,
     stored_ms: Option<f64>,
     ready_ms: Option<f64>,
+    applied_ms: Option<f64>,
     granted_ms: Option<f64>,
     /// It finished, and whether it succeeded.
     finished: Option<bool>,
@@ -781,11 +785,15 @@ async fn run(
         .clone()
         .filter_map(|j| Some(j.granted?.duration_since(j.sent?).as_secs_f64() * 1e3))
         .collect();
-    let mut split: [Vec<f64>; 4] = Default::default();
+    let mut split: [Vec<f64>; 5] = Default::default();
     for j in measured {
-        let (Some(seen), Some(stored), Some(ready), Some(granted)) =
-            (j.granted, j.stored_ms, j.ready_ms, j.granted_ms)
-        else {
+        let (Some(seen), Some(stored), Some(ready), Some(applied), Some(granted)) = (
+            j.granted,
+            j.stored_ms,
+            j.ready_ms,
+            j.applied_ms,
+            j.granted_ms,
+        ) else {
             continue;
         };
         let seen_wall_ms = j.sent_wall_ms
@@ -793,8 +801,9 @@ async fn run(
                 .map_or(0.0, |sent| seen.duration_since(sent).as_secs_f64() * 1e3);
         split[0].push(stored - j.sent_wall_ms);
         split[1].push(ready - stored);
-        split[2].push(granted - ready);
-        split[3].push(seen_wall_ms - granted);
+        split[2].push(applied - ready);
+        split[3].push(granted - applied);
+        split[4].push(seen_wall_ms - granted);
     }
     let split_ms = SPLIT
         .iter()
@@ -851,6 +860,12 @@ fn execute(
 ) {
     let mut s = shared.lock().expect("not poisoned");
     s.entries += 1;
+    if let (Input::TaskSubmitted { at, .. }, Some(launch)) = (&applied.entry.input, &applied.launch)
+        && first_task(&launch.name)
+        && let Some(&i) = s.index.get(&launch.workload)
+    {
+        s.journeys[i].applied_ms.get_or_insert(*at as f64);
+    }
     for d in &applied.entry.decisions {
         match d {
             Decision::Granted { lease, .. } => {
