@@ -11,9 +11,6 @@
 //! decisions with its successor's. Nothing staged leaves the process before its commit (the
 //! executors' orders travel in the journal itself), and a leader whose commit failed drops its
 //! scheduler with the staged entries and rebuilds from the journal.
-//!
-//! The batch is assembled here rather than with Synadia's `jetstream-extra` crate, which pins
-//! an older async-nats: a second NATS client in the build for three headers and a request.
 
 use std::collections::{BTreeMap, HashMap};
 

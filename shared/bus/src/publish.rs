@@ -130,7 +130,9 @@ impl Publisher {
     /// against the stream as it was before the batch, so nothing can land between the batch's
     /// messages. One round trip however many messages: all but the last are sent without
     /// asking for a reply; the last commits the batch and brings its acknowledgement, whose
-    /// sequence is the last message's. At most [`ATOMIC_BATCH_MAX`] messages.
+    /// sequence is the last message's. At most [`ATOMIC_BATCH_MAX`] messages. (Synadia's
+    /// `jetstream-extra` crate does this too, but pins an older async-nats: a second NATS
+    /// client in the build for three headers and a request.)
     pub async fn publish_atomic(
         &self,
         subject: &str,
