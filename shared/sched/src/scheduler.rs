@@ -927,20 +927,16 @@ impl Scheduler {
         let (policy, cluster) = (&*self.policy, &mut self.cluster);
         for (_, _, id) in order {
             let spec = &self.preloads[&id].spec;
-            let found = if spec.mig_profile.is_some() {
-                placement::best_fit(cluster, spec)
-            } else {
-                let (placer, seen) = placers
-                    .entry(Shape::of(spec))
-                    .or_insert_with(|| (policy.incremental(cluster, spec), changed.len()));
-                match placer {
-                    Some(placer) => {
-                        placer.update(cluster, &changed[*seen..]);
-                        *seen = changed.len();
-                        placer.place(cluster)
-                    }
-                    None => policy.place(cluster, spec),
+            let (placer, seen) = placers
+                .entry(Shape::of(spec))
+                .or_insert_with(|| (policy.incremental(cluster, spec), changed.len()));
+            let found = match placer {
+                Some(placer) => {
+                    placer.update(cluster, &changed[*seen..]);
+                    *seen = changed.len();
+                    placer.place(cluster)
                 }
+                None => place_with(policy, cluster, spec),
             };
             let Some(placement) = found else {
                 continue;
@@ -1218,11 +1214,7 @@ impl Scheduler {
     /// Where one task goes on `cluster`: MIG instances by the shared rule, the rest as the
     /// policy places them.
     fn place_on(&self, cluster: &Cluster, spec: &TaskSpec) -> Option<Placement> {
-        if spec.mig_profile.is_some() {
-            placement::best_fit(cluster, spec)
-        } else {
-            self.policy.place(cluster, spec)
-        }
+        place_with(&*self.policy, cluster, spec)
     }
 
     /// Where the unit goes on `cluster` as it is, one placement per member, and for a gang
@@ -2611,6 +2603,16 @@ impl Reservation {
 }
 
 mod no_room;
+
+/// Where `policy` puts `spec` on `cluster`: a MIG instance by best fit, anything else as the
+/// policy places it.
+fn place_with(policy: &dyn Policy, cluster: &Cluster, spec: &TaskSpec) -> Option<Placement> {
+    if spec.mig_profile.is_some() {
+        placement::best_fit(cluster, spec)
+    } else {
+        policy.place(cluster, spec)
+    }
+}
 #[cfg(test)]
 mod tests;
 mod victims;
