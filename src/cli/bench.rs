@@ -450,6 +450,37 @@ async fn follow(
         .await?)
 }
 
+/// Every journal entry of `pool` from now on, as the executors read them.
+async fn follow_journal(js: &jetstream::Context, pool: &str) -> anyhow::Result<pull::Ordered> {
+    follow(
+        js,
+        allot_bus::streams::names::DECISIONS,
+        vec![allot_events::subject::alloc_journal(pool)],
+        jetstream::consumer::DeliverPolicy::New,
+    )
+    .await
+}
+
+/// Reports, as the executor of `node`, that `task`'s run under `lease` in `pool` completed.
+async fn complete(
+    publisher: &allot_bus::Publisher,
+    pool: &str,
+    task: allot_sched::TaskId,
+    node: String,
+    lease: allot_sched::LeaseId,
+) -> Result<(), allot_bus::PublishError> {
+    let done = allot_events::task::TaskCompleted {
+        pool: pool.into(),
+        task,
+        node,
+        lease,
+    };
+    publisher
+        .publish(allot_events::TaskEvent::Completed(done))
+        .await
+        .map(drop)
+}
+
 /// Spawns a task that calls `f` with every decodable event of `messages`, the message it came
 /// in (for the server's timestamp) and when it was delivered, until the consumer ends or fails.
 fn on_each(

@@ -56,7 +56,7 @@ use allot_bus::async_nats::jetstream::message::PublishMessage;
 use allot_bus::streams::names;
 use allot_events::alloc::{Applied, gpus_granted_twice};
 use allot_events::cost::CostAccrued;
-use allot_events::task::{StopCause, TaskCompleted, TaskStarted, TaskStopped};
+use allot_events::task::{StopCause, TaskStarted, TaskStopped};
 use allot_events::workload::WorkloadOutcome;
 use allot_events::{
     AllocEvent, AnyEvent, CostEvent, Envelope, NodeEvent, TaskEvent, WorkloadEvent, subject,
@@ -531,13 +531,7 @@ async fn run(
     let (nats_cpu0, own_cpu0) = (cpu_or_nan(nats_pid), own_cpu());
 
     // The executor: every grant started, then completed after its hold.
-    let entries = super::follow(
-        &js,
-        names::DECISIONS,
-        vec![subject::alloc_journal(POOL)],
-        DeliverPolicy::New,
-    )
-    .await?;
+    let entries = super::follow_journal(&js, POOL).await?;
     let submitting = Arc::new(AtomicBool::new(true));
     let executor = {
         let (shared, publisher, submitting) =
@@ -914,13 +908,7 @@ fn execute(
                     if shared.lock().expect("not poisoned").ended.contains(&lease) {
                         return;
                     }
-                    let done = TaskCompleted {
-                        pool: POOL.into(),
-                        task,
-                        node,
-                        lease,
-                    };
-                    if let Err(e) = publisher.publish(TaskEvent::Completed(done)).await {
+                    if let Err(e) = super::complete(&publisher, POOL, task, node, lease).await {
                         tracing::warn!(error = %e, "publishing a completion failed");
                     }
                 });

@@ -34,7 +34,6 @@ use futures::StreamExt;
 
 use allot_bus::async_nats::jetstream::message::PublishMessage;
 use allot_bus::streams::names;
-use allot_events::task::TaskCompleted;
 use allot_events::{AllocEvent, AnyEvent, NodeEvent, TaskEvent, WorkloadEvent, subject};
 use allot_sched::{Decision, TaskId};
 
@@ -232,13 +231,7 @@ async fn run(args: &SubmitArgs, url: &str, dir: &std::path::Path) -> anyhow::Res
     let (all_granted_tx, mut all_granted) = tokio::sync::watch::channel(0usize);
 
     // The watcher of grants (and the stand-in executor that completes them).
-    let grants = super::follow(
-        &js,
-        names::DECISIONS,
-        vec![subject::alloc_journal(POOL)],
-        DeliverPolicy::New,
-    )
-    .await?;
+    let grants = super::follow_journal(&js, POOL).await?;
     let watcher = {
         let journeys = journeys.clone();
         let publisher = publisher.clone();
@@ -277,13 +270,7 @@ async fn run(args: &SubmitArgs, url: &str, dir: &std::path::Path) -> anyhow::Res
                 let (publisher, task, lease) = (publisher.clone(), *task, *lease);
                 tokio::spawn(async move {
                     tokio::time::sleep(hold).await;
-                    let done = TaskCompleted {
-                        pool: POOL.into(),
-                        task,
-                        node,
-                        lease,
-                    };
-                    if let Err(e) = publisher.publish(TaskEvent::Completed(done)).await {
+                    if let Err(e) = super::complete(&publisher, POOL, task, node, lease).await {
                         // After the run, the client is closed under the completions still waiting: expected.
                         tracing::debug!(error = %e, "completing a bench task failed");
                     }
