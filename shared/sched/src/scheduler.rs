@@ -1735,6 +1735,7 @@ impl Scheduler {
                     && let Some(task) = self.tasks.get(member)
                 {
                     cache.insert(
+                        task.team,
                         &task.spec.team,
                         *member,
                         task.spec.max_runtime.is_some(),
@@ -1796,15 +1797,19 @@ impl Scheduler {
     ) -> Option<(Placed, usize)> {
         // What a search reads of running tasks does not move within a pass: computed once per
         // sweep and kept current as tasks start and are preempted.
+        let order = self.policy.victim_order();
         let running = running.get_or_insert_with(|| {
-            Running::of(self.tasks.values().filter(|t| t.is_running()).map(|t| {
-                (
-                    t.team,
-                    t.spec.team.as_str(),
-                    t.spec.id,
-                    t.spec.max_runtime.is_some(),
-                )
-            }))
+            Running::of(
+                order,
+                self.tasks.values().filter(|t| t.is_running()).map(|t| {
+                    (
+                        t.team,
+                        t.spec.team.as_str(),
+                        t.spec.id,
+                        t.spec.max_runtime.is_some(),
+                    )
+                }),
+            )
         });
         let team = unit.specs[0].team.clone();
         // A displaced unit waits ahead of its priority but preempts by its policy's own key.
@@ -1818,45 +1823,41 @@ impl Scheduler {
             demand: unit.demand,
             lost: 0,
         };
-        // Every task the policy lets it take (or past its usage limit), and their GPUs.
-        let order = self.policy.victim_order();
-        let mut victims: Vec<Victim> = Vec::new();
-        let mut held: u64 = 0;
+        // Every task the policy lets it take (or past its usage limit), in victim order. The
+        // policy is asked about a task only when the search gets to it, of the quotas as they
+        // are now (the search refunds its victims' as it goes).
         let floor = self.policy.victim_floor(preemptor);
-        for team in running.teams_mut() {
-            let whole = self
+        let (mut victims, most) = running.search(
+            |team| match self
                 .policy
-                .may_preempt_team(preemptor, &team.name, &self.quotas);
-            let runner = |id| self.runner(&self.tasks[&id], now);
-            // Task by task, only keys past the policy's floor can qualify.
-            let floor = match whole {
-                Some(false) if team.limited == 0 => continue,
-                // The whole team may be taken: every task qualifies.
-                Some(_) => None,
-                None => floor,
+                .may_preempt_team(preemptor, &team.name, &self.quotas)
+            {
+                Some(false) if team.limited == 0 => None,
+                // The whole team may be taken (or only those past their limits).
+                whole @ Some(_) => Some(Terms { whole, floor: None }),
+                // Task by task, only keys past the policy's floor can qualify.
+                None => Some(Terms {
+                    whole: None,
+                    floor: floor.filter(|_| team.limited == 0),
+                }),
+            },
+            |id| self.runner(&self.tasks[&id], now),
+        );
+        let quotas = self.quotas.clone();
+        macro_rules! ask {
+            () => {
+                |r: &Runner| may_take(&*self.policy, &self.tasks, &quotas, preemptor, r)
             };
-            for r in team.above(floor, runner) {
-                let allowed = r.over
-                    || whole.unwrap_or_else(|| {
-                        let spec = &self.tasks[&r.id].spec;
-                        let victim = Contender {
-                            spec,
-                            key: r.key,
-                            demand: quota::demand(spec),
-                            lost: r.lost,
-                        };
-                        self.policy.may_preempt(preemptor, victim, &self.quotas)
-                    });
-                if allowed {
-                    held += u64::from(r.gpus);
-                    victims.push(Victim::new(r, order));
-                }
-            }
         }
+        // A search goes on only if the victims hold enough GPUs with what is free: first by
+        // the most they could hold, then, before the first placement, for certain (the
+        // victims taken count, and if they fall short, those left do).
         let free = self.cluster.free_milli() / u64::from(WHOLE_GPU_MILLI);
-        if held + free < u64::from(unit.gpus) {
+        let need = u64::from(unit.gpus).saturating_sub(free);
+        if most < need {
             return None;
         }
+        let mut held = Some(0).filter(|_| need > 0);
         // A unit its quota admits already and bound to one node can use only victims on a node
         // they could make room on. Once a search has released a few victims in vain, the
         // others' resources are no longer released (see `useful_nodes`); only their quota is,
@@ -1882,9 +1883,14 @@ impl Scheduler {
         let mut freed_fits: Option<bool> = unplaceable.then_some(false);
         let mut gone: HashSet<TaskId> = HashSet::default();
         let mut found = None;
-        let mut heap = Victims::new(victims);
-        while let Some(taken) = heap.next() {
+        while let Some(taken) = victims.next(running, ask!()) {
             let victim = &taken.id();
+            if let Some(n) = held.as_mut() {
+                *n += taken.gpus();
+                if *n >= need {
+                    held = None;
+                }
+            }
             if gone.contains(victim) {
                 continue;
             }
@@ -1894,13 +1900,15 @@ impl Scheduler {
                     >= self
                         .sort_out_after
                         .0
-                        .max(heap.len() / self.sort_out_after.1)
+                        .max(victims.left() / self.sort_out_after.1)
             {
                 #[cfg(test)]
                 {
                     self.sorted_out += 1;
                 }
-                let rest = heap.remaining().filter(|v| !gone.contains(&v.id()));
+                let rest = victims
+                    .remaining(running, ask!())
+                    .filter(|v| !gone.contains(&v.id()));
                 let nodes = self.useful_nodes(std::iter::once(taken).chain(rest), &unit.specs[0]);
                 if !nodes.contains(&true) {
                     // No node the unit could use will ever hold it.
@@ -1970,6 +1978,14 @@ impl Scheduler {
                 && freed_fits != Some(false)
                 && self.policy.admits(&team, unit.demand, &self.quotas)
             {
+                if let Some(n) = held {
+                    let rest = victims.remaining(running, ask!()).map(|v| v.gpus());
+                    if n + rest.sum::<u64>() < need {
+                        // Not enough for certain: as if the search had never begun.
+                        break;
+                    }
+                    held = None;
+                }
                 if let Some(p) = self.place_unit(unit) {
                     found = Some(p);
                     break;
@@ -2027,8 +2043,8 @@ impl Scheduler {
                 }
                 let lost = self.tasks[&member].lost_work(now) / 1000;
                 let reason = format!("{why}; loses {lost} s of work since its last checkpoint");
-                let spec = &self.tasks[&member].spec;
-                running.remove(&spec.team, member, spec.max_runtime.is_some());
+                let task = &self.tasks[&member];
+                running.remove(task.team, member, task.spec.max_runtime.is_some());
                 self.stop(member, now, Some(unit.members[0]), reason, out);
                 preempted += 1;
             }
@@ -2215,8 +2231,8 @@ impl Scheduler {
                     free_gpus,
                 );
                 if let Some(cache) = running.as_mut() {
-                    let moved = &self.tasks[id].spec;
-                    cache.remove(&moved.team, *id, moved.max_runtime.is_some());
+                    let moved = &self.tasks[id];
+                    cache.remove(moved.team, *id, moved.spec.max_runtime.is_some());
                 }
                 self.stop(*id, now, Some(spec.id), reason, out);
                 requeued.push(*id);
@@ -2618,4 +2634,22 @@ mod tests;
 mod victims;
 
 use no_room::NoRoom;
-use victims::{Runner, Running, Victim, Victims};
+use victims::{Runner, Running, Terms, Victim};
+
+/// Whether `policy` lets `preemptor` take the running task `r`, asked of `quotas`.
+fn may_take(
+    policy: &dyn Policy,
+    tasks: &HashMap<TaskId, Task>,
+    quotas: &Quotas,
+    preemptor: Contender<'_>,
+    r: &Runner,
+) -> bool {
+    let spec = &tasks[&r.id].spec;
+    let victim = Contender {
+        spec,
+        key: r.key,
+        demand: quota::demand(spec),
+        lost: r.lost,
+    };
+    policy.may_preempt(preemptor, victim, quotas)
+}

@@ -1,4 +1,4 @@
-//! The running tasks as one sweep's preemption searches see them, indexed by team.
+//! The running tasks as one sweep's preemption searches see them, indexed by team and ranked.
 //!
 //! Within a pass nothing a preemption search reads of a running task moves: its key, whether it
 //! has outlived its usage limit and the work a preemption would lose are all fixed by the pass's
@@ -9,9 +9,13 @@
 //! may lose nothing is skipped without looking at its tasks.
 //!
 //! The victim order is the one the scheduler always used — past its usage limit first, then
-//! the policy's [`VictimOrder`], ties to the worst key — as a total order on
-//! ([`Victim::rank`]), so neither the index's layout nor the order tasks joined it can change a
-//! decision. Searches take victims lazily from a heap: most stop after a few.
+//! the policy's [`VictimOrder`], ties to the worst key — as a total order ([`Victim`]'s rank),
+//! so neither the index's layout nor the order tasks joined it can change a decision. Each
+//! team's tasks are kept in that order, and a [`Search`] merges the teams' lists lazily, asking
+//! the policy about a task only when the search gets to it: most searches stop after a few
+//! victims, and never look at the thousands of tasks behind them.
+//!
+//! [`Policy::may_preempt_team`]: crate::policy::Policy::may_preempt_team
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -32,12 +36,13 @@ pub(super) struct Runner {
     pub lost: u64,
 }
 
-/// The running tasks by team. A team's runners (key, lost work …) are computed only when a
-/// search first looks at them, and kept in no order (the search's heap ranks them): a search
-/// settles most teams with one question to the policy and never reads their tasks.
-#[derive(Debug, Default)]
+/// The running tasks by team.
+#[derive(Debug)]
 pub(super) struct Running {
+    order: VictimOrder,
     teams: Vec<Team>,
+    /// Where a team is in `teams`, by the number the scheduler gave it (`usize::MAX`: none).
+    slots: Vec<usize>,
 }
 
 /// One team's running tasks.
@@ -48,112 +53,172 @@ pub(super) struct Team {
     ids: Vec<TaskId>,
     /// How many of them have a usage limit.
     pub limited: usize,
-    /// Once computed, in no order.
-    runners: Option<Vec<Runner>>,
+    /// Computed the first time a search looks at the team (most searches settle most teams
+    /// with one question and never read their tasks).
+    ranked: Option<Ranked>,
 }
 
-impl Team {
-    /// Its runners, in no order, computed by `runner` the first time.
-    pub fn runners(&mut self, runner: impl FnMut(TaskId) -> Runner) -> &[Runner] {
-        self.runners
-            .get_or_insert_with(|| self.ids.iter().copied().map(runner).collect())
-    }
+/// A team's runners in victim order, and the GPUs they hold.
+#[derive(Debug)]
+struct Ranked {
+    list: Vec<(Victim, Runner)>,
+    gpus: u64,
+}
 
-    /// Its tasks whose keys are worse than `floor` (all of them without one), or all of them
-    /// while any has a usage limit: the only ones a policy with that floor may take. The
-    /// search ranks them itself, so they are filtered, not sorted: most searches look at a
-    /// team once per sweep.
-    pub fn above(
-        &mut self,
-        floor: Option<QueueKey>,
-        runner: impl FnMut(TaskId) -> Runner,
-    ) -> impl Iterator<Item = &Runner> {
-        let floor = floor.filter(|_| self.limited == 0);
-        self.runners(runner)
-            .iter()
-            .filter(move |r| floor.is_none_or(|floor| r.key > floor))
+/// Which of a team's running tasks a search may take.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Terms {
+    /// `Some(true)`: every one; `Some(false)`: only those past their usage limits; `None`: ask
+    /// the policy task by task.
+    pub whole: Option<bool>,
+    /// Task by task, only keys worse than this can qualify (those past their limits aside).
+    pub floor: Option<QueueKey>,
+}
+
+impl Terms {
+    /// Whether `r` qualifies; `ask` is the policy's answer for it.
+    fn allow(&self, r: &Runner, ask: &mut impl FnMut(&Runner) -> bool) -> bool {
+        r.over
+            || (self.floor.is_none_or(|floor| r.key > floor)
+                && self.whole.unwrap_or_else(|| ask(r)))
     }
 }
 
 impl Running {
     /// The index of `all` running tasks: (team's number, team, task, whether it has a usage
-    /// limit). Tasks come grouped by nothing in particular: a team is found by its number (the
-    /// scheduler numbers teams as they first submit), not by comparing names.
-    pub fn of<'a>(all: impl IntoIterator<Item = (usize, &'a str, TaskId, bool)>) -> Self {
-        let mut running = Self::default();
-        let mut slots: Vec<usize> = Vec::new();
+    /// limit), to be taken in `order`.
+    pub fn of<'a>(
+        order: VictimOrder,
+        all: impl IntoIterator<Item = (usize, &'a str, TaskId, bool)>,
+    ) -> Self {
+        let mut running = Self {
+            order,
+            teams: Vec::new(),
+            slots: Vec::new(),
+        };
         for (number, team, id, limited) in all {
-            if slots.len() <= number {
-                slots.resize(number + 1, usize::MAX);
-            }
-            if slots[number] == usize::MAX {
-                slots[number] = running.team(team);
-            }
-            let team = &mut running.teams[slots[number]];
+            let team = running.team(number, team);
             team.limited += usize::from(limited);
             team.ids.push(id);
         }
         running
     }
 
-    fn team(&mut self, name: &str) -> usize {
-        match self.teams.iter().position(|t| t.name == name) {
-            Some(t) => t,
-            None => {
-                self.teams.push(Team {
-                    name: name.to_owned(),
-                    ids: Vec::new(),
-                    limited: 0,
-                    runners: None,
-                });
-                self.teams.len() - 1
-            }
+    fn team(&mut self, number: usize, name: &str) -> &mut Team {
+        if self.slots.len() <= number {
+            self.slots.resize(number + 1, usize::MAX);
         }
+        if self.slots[number] == usize::MAX {
+            self.slots[number] = self.teams.len();
+            self.teams.push(Team {
+                name: name.to_owned(),
+                ids: Vec::new(),
+                limited: 0,
+                ranked: None,
+            });
+        }
+        &mut self.teams[self.slots[number]]
     }
 
-    /// Adds task `id` of `team`, which started (`runner` makes its runner if the team's are
-    /// computed already).
+    /// Adds task `id` of team `number` (named `name`), which started (`runner` makes its
+    /// runner if the team's are computed already).
     pub fn insert(
         &mut self,
-        team: &str,
+        number: usize,
+        name: &str,
         id: TaskId,
         limited: bool,
         runner: impl FnOnce(TaskId) -> Runner,
     ) {
-        let t = self.team(team);
-        let team = &mut self.teams[t];
+        let order = self.order;
+        let team = self.team(number, name);
         team.limited += usize::from(limited);
         team.ids.push(id);
-        if let Some(runners) = &mut team.runners {
-            runners.push(runner(id));
+        if let Some(ranked) = &mut team.ranked {
+            let r = runner(id);
+            let victim = Victim::new(&r, order);
+            let at = ranked.list.partition_point(|(v, _)| *v < victim);
+            ranked.list.insert(at, (victim, r));
+            ranked.gpus += u64::from(r.gpus);
         }
     }
 
-    /// Removes task `id` of `team`, if it is there.
-    pub fn remove(&mut self, team: &str, id: TaskId, limited: bool) {
-        let Some(team) = self.teams.iter_mut().find(|t| t.name == team) else {
+    /// Removes task `id` of team `number`, if it is there.
+    pub fn remove(&mut self, number: usize, id: TaskId, limited: bool) {
+        let Some(&slot) = self.slots.get(number).filter(|s| **s != usize::MAX) else {
             return;
         };
+        let team = &mut self.teams[slot];
         let Some(at) = team.ids.iter().position(|i| *i == id) else {
             return;
         };
         team.ids.swap_remove(at);
         team.limited -= usize::from(limited);
-        if let Some(runners) = &mut team.runners {
-            runners.retain(|r| r.id != id);
+        if let Some(ranked) = &mut team.ranked
+            && let Some(at) = ranked.list.iter().position(|(v, _)| v.id() == id)
+        {
+            let (_, r) = ranked.list.remove(at);
+            ranked.gpus -= u64::from(r.gpus);
         }
     }
 
-    /// Task `id` of `team`, if its team's runners were computed.
+    /// Task `id` of team `number`, if its team's runners were computed.
     #[cfg(test)]
-    pub fn get(&self, team: &str, id: TaskId) -> Option<&Runner> {
-        let team = self.teams.iter().find(|t| t.name == team)?;
-        team.runners.as_ref()?.iter().find(|r| r.id == id)
+    pub fn get(&self, number: usize, id: TaskId) -> Option<&Runner> {
+        let team = &self.teams[*self.slots.get(number)?];
+        let ranked = team.ranked.as_ref()?;
+        ranked.list.iter().map(|(_, r)| r).find(|r| r.id == id)
     }
 
-    /// The teams with running tasks.
-    pub fn teams_mut(&mut self) -> impl Iterator<Item = &mut Team> {
-        self.teams.iter_mut()
+    /// A search among the teams `terms` names terms for (`None`: the team is left out), and
+    /// at most how many whole GPUs its victims hold; `runner` computes a team's runners the
+    /// first time one is looked at.
+    pub fn search(
+        &mut self,
+        mut terms: impl FnMut(&Team) -> Option<Terms>,
+        mut runner: impl FnMut(TaskId) -> Runner,
+    ) -> (Search, u64) {
+        let mut parts = Vec::new();
+        let mut gpus = 0;
+        for (at, team) in self.teams.iter_mut().enumerate() {
+            let Some(terms) = terms(team) else {
+                continue;
+            };
+            let order = self.order;
+            let ranked = team.ranked.get_or_insert_with(|| {
+                let mut list: Vec<(Victim, Runner)> = team
+                    .ids
+                    .iter()
+                    .map(|id| {
+                        let r = runner(*id);
+                        (Victim::new(&r, order), r)
+                    })
+                    .collect();
+                list.sort_unstable_by_key(|(v, _)| *v);
+                let gpus = list.iter().map(|(_, r)| u64::from(r.gpus)).sum();
+                Ranked { list, gpus }
+            });
+            gpus += ranked.gpus;
+            parts.push(Part {
+                team: at,
+                terms,
+                next: 0,
+                len: ranked.list.len(),
+            });
+        }
+        let search = Search {
+            parts,
+            heads: BinaryHeap::new(),
+            started: false,
+        };
+        (search, gpus)
+    }
+
+    fn list(&self, team: usize) -> &[(Victim, Runner)] {
+        self.teams[team]
+            .ranked
+            .as_ref()
+            .map_or(&[], |r| r.list.as_slice())
     }
 }
 
@@ -161,6 +226,8 @@ impl Running {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) struct Victim {
     rank: (bool, u64, Reverse<(QueueKey, TaskId)>),
+    /// Whole GPUs it holds (after the rank, which alone orders: it holds the task's id).
+    gpus: u32,
 }
 
 impl Victim {
@@ -172,6 +239,7 @@ impl Victim {
         };
         Self {
             rank: (!runner.over, lost, Reverse((runner.key, runner.id))),
+            gpus: runner.gpus,
         }
     }
 
@@ -187,36 +255,82 @@ impl Victim {
     pub fn over(&self) -> bool {
         !self.rank.0
     }
-}
 
-/// Victims in rank order, taken one at a time.
-pub(super) struct Victims(BinaryHeap<Reverse<Victim>>);
-
-impl Victims {
-    pub fn new(all: Vec<Victim>) -> Self {
-        Self(BinaryHeap::from(
-            all.into_iter().map(Reverse).collect::<Vec<_>>(),
-        ))
+    pub fn gpus(&self) -> u64 {
+        u64::from(self.gpus)
     }
 }
 
-impl Victims {
-    /// How many victims are not taken yet.
-    pub fn len(&self) -> usize {
-        self.0.len()
+/// One search's victims in rank order, merged from the teams' ranked lists as the search takes
+/// them. Each call is handed the [`Running`] it was made from (unchanged since) and the
+/// policy's answer for a task (`ask`), which must not change during the search.
+pub(super) struct Search {
+    parts: Vec<Part>,
+    /// Each part's next victim, smallest rank first.
+    heads: BinaryHeap<Reverse<(Victim, usize)>>,
+    started: bool,
+}
+
+/// A team taking part in a search.
+struct Part {
+    team: usize,
+    terms: Terms,
+    /// Where in the team's list to look next (its head, if any, is before).
+    next: usize,
+    /// The list's length.
+    len: usize,
+}
+
+impl Search {
+    /// The next victim in rank order.
+    pub fn next(
+        &mut self,
+        running: &Running,
+        mut ask: impl FnMut(&Runner) -> bool,
+    ) -> Option<Victim> {
+        if !self.started {
+            self.started = true;
+            for part in 0..self.parts.len() {
+                self.advance(part, running, &mut ask);
+            }
+        }
+        let Reverse((victim, part)) = self.heads.pop()?;
+        self.advance(part, running, &mut ask);
+        Some(victim)
+    }
+
+    /// Moves `part`'s head to its next qualifying task, if any.
+    fn advance(&mut self, at: usize, running: &Running, ask: &mut impl FnMut(&Runner) -> bool) {
+        let part = &mut self.parts[at];
+        let list = running.list(part.team);
+        while let Some((victim, r)) = list.get(part.next) {
+            part.next += 1;
+            if part.terms.allow(r, ask) {
+                self.heads.push(Reverse((*victim, at)));
+                return;
+            }
+        }
+    }
+
+    /// At most how many victims are left (the tasks not looked at yet are counted whether
+    /// they qualify or not): what looking at all of them would cost.
+    pub fn left(&self) -> usize {
+        self.heads.len() + self.parts.iter().map(|p| p.len - p.next).sum::<usize>()
     }
 
     /// The victims not taken yet, in no order.
-    pub fn remaining(&self) -> impl Iterator<Item = Victim> + '_ {
-        self.0.iter().map(|Reverse(v)| *v)
-    }
-}
-
-impl Iterator for Victims {
-    type Item = Victim;
-
-    fn next(&mut self) -> Option<Victim> {
-        self.0.pop().map(|Reverse(v)| v)
+    pub fn remaining<'a>(
+        &'a self,
+        running: &'a Running,
+        mut ask: impl FnMut(&Runner) -> bool + 'a,
+    ) -> impl Iterator<Item = Victim> + 'a {
+        let heads = self.heads.iter().map(|Reverse((v, _))| *v);
+        let rest = self.parts.iter().flat_map(|p| {
+            running.list(p.team)[p.next..]
+                .iter()
+                .map(move |(v, r)| (p.terms, *v, *r))
+        });
+        heads.chain(rest.filter_map(move |(terms, v, r)| terms.allow(&r, &mut ask).then_some(v)))
     }
 }
 
@@ -234,6 +348,24 @@ mod tests {
         }
     }
 
+    fn made(id: TaskId) -> Runner {
+        // The runners the tests make carry their key in the id: 10 × key + id.
+        runner(id.0, (id.0 / 10) as i64, false, 0)
+    }
+
+    const ALL: Terms = Terms {
+        whole: Some(true),
+        floor: None,
+    };
+
+    /// Every victim of a search with `terms` for each team, in the order taken.
+    fn taken(running: &mut Running, terms: Terms, make: impl FnMut(TaskId) -> Runner) -> Vec<u64> {
+        let (mut search, _) = running.search(|_| Some(terms), make);
+        std::iter::from_fn(|| search.next(running, |_| true))
+            .map(|v| v.id().0)
+            .collect()
+    }
+
     #[test]
     fn victims_come_past_their_limit_first_then_by_lost_work_then_worst_key() {
         let all = [
@@ -242,77 +374,144 @@ mod tests {
             runner(3, 20, false, 1),
             runner(4, 0, true, 99),
         ];
+        let make = |id: TaskId| all[id.0 as usize - 1];
+        // Two teams: the search merges their lists into one order.
         let order = |o| {
-            let victims = all.iter().map(|r| Victim::new(r, o)).collect();
-            Victims::new(victims).map(|v| v.id().0).collect::<Vec<_>>()
+            let mut running = Running::of(
+                o,
+                all.iter().map(|r| {
+                    (
+                        (r.id.0 % 2) as usize,
+                        ["a", "b"][(r.id.0 % 2) as usize],
+                        r.id,
+                        r.over,
+                    )
+                }),
+            );
+            taken(&mut running, ALL, make)
         };
         assert_eq!(order(VictimOrder::LeastLostWork), [4, 3, 2, 1]);
         assert_eq!(order(VictimOrder::WorstFirst), [4, 2, 3, 1]);
     }
 
-    fn made(id: TaskId) -> Runner {
-        // The runners the tests insert carry their key in the id: 10 × key + id.
-        runner(id.0, (id.0 / 10) as i64, false, 0)
+    #[test]
+    fn teams_are_merged_in_one_order_and_asked_about_only_as_far_as_taken() {
+        // 60 tasks in three teams, keys in no order by id.
+        let key = |id: u64| ((id * 37) % 61) as i64;
+        let make = |id: TaskId| runner(id.0, key(id.0), false, 0);
+        let ids: Vec<u64> = (1..=60).collect();
+        let mut running = Running::of(
+            VictimOrder::WorstFirst,
+            ids.iter().map(|id| {
+                (
+                    (*id % 3) as usize,
+                    ["a", "b", "c"][(*id % 3) as usize],
+                    TaskId(*id),
+                    false,
+                )
+            }),
+        );
+        let terms = Terms {
+            whole: None,
+            floor: None,
+        };
+        let (mut search, gpus) = running.search(|_| Some(terms), make);
+        assert_eq!(gpus, 60);
+        // The policy allows only even ids; take five.
+        let mut asked = 0;
+        let mut first = Vec::new();
+        for _ in 0..5 {
+            let v = search
+                .next(&running, |r| {
+                    asked += 1;
+                    r.id.0.is_multiple_of(2)
+                })
+                .unwrap();
+            first.push(v.id().0);
+        }
+        let mut allowed: Vec<u64> = ids.iter().copied().filter(|id| id % 2 == 0).collect();
+        allowed.sort_by_key(|id| std::cmp::Reverse(key(*id)));
+        assert_eq!(first, allowed[..5]);
+        assert!(asked < 30, "asked about {asked} tasks to take 5");
+        // What is left is the rest, in any order; `left` bounds it.
+        let mut rest: Vec<u64> = search
+            .remaining(&running, |r| r.id.0.is_multiple_of(2))
+            .map(|v| v.id().0)
+            .collect();
+        rest.sort_by_key(|id| std::cmp::Reverse(key(*id)));
+        assert_eq!(rest, allowed[5..]);
+        assert!(search.left() >= rest.len());
     }
 
     #[test]
     fn removing_a_task_keeps_every_other_findable() {
-        let mut running = Running::default();
-        let team = |id: u64| if id.is_multiple_of(2) { "a" } else { "b" };
+        let mut running = Running::of(VictimOrder::WorstFirst, []);
+        let team = |id: u64| {
+            if id.is_multiple_of(2) {
+                (0, "a")
+            } else {
+                (1, "b")
+            }
+        };
         for id in 0..5 {
-            running.insert(team(id), TaskId(id), false, made);
+            running.insert(team(id).0, team(id).1, TaskId(id), false, made);
         }
-        for t in running.teams_mut() {
-            t.runners(made);
-        }
-        running.remove("a", TaskId(0), false);
-        running.remove("b", TaskId(3), false);
-        running.remove("b", TaskId(3), false);
+        running.search(|_| Some(ALL), made);
+        running.remove(0, TaskId(0), false);
+        running.remove(1, TaskId(3), false);
+        running.remove(1, TaskId(3), false);
+        running.remove(7, TaskId(3), false);
         for id in [1, 2, 4] {
             assert_eq!(
-                running.get(team(id), TaskId(id)).map(|r| r.id),
+                running.get(team(id).0, TaskId(id)).map(|r| r.id),
                 Some(TaskId(id))
             );
         }
-        assert!(running.get("a", TaskId(0)).is_none());
-        let count: usize = running.teams_mut().map(|t| t.runners(made).len()).sum();
-        assert_eq!(count, 3);
+        assert!(running.get(0, TaskId(0)).is_none());
+        // A task that starts once the lists are ranked takes its place in the order.
+        running.insert(1, "b", TaskId(15), false, made);
+        assert_eq!(taken(&mut running, ALL, made), [15, 4, 2, 1]);
     }
 
     #[test]
     fn a_floor_leaves_out_better_keys_unless_a_task_has_a_usage_limit() {
-        let mut running =
-            Running::of([TaskId(11), TaskId(32), TaskId(23)].map(|id| (0, "a", id, false)));
+        let mut running = Running::of(
+            VictimOrder::WorstFirst,
+            [TaskId(11), TaskId(32), TaskId(23)].map(|id| (0, "a", id, false)),
+        );
+        let terms = |limited: usize| Terms {
+            whole: None,
+            floor: Some(QueueKey(0, 2, 0)).filter(|_| limited == 0),
+        };
         let ids = |running: &mut Running| {
-            let team = running.teams_mut().next().unwrap();
-            let mut ids: Vec<u64> = team
-                .above(Some(QueueKey(0, 2, 0)), made)
-                .map(|r| r.id.0)
-                .collect();
-            ids.sort_unstable_by(|a, b| b.cmp(a));
-            ids
+            let (mut search, _) = running.search(|t| Some(terms(t.limited)), made);
+            std::iter::from_fn(|| search.next(running, |_| true))
+                .map(|v| v.id().0)
+                .collect::<Vec<_>>()
         };
         assert_eq!(ids(&mut running), [32, 23]);
-        running.insert("a", TaskId(4), true, |id| runner(id.0, 0, true, 0));
-        assert_eq!(ids(&mut running), [32, 23, 11, 4]);
-        running.remove("a", TaskId(4), true);
+        running.insert(0, "a", TaskId(4), true, |id| runner(id.0, 0, true, 0));
+        assert_eq!(ids(&mut running), [4, 32, 23, 11]);
+        running.remove(0, TaskId(4), true);
         assert_eq!(ids(&mut running), [32, 23]);
     }
 
     #[test]
     fn a_team_never_looked_at_is_never_computed() {
-        let mut running = Running::of([(0, "a", TaskId(1), false), (1, "b", TaskId(2), true)]);
+        let mut running = Running::of(
+            VictimOrder::WorstFirst,
+            [(0, "a", TaskId(1), false), (1, "b", TaskId(2), true)],
+        );
         let mut made_for = Vec::new();
-        for t in running.teams_mut() {
-            if t.name == "b" {
-                t.runners(|id| {
-                    made_for.push(id);
-                    made(id)
-                });
-            }
-        }
+        running.search(
+            |t| (t.name == "b").then_some(ALL),
+            |id| {
+                made_for.push(id);
+                made(id)
+            },
+        );
         assert_eq!(made_for, [TaskId(2)]);
-        assert!(running.get("a", TaskId(1)).is_none());
-        assert_eq!(running.get("b", TaskId(2)).map(|r| r.id), Some(TaskId(2)));
+        assert!(running.get(0, TaskId(1)).is_none());
+        assert_eq!(running.get(1, TaskId(2)).map(|r| r.id), Some(TaskId(2)));
     }
 }

@@ -698,3 +698,27 @@ fn a_prediction_that_arrives_later_moves_a_queued_task() {
 }
 
 mod holds;
+
+#[test]
+fn a_search_counts_its_victims_in_whole_gpus_before_it_may_place() {
+    // One GPU: task 1 holds half of it (low priority), task 2 a quarter (high priority, no
+    // victim). A gang of two quarter-GPU tasks would fit in the quarter left and task 1's
+    // half, but a preemption needs the victims' whole GPUs (a fraction counts as one) plus
+    // the whole GPUs free to cover the gang's two: 1 + 0 < 2, so nothing is preempted —
+    // although the victim lists (tasks 1 and 2: two GPUs) would seem to allow it.
+    let inputs = vec![
+        submit(task(1).gpus(1).milli(500), 0),
+        submit(task(2).gpus(1).milli(250).priority(9), 0),
+        pass(0),
+        submit(task(3).gpus(1).milli(250).priority(5).gang("g", 2), MIN),
+        submit(task(4).gpus(1).milli(250).priority(5).gang("g", 2), MIN),
+        pass(MIN),
+    ];
+    check(vec![Case {
+        name: "a gang of fractions preempts only if whole GPUs cover it",
+        policy: "kueue",
+        nodes: vec![node("n1").gpus(1)],
+        inputs,
+        want: vec!["grant 2@n1", "grant 1@n1"],
+    }]);
+}
