@@ -248,6 +248,9 @@ pub struct Cluster {
     capacity_milli: u64,
     allocated_milli: u64,
     free_milli: u64,
+    /// While kept ([`Cluster::log_changes`]): every node changed since, in order, once per
+    /// change.
+    changes: Option<Vec<NodeIdx>>,
 }
 
 impl Cluster {
@@ -507,9 +510,40 @@ impl Cluster {
         }
     }
 
+    /// Starts (`true`, empty) or stops keeping the log of changed nodes: what lets a placer
+    /// that ranked the cluster once look again only where it changed (see
+    /// [`crate::policy::packing::Incremental`]).
+    pub fn log_changes(&mut self, keep: bool) {
+        self.changes = keep.then(Vec::new);
+    }
+
+    /// The nodes changed since the log was started, in order (a node once per change; empty
+    /// while no log is kept).
+    pub fn changes(&self) -> &[NodeIdx] {
+        self.changes.as_deref().unwrap_or_default()
+    }
+
+    /// Forgets the changes logged after the first `mark` but those of `changed`: the caller
+    /// has put every other node they name back exactly as it was at `mark` (a preemption
+    /// search gives back what it released and did not keep), so no one who looked at the
+    /// cluster then needs to look at those again.
+    pub fn forget_changes_since(
+        &mut self,
+        mark: usize,
+        changed: impl IntoIterator<Item = NodeIdx>,
+    ) {
+        if let Some(changes) = &mut self.changes {
+            changes.truncate(mark);
+            changes.extend(changed);
+        }
+    }
+
     /// Files the node under its entirely free GPUs, after every change to it (which is also
-    /// when its free shape is brought up to date).
+    /// when its free shape is brought up to date and the change logged).
     fn index(&mut self, idx: NodeIdx) {
+        if let Some(changes) = &mut self.changes {
+            changes.push(idx);
+        }
         self.nodes[idx.0 as usize].refresh();
         let node = &self.nodes[idx.0 as usize];
         if !node.schedulable {
@@ -528,5 +562,43 @@ impl Cluster {
         if let Some(set) = self.buckets[node.model].get_mut(node.free_whole as usize) {
             set.remove(&idx);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn share(node: NodeIdx, gpu: u32) -> Placement {
+        Placement {
+            shares: vec![NodeShare {
+                node,
+                gpus: vec![(gpu, WHOLE_GPU_MILLI)],
+                ..NodeShare::default()
+            }],
+        }
+    }
+
+    #[test]
+    fn the_change_log_names_each_change_while_kept_and_forgets_what_was_put_back() {
+        let mut cluster = Cluster::new();
+        let a = cluster.add_node(NodeSpec::new("a", 2, "H100"));
+        let b = cluster.add_node(NodeSpec::new("b", 2, "H100"));
+        cluster.allocate(&share(a, 0));
+        assert!(cluster.changes().is_empty(), "no log kept yet");
+        cluster.log_changes(true);
+        cluster.allocate(&share(b, 0));
+        assert_eq!(cluster.changes(), [b]);
+        // A search releases a's task and b's, then gives a's back and keeps b's stopped.
+        let mark = cluster.changes().len();
+        cluster.release(&share(a, 0));
+        cluster.release(&share(b, 0));
+        cluster.allocate(&share(a, 0));
+        assert_eq!(cluster.changes(), [b, a, b, a]);
+        cluster.forget_changes_since(mark, [b]);
+        assert_eq!(cluster.changes(), [b, b]);
+        cluster.log_changes(false);
+        cluster.release(&share(a, 0));
+        assert!(cluster.changes().is_empty());
     }
 }

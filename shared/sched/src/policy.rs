@@ -202,14 +202,10 @@ pub trait Policy: Send + std::fmt::Debug {
     fn one_node(&self, cluster: &Cluster, task: &TaskSpec) -> bool {
         task.gpus <= cluster.one_node_gpus()
     }
-    /// A placer for many tasks of `task`'s shape on a changing cluster that places exactly as
-    /// [`Policy::place`] would, at a fraction of the cost per placement (see
-    /// [`packing::Incremental`]); `None` where the policy has none, or not for this task.
-    fn incremental(
-        &self,
-        _cluster: &Cluster,
-        _task: &TaskSpec,
-    ) -> Option<packing::Incremental<'_>> {
+    /// The FGD packer [`Policy::place`] places with, if it is one: for many tasks of one shape
+    /// on a changing cluster, a [`packing::Incremental`] built on it places exactly as
+    /// [`Policy::place`] would, at a fraction of the cost per placement.
+    fn packer(&self) -> Option<&packing::Fgd> {
         None
     }
     /// Tells the policy a task was submitted (FGD learns the distribution of task shapes).

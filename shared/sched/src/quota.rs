@@ -340,7 +340,10 @@ impl Quotas {
 
     fn adjust(&mut self, team: &str, change: impl Fn(&mut Amounts, usize)) {
         let limits = self.limits(team);
-        let usage = self.usage.entry(team.to_owned()).or_default();
+        if !self.usage.contains_key(team) {
+            self.usage.insert(team.to_owned(), Amounts::default());
+        }
+        let usage = self.usage.get_mut(team).expect("inserted above");
         for r in 0..3 {
             let guaranteed = limits[r].map(|l| l.guaranteed());
             if let Some(g) = guaranteed {

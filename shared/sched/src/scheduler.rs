@@ -922,21 +922,24 @@ impl Scheduler {
         // Preloads come in few shapes and each takes a little of a large cluster: a shape's
         // placer ranks the cluster once and then looks only at the nodes taken since
         // (`changed[seen..]`), placing exactly as the policy would from scratch.
-        let mut placers: HashMap<Shape, (Option<Incremental<'_>>, usize)> = HashMap::default();
+        let mut placers: HashMap<Shape, (Option<Incremental>, usize)> = HashMap::default();
         let mut changed: Vec<NodeIdx> = Vec::new();
         let (policy, cluster) = (&*self.policy, &mut self.cluster);
         for (_, _, id) in order {
             let spec = &self.preloads[&id].spec;
-            let (placer, seen) = placers
-                .entry(Shape::of(spec))
-                .or_insert_with(|| (policy.incremental(cluster, spec), changed.len()));
-            let found = match placer {
-                Some(placer) => {
-                    placer.update(cluster, &changed[*seen..]);
+            let (placer, seen) = placers.entry(Shape::of(spec)).or_insert_with(|| {
+                let placer = policy
+                    .packer()
+                    .and_then(|fgd| Incremental::new(fgd, cluster, spec));
+                (placer, changed.len())
+            });
+            let found = match (placer, policy.packer()) {
+                (Some(placer), Some(fgd)) => {
+                    placer.update(fgd, cluster, &changed[*seen..]);
                     *seen = changed.len();
                     placer.place(cluster)
                 }
-                None => place_with(policy, cluster, spec),
+                _ => place_with(policy, cluster, spec),
             };
             let Some(placement) = found else {
                 continue;
@@ -1227,6 +1230,39 @@ impl Scheduler {
         }
         let specs: Vec<&TaskSpec> = unit.specs.iter().map(|s| &**s).collect();
         gang::place(cluster, &specs).map(|(p, level)| (p, Some(level)))
+    }
+
+    /// [`Self::place_unit`] during a sweep: a single task that the policy places by FGD on
+    /// one node goes, from the second of its shape on, through its shape's incremental placer
+    /// (`placers`, kept for the sweep), which looks again only at the nodes changed since it
+    /// was last asked. (A shape placed once in a sweep — the common case when a pass places
+    /// one arrival — is placed from scratch: ranking every node costs more than one search.)
+    fn place_in_sweep(
+        &mut self,
+        unit: &Unit,
+        placers: &mut HashMap<Shape, Placer>,
+    ) -> Option<Placed> {
+        let spec = &unit.specs[0];
+        if let (true, None, Some(fgd)) = (unit.single, &spec.mig_profile, self.policy.packer()) {
+            let cluster = &self.cluster;
+            let shape = &self.tasks[&unit.members[0]].shape;
+            let Some(slot) = placers.get_mut(shape) else {
+                placers.insert(shape.clone(), Placer::Once);
+                return self.place_unit(unit);
+            };
+            if matches!(slot, Placer::Once) {
+                *slot = match Incremental::new(fgd, cluster, spec) {
+                    Some(placer) => Placer::Ranked(Box::new(placer), cluster.changes().len()),
+                    None => Placer::FromScratch,
+                };
+            }
+            if let Placer::Ranked(placer, seen) = slot {
+                placer.update(fgd, cluster, &cluster.changes()[*seen..]);
+                *seen = cluster.changes().len();
+                return placer.place(cluster).map(|p| (vec![p], None));
+            }
+        }
+        self.place_unit(unit)
     }
 
     fn place_unit(&mut self, unit: &Unit) -> Option<Placed> {
@@ -1606,6 +1642,9 @@ impl Scheduler {
         let mut hopeless_gpus = u32::MAX;
         let mut unmovable_gpus = u32::MAX;
         let mut running: Option<Running> = None;
+        // Each shape's placer, for the sweep (the cluster logs where it changes meanwhile).
+        let mut placers: HashMap<Shape, Placer> = HashMap::default();
+        self.cluster.log_changes(true);
         for (key, leader) in &queue {
             let unit = self.unit(*leader);
             let team = unit.specs[0].team.clone();
@@ -1627,7 +1666,7 @@ impl Scheduler {
             let mut placed = if !admitted || excluded {
                 None
             } else {
-                let found = self.place_unit(&unit);
+                let found = self.place_in_sweep(&unit, &mut placers);
                 if found.is_none() && unit.single {
                     self.no_room.insert(self.tasks[leader].shape.clone());
                 }
@@ -1749,6 +1788,7 @@ impl Scheduler {
                 self.forget_shape(&shape);
             }
         }
+        self.cluster.log_changes(false);
         self.queue = queue;
         for key in started {
             self.queue.remove(&key);
@@ -1827,6 +1867,7 @@ impl Scheduler {
         // policy is asked about a task only when the search gets to it, of the quotas as they
         // are now (the search refunds its victims' as it goes).
         let floor = self.policy.victim_floor(preemptor);
+        let mark = self.cluster.changes().len();
         let (mut victims, most) = running.search(
             |team| match self
                 .policy
@@ -1849,15 +1890,23 @@ impl Scheduler {
                 |r: &Runner| may_take(&*self.policy, &self.tasks, &quotas, preemptor, r)
             };
         }
-        // A search goes on only if the victims hold enough GPUs with what is free: first by
-        // the most they could hold, then, before the first placement, for certain (the
-        // victims taken count, and if they fall short, those left do).
+        // A search goes on only if the victims hold enough GPUs with what is free (counted
+        // until they do, in no order).
         let free = self.cluster.free_milli() / u64::from(WHOLE_GPU_MILLI);
         let need = u64::from(unit.gpus).saturating_sub(free);
         if most < need {
             return None;
         }
-        let mut held = Some(0).filter(|_| need > 0);
+        if need > 0 {
+            let mut held = 0;
+            let mut victims = victims.remaining(running, ask!());
+            if !victims.any(|v| {
+                held += v.gpus();
+                held >= need
+            }) {
+                return None;
+            }
+        }
         // A unit its quota admits already and bound to one node can use only victims on a node
         // they could make room on. Once a search has released a few victims in vain, the
         // others' resources are no longer released (see `useful_nodes`); only their quota is,
@@ -1885,12 +1934,6 @@ impl Scheduler {
         let mut found = None;
         while let Some(taken) = victims.next(running, ask!()) {
             let victim = &taken.id();
-            if let Some(n) = held.as_mut() {
-                *n += taken.gpus();
-                if *n >= need {
-                    held = None;
-                }
-            }
             if gone.contains(victim) {
                 continue;
             }
@@ -1978,14 +2021,6 @@ impl Scheduler {
                 && freed_fits != Some(false)
                 && self.policy.admits(&team, unit.demand, &self.quotas)
             {
-                if let Some(n) = held {
-                    let rest = victims.remaining(running, ask!()).map(|v| v.gpus());
-                    if n + rest.sum::<u64>() < need {
-                        // Not enough for certain: as if the search had never begun.
-                        break;
-                    }
-                    held = None;
-                }
                 if let Some(p) = self.place_unit(unit) {
                     found = Some(p);
                     break;
@@ -2010,6 +2045,8 @@ impl Scheduler {
                         .charge(&task.spec.team, quota::demand(&task.spec));
                 }
             }
+            // Every node is as it was.
+            self.cluster.forget_changes_since(mark, []);
             return None;
         };
         // Keep running every victim group whose nodes the placement does not use.
@@ -2050,6 +2087,9 @@ impl Scheduler {
             }
             requeued.push(self.leader(leader));
         }
+        // Only the stopped victims' nodes changed: the others are back as they were.
+        self.cluster
+            .forget_changes_since(mark, stopped.iter().copied());
         // Victims may have freed more than the preemptor took.
         self.no_room.freed(stopped);
         Some((found, preempted))
@@ -2619,6 +2659,16 @@ impl Reservation {
 }
 
 mod no_room;
+
+/// How a sweep places a shape's tasks (see `Scheduler::place_in_sweep`).
+enum Placer {
+    /// Placed once so far, from scratch.
+    Once,
+    /// By this placer, which has seen the cluster's changes up to this many.
+    Ranked(Box<Incremental>, usize),
+    /// From scratch: the policy has no incremental placer for it.
+    FromScratch,
+}
 
 /// Where `policy` puts `spec` on `cluster`: a MIG instance by best fit, anything else as the
 /// policy places it.

@@ -307,12 +307,8 @@ impl Policy for Allot {
     fn one_node(&self, cluster: &Cluster, task: &TaskSpec) -> bool {
         self.placer.one_node(cluster, task)
     }
-    fn incremental(
-        &self,
-        cluster: &Cluster,
-        task: &TaskSpec,
-    ) -> Option<super::packing::Incremental<'_>> {
-        self.placer.incremental(cluster, task)
+    fn packer(&self) -> Option<&super::packing::Fgd> {
+        self.placer.packer()
     }
     fn observe_submitted(&mut self, task: &TaskSpec) {
         self.placer.observe_submitted(task);

@@ -383,8 +383,8 @@ impl Policy for Fgd {
         });
         best.map(|(_, _, choice)| choice.placement(cluster, task))
     }
-    fn incremental(&self, cluster: &Cluster, task: &TaskSpec) -> Option<Incremental<'_>> {
-        Incremental::new(self, cluster, task)
+    fn packer(&self) -> Option<&Fgd> {
+        Some(self)
     }
     fn parameters(&self) -> String {
         format!(
@@ -490,11 +490,11 @@ fn candidates(
 /// are looked at again, so a further placement costs a few nodes' evaluation instead of the
 /// whole cluster's. It places exactly as [`Fgd::place`] would on the cluster as it is,
 /// provided that every node changed since it was built is named to
-/// [`Incremental::update`] before it is asked, and that the policy has learnt no new task
-/// shape since (the scheduler uses one within a single pass's preload holds).
+/// [`Incremental::update`] before it is asked, and that the policy (the `fgd` each call is
+/// handed, always the same) has learnt no new task shape since: the scheduler keeps placers
+/// within one sweep of a pass, and one pass's preload holds.
 #[derive(Debug)]
-pub struct Incremental<'p> {
-    fgd: &'p Fgd,
+pub struct Incremental {
     task: TaskSpec,
     request: Request,
     /// Every feasible node's placements, best first.
@@ -515,14 +515,15 @@ struct OwnedKey {
     free: Box<[u32]>,
 }
 
-impl<'p> Incremental<'p> {
-    fn new(fgd: &'p Fgd, cluster: &Cluster, task: &TaskSpec) -> Option<Self> {
+impl Incremental {
+    /// A placer for tasks of `task`'s shape as `fgd` places them; `None` for a task FGD does
+    /// not place on one node's GPUs (spanning nodes, a MIG instance).
+    pub fn new(fgd: &Fgd, cluster: &Cluster, task: &TaskSpec) -> Option<Self> {
         let request = Request::of(cluster, task);
         if request == Request::Spanning || task.mig_profile.is_some() {
             return None;
         }
         let mut incremental = Self {
-            fgd,
             task: task.clone(),
             request,
             ranked: Default::default(),
@@ -532,15 +533,15 @@ impl<'p> Incremental<'p> {
         let mut feasible = Vec::new();
         for_each_feasible(cluster, task, request, |idx, _| feasible.push(idx));
         for idx in feasible {
-            incremental.rank(cluster, idx);
+            incremental.rank(fgd, cluster, idx);
         }
         Some(incremental)
     }
 
     /// Ranks the feasible node `idx` as it is now.
-    fn rank(&mut self, cluster: &Cluster, idx: NodeIdx) {
+    fn rank(&mut self, fgd: &Fgd, cluster: &Cluster, idx: NodeIdx) {
         let node = cluster.node(idx);
-        let rows = self.fgd.rows(node.spec.gpu_model.as_str());
+        let rows = fgd.rows(node.spec.gpu_model.as_str());
         let state = NodeKey::of(rows, node);
         let key = OwnedKey {
             rows: state.rows,
@@ -549,7 +550,7 @@ impl<'p> Incremental<'p> {
             hash: state.hash,
             free: state.free.into(),
         };
-        let (fgd, task, request) = (self.fgd, &self.task, self.request);
+        let (task, request) = (&self.task, self.request);
         let losses = self.evaluated.entry(key).or_insert_with(|| {
             let mut out = Vec::new();
             fgd.node_losses(rows, state, task, request, &mut out);
@@ -566,19 +567,22 @@ impl<'p> Incremental<'p> {
     }
 
     /// Takes in that the nodes `changed` changed on `cluster` (a node may be named twice).
-    pub fn update(&mut self, cluster: &Cluster, changed: &[NodeIdx]) {
-        for idx in changed {
+    pub fn update(&mut self, fgd: &Fgd, cluster: &Cluster, changed: &[NodeIdx]) {
+        let mut changed = changed.to_vec();
+        changed.sort_unstable();
+        changed.dedup();
+        for idx in &changed {
             if let Some(entries) = self.by_node.remove(idx) {
                 for c in &entries {
                     self.ranked.remove(c);
                 }
             }
         }
-        for idx in changed {
+        for idx in &changed {
             if !self.by_node.contains_key(idx)
                 && feasible(cluster.node(*idx), &self.task, self.request)
             {
-                self.rank(cluster, *idx);
+                self.rank(fgd, cluster, *idx);
             }
         }
     }

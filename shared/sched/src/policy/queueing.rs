@@ -170,6 +170,11 @@ impl Policy for Kueue {
                 && quotas.borrowing(&victim.spec.team)
         }
     }
+    fn victim_floor(&self, preemptor: Contender<'_>) -> Option<QueueKey> {
+        // Task by task (within its own team) only lower priorities: keys past the last of its
+        // own priority's.
+        Some(QueueKey(preemptor.key.0, i64::MAX, u64::MAX))
+    }
     fn may_preempt_team(
         &self,
         preemptor: Contender<'_>,

@@ -10,12 +10,15 @@
 //!
 //! The victim order is the one the scheduler always used — past its usage limit first, then
 //! the policy's [`VictimOrder`], ties to the worst key — as a total order ([`Victim`]'s rank),
-//! so neither the index's layout nor the order tasks joined it can change a decision. Each
-//! team's tasks are kept in that order, and a [`Search`] merges the teams' lists lazily, asking
-//! the policy about a task only when the search gets to it: most searches stop after a few
-//! victims, and never look at the thousands of tasks behind them.
+//! so neither the index's layout nor the order tasks joined it can change a decision. A team's
+//! tasks are split by the first part of their keys (a priority class, for the policies that
+//! have one), each class sorted in that order when a search first reads it, and a [`Search`]
+//! merges the classes lazily, asking the policy about a task only when the search gets to it:
+//! most searches stop after a few victims and never look at the thousands behind them, and a
+//! policy's key floor ([`Policy::victim_floor`]) skips whole classes unread.
 //!
 //! [`Policy::may_preempt_team`]: crate::policy::Policy::may_preempt_team
+//! [`Policy::victim_floor`]: crate::policy::Policy::victim_floor
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -24,7 +27,7 @@ use crate::model::TaskId;
 use crate::policy::{QueueKey, VictimOrder};
 
 /// A running task, as a preemption search weighs it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) struct Runner {
     pub key: QueueKey,
     pub id: TaskId,
@@ -54,15 +57,75 @@ pub(super) struct Team {
     /// How many of them have a usage limit.
     pub limited: usize,
     /// Computed the first time a search looks at the team (most searches settle most teams
-    /// with one question and never read their tasks).
-    ranked: Option<Ranked>,
+    /// with one question and never read their tasks): its runners by the first part of their
+    /// keys (a priority class), in key order, each class ranked on its own. A search with a
+    /// key floor skips the classes wholly below it without reading them.
+    ranked: Option<Vec<(i64, Ranked)>>,
 }
 
-/// A team's runners in victim order, and the GPUs they hold.
-#[derive(Debug)]
+/// A class of a team's runners in victim order — sorted when a search first reads the class
+/// (a search with a key floor skips whole classes: openb's latency-sensitive pods read only
+/// the best-effort ones) — and the GPUs they hold.
+#[derive(Debug, Default)]
 struct Ranked {
-    list: Vec<(Victim, Runner)>,
+    /// Every runner the sweep made, by number (those that stopped are left in place).
+    runners: Vec<Runner>,
+    /// Their ranks and numbers (of those running), in victim order once `sorted`.
+    list: Vec<(Victim, u32)>,
+    sorted: bool,
     gpus: u64,
+}
+
+impl Ranked {
+    fn push(&mut self, victim: Victim, r: Runner) {
+        self.gpus += victim.gpus();
+        self.list.push((victim, self.runners.len() as u32));
+        self.runners.push(r);
+    }
+
+    /// The runner at `at` in victim order, if there are that many.
+    fn get(&mut self, at: usize) -> Option<(Victim, &Runner)> {
+        if !self.sorted {
+            self.list.sort_unstable_by_key(|(v, _)| *v);
+            self.sorted = true;
+        }
+        let (victim, r) = *self.list.get(at)?;
+        Some((victim, &self.runners[r as usize]))
+    }
+
+    fn insert(&mut self, victim: Victim, r: Runner) {
+        let n = self.runners.len() as u32;
+        self.runners.push(r);
+        self.gpus += victim.gpus();
+        let at = if self.sorted {
+            self.list.partition_point(|(v, _)| *v < victim)
+        } else {
+            self.list.len()
+        };
+        self.list.insert(at, (victim, n));
+    }
+
+    /// Removes task `id`; whether it was there.
+    fn remove(&mut self, id: TaskId) -> bool {
+        let Some(at) = self.list.iter().position(|(v, _)| v.id() == id) else {
+            return false;
+        };
+        let (victim, _) = self.list.remove(at);
+        self.gpus -= victim.gpus();
+        true
+    }
+
+    fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// The runners from `at` on in victim order (every one if the class is not sorted yet, when
+    /// `at` is 0), in no order.
+    fn from(&self, at: usize) -> impl Iterator<Item = (Victim, &Runner)> + '_ {
+        self.list[at..]
+            .iter()
+            .map(|(v, r)| (*v, &self.runners[*r as usize]))
+    }
 }
 
 /// Which of a team's running tasks a search may take.
@@ -134,12 +197,17 @@ impl Running {
         let team = self.team(number, name);
         team.limited += usize::from(limited);
         team.ids.push(id);
-        if let Some(ranked) = &mut team.ranked {
+        if let Some(classes) = &mut team.ranked {
             let r = runner(id);
-            let victim = Victim::new(&r, order);
-            let at = ranked.list.partition_point(|(v, _)| *v < victim);
-            ranked.list.insert(at, (victim, r));
-            ranked.gpus += u64::from(r.gpus);
+            let class = r.key.0;
+            let at = match classes.binary_search_by_key(&class, |(c, _)| *c) {
+                Ok(at) => at,
+                Err(at) => {
+                    classes.insert(at, (class, Ranked::default()));
+                    at
+                }
+            };
+            classes[at].1.insert(Victim::new(&r, order), r);
         }
     }
 
@@ -154,11 +222,8 @@ impl Running {
         };
         team.ids.swap_remove(at);
         team.limited -= usize::from(limited);
-        if let Some(ranked) = &mut team.ranked
-            && let Some(at) = ranked.list.iter().position(|(v, _)| v.id() == id)
-        {
-            let (_, r) = ranked.list.remove(at);
-            ranked.gpus -= u64::from(r.gpus);
+        if let Some(classes) = &mut team.ranked {
+            let _ = classes.iter_mut().any(|(_, r)| r.remove(id));
         }
     }
 
@@ -166,8 +231,12 @@ impl Running {
     #[cfg(test)]
     pub fn get(&self, number: usize, id: TaskId) -> Option<&Runner> {
         let team = &self.teams[*self.slots.get(number)?];
-        let ranked = team.ranked.as_ref()?;
-        ranked.list.iter().map(|(_, r)| r).find(|r| r.id == id)
+        let classes = team.ranked.as_ref()?;
+        classes
+            .iter()
+            .flat_map(|(_, ranked)| ranked.from(0))
+            .map(|(_, r)| r)
+            .find(|r| r.id == id)
     }
 
     /// A search among the teams `terms` names terms for (`None`: the team is left out), and
@@ -185,26 +254,41 @@ impl Running {
                 continue;
             };
             let order = self.order;
-            let ranked = team.ranked.get_or_insert_with(|| {
-                let mut list: Vec<(Victim, Runner)> = team
-                    .ids
-                    .iter()
-                    .map(|id| {
-                        let r = runner(*id);
-                        (Victim::new(&r, order), r)
-                    })
-                    .collect();
-                list.sort_unstable_by_key(|(v, _)| *v);
-                let gpus = list.iter().map(|(_, r)| u64::from(r.gpus)).sum();
-                Ranked { list, gpus }
+            let classes = team.ranked.get_or_insert_with(|| {
+                let mut classes: Vec<(i64, Ranked)> = Vec::new();
+                for id in &team.ids {
+                    let r = runner(*id);
+                    let at = match classes.iter().position(|(c, _)| *c == r.key.0) {
+                        Some(at) => at,
+                        None => {
+                            classes.push((r.key.0, Ranked::default()));
+                            classes.len() - 1
+                        }
+                    };
+                    classes[at].1.push(Victim::new(&r, order), r);
+                }
+                classes.sort_unstable_by_key(|(c, _)| *c);
+                classes
             });
-            gpus += ranked.gpus;
-            parts.push(Part {
-                team: at,
-                terms,
-                next: 0,
-                len: ranked.list.len(),
-            });
+            for (class, (first, ranked)) in classes.iter().enumerate() {
+                // Every key of a class below the floor (or of the floor's class, where the
+                // floor is that class's last key) is at most the floor.
+                let below = |floor: QueueKey| {
+                    *first < floor.0
+                        || (*first == floor.0 && (floor.1, floor.2) == (i64::MAX, u64::MAX))
+                };
+                if terms.floor.is_some_and(below) {
+                    continue;
+                }
+                gpus += ranked.gpus;
+                parts.push(Part {
+                    team: at,
+                    class,
+                    terms,
+                    next: 0,
+                    len: ranked.len(),
+                });
+            }
         }
         let search = Search {
             parts,
@@ -214,11 +298,9 @@ impl Running {
         (search, gpus)
     }
 
-    fn list(&self, team: usize) -> &[(Victim, Runner)] {
-        self.teams[team]
-            .ranked
-            .as_ref()
-            .map_or(&[], |r| r.list.as_slice())
+    fn ranked(&mut self, part: &Part) -> &mut Ranked {
+        let classes = self.teams[part.team].ranked.as_mut();
+        &mut classes.expect("a search's teams are ranked")[part.class].1
     }
 }
 
@@ -271,9 +353,10 @@ pub(super) struct Search {
     started: bool,
 }
 
-/// A team taking part in a search.
+/// A team's class taking part in a search.
 struct Part {
     team: usize,
+    class: usize,
     terms: Terms,
     /// Where in the team's list to look next (its head, if any, is before).
     next: usize,
@@ -285,7 +368,7 @@ impl Search {
     /// The next victim in rank order.
     pub fn next(
         &mut self,
-        running: &Running,
+        running: &mut Running,
         mut ask: impl FnMut(&Runner) -> bool,
     ) -> Option<Victim> {
         if !self.started {
@@ -300,13 +383,13 @@ impl Search {
     }
 
     /// Moves `part`'s head to its next qualifying task, if any.
-    fn advance(&mut self, at: usize, running: &Running, ask: &mut impl FnMut(&Runner) -> bool) {
+    fn advance(&mut self, at: usize, running: &mut Running, ask: &mut impl FnMut(&Runner) -> bool) {
         let part = &mut self.parts[at];
-        let list = running.list(part.team);
-        while let Some((victim, r)) = list.get(part.next) {
+        let ranked = running.ranked(part);
+        while let Some((victim, r)) = ranked.get(part.next) {
             part.next += 1;
             if part.terms.allow(r, ask) {
-                self.heads.push(Reverse((*victim, at)));
+                self.heads.push(Reverse((victim, at)));
                 return;
             }
         }
@@ -326,11 +409,13 @@ impl Search {
     ) -> impl Iterator<Item = Victim> + 'a {
         let heads = self.heads.iter().map(|Reverse((v, _))| *v);
         let rest = self.parts.iter().flat_map(|p| {
-            running.list(p.team)[p.next..]
+            running.teams[p.team]
+                .ranked
                 .iter()
-                .map(move |(v, r)| (p.terms, *v, *r))
+                .flat_map(|classes| classes[p.class].1.from(p.next))
+                .map(move |(v, r)| (p.terms, v, r))
         });
-        heads.chain(rest.filter_map(move |(terms, v, r)| terms.allow(&r, &mut ask).then_some(v)))
+        heads.chain(rest.filter_map(move |(terms, v, r)| terms.allow(r, &mut ask).then_some(v)))
     }
 }
 
@@ -374,7 +459,7 @@ mod tests {
             runner(3, 20, false, 1),
             runner(4, 0, true, 99),
         ];
-        let make = |id: TaskId| all[id.0 as usize - 1];
+        let make = |id: TaskId| all[id.0 as usize - 1].clone();
         // Two teams: the search merges their lists into one order.
         let order = |o| {
             let mut running = Running::of(
@@ -422,7 +507,7 @@ mod tests {
         let mut first = Vec::new();
         for _ in 0..5 {
             let v = search
-                .next(&running, |r| {
+                .next(&mut running, |r| {
                     asked += 1;
                     r.id.0.is_multiple_of(2)
                 })
@@ -513,5 +598,39 @@ mod tests {
         assert_eq!(made_for, [TaskId(2)]);
         assert!(running.get(0, TaskId(1)).is_none());
         assert_eq!(running.get(1, TaskId(2)).map(|r| r.id), Some(TaskId(2)));
+    }
+
+    #[test]
+    fn a_floor_at_the_end_of_a_class_skips_the_class_unread() {
+        // Keys (class, key, id): tasks 1–3 in class 0, 4–6 in class 1.
+        let make = |id: TaskId| Runner {
+            key: QueueKey(i64::from(id.0 > 3), id.0 as i64, id.0),
+            id,
+            gpus: 2,
+            over: false,
+            lost: 0,
+        };
+        let mut running = Running::of(
+            VictimOrder::WorstFirst,
+            (1..=6).map(|id| (0, "a", TaskId(id), false)),
+        );
+        let terms = Terms {
+            whole: None,
+            floor: Some(QueueKey(0, i64::MAX, u64::MAX)),
+        };
+        let (mut search, gpus) = running.search(|_| Some(terms), make);
+        assert_eq!(gpus, 6, "only class 1's GPUs count");
+        let mut asked = Vec::new();
+        let taken: Vec<u64> = std::iter::from_fn(|| {
+            search.next(&mut running, |r| {
+                asked.push(r.id.0);
+                true
+            })
+        })
+        .map(|v| v.id().0)
+        .collect();
+        assert_eq!(taken, [6, 5, 4]);
+        asked.sort_unstable();
+        assert_eq!(asked, [4, 5, 6]);
     }
 }

@@ -659,7 +659,7 @@ mod incremental {
                 fgd.observe_submitted(t);
             }
             let mut cluster = build(&nodes);
-            let mut placers: Vec<Option<(Option<Incremental<'_>>, usize)>> =
+            let mut placers: Vec<Option<(Option<Incremental>, usize)>> =
                 (0..shapes.len()).map(|_| None).collect();
             let mut changed: Vec<NodeIdx> = Vec::new();
             let mut taken: Vec<Placement> = Vec::new();
@@ -674,10 +674,10 @@ mod incremental {
                 let task = &shapes[i];
                 let want = fgd.place(&cluster, task);
                 let (placer, seen) = placers[i]
-                    .get_or_insert_with(|| (fgd.incremental(&cluster, task), changed.len()));
+                    .get_or_insert_with(|| (Incremental::new(&fgd, &cluster, task), changed.len()));
                 let got = match placer {
                     Some(placer) => {
-                        placer.update(&cluster, &changed[*seen..]);
+                        placer.update(&fgd, &cluster, &changed[*seen..]);
                         *seen = changed.len();
                         placer.place(&cluster)
                     }
