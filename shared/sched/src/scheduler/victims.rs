@@ -63,16 +63,17 @@ pub(super) struct Team {
     ranked: Option<Vec<(i64, Ranked)>>,
 }
 
-/// A class of a team's runners in victim order — sorted when a search first reads the class
-/// (a search with a key floor skips whole classes: openb's latency-sensitive pods read only
-/// the best-effort ones) — and the GPUs they hold.
+/// A class of a team's runners in victim order — sorted only as far as searches have read it
+/// (most read a few of thousands; a search with a key floor skips whole classes: openb's
+/// latency-sensitive pods read only the best-effort ones) — and the GPUs they hold.
 #[derive(Debug, Default)]
 struct Ranked {
     /// Every runner the sweep made, by number (those that stopped are left in place).
     runners: Vec<Runner>,
-    /// Their ranks and numbers (of those running), in victim order once `sorted`.
+    /// The ranks and numbers of those running: the first `sorted` in victim order, and
+    /// before every other.
     list: Vec<(Victim, u32)>,
-    sorted: bool,
+    sorted: usize,
     gpus: u64,
 }
 
@@ -85,9 +86,20 @@ impl Ranked {
 
     /// The runner at `at` in victim order, if there are that many.
     fn get(&mut self, at: usize) -> Option<(Victim, &Runner)> {
-        if !self.sorted {
-            self.list.sort_unstable_by_key(|(v, _)| *v);
-            self.sorted = true;
+        if at >= self.sorted && at < self.list.len() {
+            // Sort the next stretch (at least doubling what is sorted): a search that reads
+            // a few costs one pass over the class, one that reads all a sort.
+            let upto = (at + 1)
+                .max(2 * self.sorted)
+                .max(SORTED_FIRST)
+                .min(self.list.len());
+            let rest = &mut self.list[self.sorted..];
+            let n = upto - self.sorted;
+            if n < rest.len() {
+                rest.select_nth_unstable_by_key(n - 1, |(v, _)| *v);
+            }
+            rest[..n].sort_unstable_by_key(|(v, _)| *v);
+            self.sorted = upto;
         }
         let (victim, r) = *self.list.get(at)?;
         Some((victim, &self.runners[r as usize]))
@@ -97,12 +109,13 @@ impl Ranked {
         let n = self.runners.len() as u32;
         self.runners.push(r);
         self.gpus += victim.gpus();
-        let at = if self.sorted {
-            self.list.partition_point(|(v, _)| *v < victim)
+        if self.sorted > 0 && victim < self.list[self.sorted - 1].0 {
+            let at = self.list[..self.sorted].partition_point(|(v, _)| *v < victim);
+            self.list.insert(at, (victim, n));
+            self.sorted += 1;
         } else {
-            self.list.len()
-        };
-        self.list.insert(at, (victim, n));
+            self.list.push((victim, n));
+        }
     }
 
     /// Removes task `id`; whether it was there.
@@ -112,6 +125,9 @@ impl Ranked {
         };
         let (victim, _) = self.list.remove(at);
         self.gpus -= victim.gpus();
+        if at < self.sorted {
+            self.sorted -= 1;
+        }
         true
     }
 
@@ -119,14 +135,16 @@ impl Ranked {
         self.list.len()
     }
 
-    /// The runners from `at` on in victim order (every one if the class is not sorted yet, when
-    /// `at` is 0), in no order.
+    /// The runners from `at` (no further than read) on in victim order, in no order.
     fn from(&self, at: usize) -> impl Iterator<Item = (Victim, &Runner)> + '_ {
         self.list[at..]
             .iter()
             .map(|(v, r)| (*v, &self.runners[*r as usize]))
     }
 }
+
+/// How many runners of a class the first read sorts.
+const SORTED_FIRST: usize = 32;
 
 /// Which of a team's running tasks a search may take.
 #[derive(Debug, Clone, Copy)]
