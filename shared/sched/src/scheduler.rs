@@ -464,8 +464,9 @@ type Placed = (Vec<Placement>, Option<Level>);
 const RELOCATION_TRIES: usize = 4;
 
 /// A preemption search that released this many victims in vain, and at least 1/`SORT_OUT_SHARE`
-/// of those left, sorts out those that cannot help: sorting out costs about as much as
-/// releasing a victim per victim left, and most searches end after a few.
+/// of the tasks it has not read yet (those left, at most), sorts out those that cannot help:
+/// sorting out costs about as much as releasing a victim per task left, and most searches end
+/// after a few.
 const SORT_OUT_AFTER: usize = 16;
 const SORT_OUT_SHARE: usize = 8;
 
