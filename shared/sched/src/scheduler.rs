@@ -921,32 +921,17 @@ impl Scheduler {
         order.sort_unstable();
         let mut held = Vec::new();
         // Preloads come in few shapes and each takes a little of a large cluster: a shape's
-        // placer ranks the cluster once and then looks only at the nodes taken since
-        // (`changed[seen..]`), placing exactly as the policy would from scratch.
-        let mut placers: HashMap<Shape, (Option<Incremental>, usize)> = HashMap::default();
-        let mut changed: Vec<NodeIdx> = Vec::new();
+        // placer ranks the cluster once and then looks only at the nodes taken since.
+        let mut placers = Placers::default();
         let (policy, cluster) = (&*self.policy, &mut self.cluster);
+        cluster.log_changes(true);
         for (_, _, id) in order {
             let spec = &self.preloads[&id].spec;
-            let (placer, seen) = placers.entry(Shape::of(spec)).or_insert_with(|| {
-                let placer = policy
-                    .packer()
-                    .and_then(|fgd| Incremental::new(fgd, cluster, spec));
-                (placer, changed.len())
-            });
-            let found = match (placer, policy.packer()) {
-                (Some(placer), Some(fgd)) => {
-                    placer.update(fgd, cluster, &changed[*seen..]);
-                    *seen = changed.len();
-                    placer.place(cluster)
-                }
-                _ => place_with(policy, cluster, spec),
-            };
+            let found = placers.place(policy, cluster, spec, &Shape::of(spec));
             let Some(placement) = found else {
                 continue;
             };
             cluster.allocate(&placement);
-            changed.extend(placement.shares.iter().map(|s| s.node));
             let preload = self.preloads.get_mut(&id).expect("listed above");
             if preload.announced.as_ref() != Some(&placement) {
                 preload.announced = Some(placement.clone());
@@ -959,6 +944,7 @@ impl Scheduler {
             }
             held.push(placement);
         }
+        cluster.log_changes(false);
         held
     }
 
@@ -1233,37 +1219,16 @@ impl Scheduler {
         gang::place(cluster, &specs).map(|(p, level)| (p, Some(level)))
     }
 
-    /// [`Self::place_unit`] during a sweep: a single task that the policy places by FGD on
-    /// one node goes, from the second of its shape on, through its shape's incremental placer
-    /// (`placers`, kept for the sweep), which looks again only at the nodes changed since it
-    /// was last asked. (A shape placed once in a sweep — the common case when a pass places
-    /// one arrival — is placed from scratch: ranking every node costs more than one search.)
-    fn place_in_sweep(
-        &mut self,
-        unit: &Unit,
-        placers: &mut HashMap<Shape, Placer>,
-    ) -> Option<Placed> {
-        let spec = &unit.specs[0];
-        if let (true, None, Some(fgd)) = (unit.single, &spec.mig_profile, self.policy.packer()) {
-            let cluster = &self.cluster;
-            let shape = &self.tasks[&unit.members[0]].shape;
-            let Some(slot) = placers.get_mut(shape) else {
-                placers.insert(shape.clone(), Placer::Once);
-                return self.place_unit(unit);
-            };
-            if matches!(slot, Placer::Once) {
-                *slot = match Incremental::new(fgd, cluster, spec) {
-                    Some(placer) => Placer::Ranked(Box::new(placer), cluster.changes().len()),
-                    None => Placer::FromScratch,
-                };
-            }
-            if let Placer::Ranked(placer, seen) = slot {
-                placer.update(fgd, cluster, &cluster.changes()[*seen..]);
-                *seen = cluster.changes().len();
-                return placer.place(cluster).map(|p| (vec![p], None));
-            }
+    /// [`Self::place_unit`] during a sweep: a single task through `placers` (kept for the
+    /// sweep).
+    fn place_in_sweep(&mut self, unit: &Unit, placers: &mut Placers) -> Option<Placed> {
+        if !unit.single {
+            return self.place_unit(unit);
         }
-        self.place_unit(unit)
+        let shape = &self.tasks[&unit.members[0]].shape;
+        placers
+            .place(&*self.policy, &self.cluster, &unit.specs[0], shape)
+            .map(|p| (vec![p], None))
     }
 
     fn place_unit(&mut self, unit: &Unit) -> Option<Placed> {
@@ -1644,7 +1609,7 @@ impl Scheduler {
         let mut unmovable_gpus = u32::MAX;
         let mut running: Option<Running> = None;
         // Each shape's placer, for the sweep (the cluster logs where it changes meanwhile).
-        let mut placers: HashMap<Shape, Placer> = HashMap::default();
+        let mut placers = Placers::default();
         self.cluster.log_changes(true);
         for (key, leader) in &queue {
             let unit = self.unit(*leader);
@@ -2661,7 +2626,16 @@ impl Reservation {
 
 mod no_room;
 
-/// How a sweep places a shape's tasks (see `Scheduler::place_in_sweep`).
+/// Placements of many tasks on a cluster that changes meanwhile (a sweep, a pass's preload
+/// holds), while the cluster logs its changes: a task the policy places by FGD goes, from the
+/// second of its shape on, through that shape's incremental placer, which looks again only at
+/// the nodes changed since it was last asked. (A shape placed once — the common case when a
+/// pass places one arrival — is placed from scratch: ranking every node costs more than one
+/// search.) Every placement is the one `place_with` finds.
+#[derive(Default)]
+struct Placers(HashMap<Shape, Placer>);
+
+/// How a shape's tasks are placed.
 enum Placer {
     /// Placed once so far, from scratch.
     Once,
@@ -2669,6 +2643,36 @@ enum Placer {
     Ranked(Box<Incremental>, usize),
     /// From scratch: the policy has no incremental placer for it.
     FromScratch,
+}
+
+impl Placers {
+    /// Where `policy` puts `spec`, of `shape`, on `cluster` now.
+    fn place(
+        &mut self,
+        policy: &dyn Policy,
+        cluster: &Cluster,
+        spec: &TaskSpec,
+        shape: &Shape,
+    ) -> Option<Placement> {
+        if let (None, Some(fgd)) = (&spec.mig_profile, policy.packer()) {
+            let Some(slot) = self.0.get_mut(shape) else {
+                self.0.insert(shape.clone(), Placer::Once);
+                return place_with(policy, cluster, spec);
+            };
+            if matches!(slot, Placer::Once) {
+                *slot = match Incremental::new(fgd, cluster, spec) {
+                    Some(placer) => Placer::Ranked(Box::new(placer), cluster.changes().len()),
+                    None => Placer::FromScratch,
+                };
+            }
+            if let Placer::Ranked(placer, seen) = slot {
+                placer.update(fgd, cluster, &cluster.changes()[*seen..]);
+                *seen = cluster.changes().len();
+                return placer.place(cluster);
+            }
+        }
+        place_with(policy, cluster, spec)
+    }
 }
 
 /// Where `policy` puts `spec` on `cluster`: a MIG instance by best fit, anything else as the
