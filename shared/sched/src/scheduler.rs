@@ -2171,10 +2171,13 @@ impl Scheduler {
             return None;
         }
         candidates.sort_unstable();
-        let fits_at = self.earliest_fit(unit, now, true).start;
-        let saved = u128::from(need) * u128::from(fits_at.saturating_sub(now));
+        // What waiting would cost the unit, asked only once a move is possible: most tries
+        // fail because a victim fits nowhere else, and the question reads every running task.
+        // Candidates come cheapest first, so the first possible move too costly ends the search.
+        let mut fits_at: Option<Time> = None;
+        let saved = |fits_at: Time| u128::from(need) * u128::from(fits_at.saturating_sub(now));
         for (cost, _, victims) in candidates.into_iter().take(RELOCATION_TRIES) {
-            if cost >= saved {
+            if fits_at.is_some_and(|at| cost >= saved(at)) {
                 break;
             }
             let originals: Vec<Placement> = victims
@@ -2210,11 +2213,18 @@ impl Scheduler {
             for p in &trial {
                 self.cluster.release(p);
             }
+            for p in &originals {
+                self.cluster.allocate(p);
+            }
             if !ok {
-                for p in &originals {
-                    self.cluster.allocate(p);
-                }
                 continue;
+            }
+            let fits_at = *fits_at.get_or_insert_with(|| self.earliest_fit(unit, now, true).start);
+            if cost >= saved(fits_at) {
+                break;
+            }
+            for p in &originals {
+                self.cluster.release(p);
             }
             let placement = trial.swap_remove(0);
             let wait = if fits_at == Time::MAX {
