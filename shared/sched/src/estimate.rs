@@ -79,6 +79,10 @@ impl DurationEstimator for History {
         if let Some(predicted) = task.predicted_duration {
             return predicted;
         }
+        if self.all.n == 0 {
+            // Nothing finished yet (all of openb's run): no key to look up.
+            return Self::DEFAULT;
+        }
         self.by_team_gpus
             .get(&task.team)
             .and_then(|by_gpus| by_gpus.get(&task.gpus))

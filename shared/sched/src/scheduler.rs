@@ -1180,6 +1180,17 @@ impl Scheduler {
     }
 
     fn unit(&self, leader: TaskId) -> Unit {
+        let task = &self.tasks[&leader];
+        if task.spec.gang.is_none() {
+            // One task: no gang to look up (a pass builds a unit for every task it looks at).
+            return Unit {
+                members: vec![leader],
+                gpus: task.spec.gpus,
+                single: true,
+                demand: quota::demand(&task.spec),
+                specs: vec![Arc::clone(&task.spec)],
+            };
+        }
         let members = self.unit_ids(leader);
         let specs: Vec<Arc<TaskSpec>> = members
             .iter()
@@ -1613,11 +1624,12 @@ impl Scheduler {
         self.cluster.log_changes(true);
         for (key, leader) in &queue {
             let unit = self.unit(*leader);
-            let team = unit.specs[0].team.clone();
+            let spec = Arc::clone(&unit.specs[0]);
+            let team = &spec.team;
             // 2. nominate (a team over budget starts nothing below its floor)
             let floor = self
                 .over_budget
-                .get(&team)
+                .get(team)
                 .copied()
                 .flatten()
                 .filter(|floor| unit.specs[0].priority < *floor);
