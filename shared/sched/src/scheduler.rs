@@ -1633,7 +1633,7 @@ impl Scheduler {
                 .copied()
                 .flatten()
                 .filter(|floor| unit.specs[0].priority < *floor);
-            let admitted = floor.is_none() && self.policy.admits(&team, unit.demand, &self.quotas);
+            let admitted = floor.is_none() && self.policy.admits(team, unit.demand, &self.quotas);
             let excluded = unit.single
                 && self.no_room.excludes(
                     &self.tasks[leader].shape,
@@ -1702,7 +1702,7 @@ impl Scheduler {
                     } else if admitted {
                         self.no_capacity(&unit)
                     } else {
-                        self.quota_refusal(&team, unit.demand)
+                        self.quota_refusal(team, unit.demand)
                     };
                     blocked = Some((*leader, reason));
                 }
