@@ -422,6 +422,9 @@ pub struct Scheduler {
     sort_out_after: (usize, usize),
     /// Teams numbered as they first submit: a pass groups running tasks by team by number.
     teams: HashMap<String, usize>,
+    /// The running tasks by team, kept as tasks start and stop: what a sweep's preemption
+    /// searches index (unranked here; a sweep ranks a copy).
+    running: Running,
     /// How many searches sorted their victims out.
     #[cfg(test)]
     sorted_out: usize,
@@ -490,6 +493,7 @@ impl Scheduler {
         } else {
             Box::new(History::default())
         };
+        let order = policy.victim_order();
         Self {
             cluster: Cluster::new(),
             policy,
@@ -509,6 +513,7 @@ impl Scheduler {
             holds: BTreeMap::new(),
             sort_out_after: (SORT_OUT_AFTER, SORT_OUT_SHARE),
             teams: HashMap::default(),
+            running: Running::of(order, std::iter::empty()),
             #[cfg(test)]
             sorted_out: 0,
         }
@@ -1380,6 +1385,8 @@ impl Scheduler {
         let Some(task) = self.tasks.remove(&id) else {
             return Ok(());
         };
+        self.running
+            .remove(task.team, id, task.spec.max_runtime.is_some());
         if let Some(g) = &task.spec.gang
             && let Some(members) = self.gangs.get_mut(&g.name)
         {
@@ -1509,6 +1516,8 @@ impl Scheduler {
         else {
             return;
         };
+        self.running
+            .remove(task.team, id, task.spec.max_runtime.is_some());
         if for_task.is_none() {
             // A requeue by the caller: the resources are still held.
             self.cluster.release(&placement);
@@ -1747,6 +1756,12 @@ impl Scheduler {
                         since: now,
                         checkpointed: now,
                     };
+                    self.running.enter(
+                        task.team,
+                        &task.spec.team,
+                        *member,
+                        task.spec.max_runtime.is_some(),
+                    );
                 }
                 if let Some(cache) = running.as_mut()
                     && let Some(task) = self.tasks.get(member)
@@ -1817,17 +1832,21 @@ impl Scheduler {
         // sweep and kept current as tasks start and are preempted.
         let order = self.policy.victim_order();
         let running = running.get_or_insert_with(|| {
-            Running::of(
-                order,
-                self.tasks.values().filter(|t| t.is_running()).map(|t| {
-                    (
-                        t.team,
-                        t.spec.team.as_str(),
-                        t.spec.id,
-                        t.spec.max_runtime.is_some(),
-                    )
-                }),
-            )
+            debug_assert!(
+                self.running.same_tasks(&Running::of(
+                    order,
+                    self.tasks.values().filter(|t| t.is_running()).map(|t| {
+                        (
+                            t.team,
+                            t.spec.team.as_str(),
+                            t.spec.id,
+                            t.spec.max_runtime.is_some(),
+                        )
+                    }),
+                )),
+                "the running index kept as tasks start and stop is the task table's"
+            );
+            self.running.clone()
         });
         let team = unit.specs[0].team.clone();
         // A displaced unit waits ahead of its priority but preempts by its policy's own key.

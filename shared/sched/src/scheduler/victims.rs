@@ -40,7 +40,7 @@ pub(super) struct Runner {
 }
 
 /// The running tasks by team.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct Running {
     order: VictimOrder,
     teams: Vec<Team>,
@@ -49,7 +49,7 @@ pub(super) struct Running {
 }
 
 /// One team's running tasks.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct Team {
     pub name: String,
     /// Its running tasks, in no order.
@@ -66,7 +66,7 @@ pub(super) struct Team {
 /// A class of a team's runners in victim order — sorted only as far as searches have read it
 /// (most read a few of thousands; a search with a key floor skips whole classes: openb's
 /// latency-sensitive pods read only the best-effort ones) — and the GPUs they hold.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Ranked {
     /// Every runner the sweep made, by number (those that stopped are left in place).
     runners: Vec<Runner>,
@@ -78,6 +78,14 @@ struct Ranked {
 }
 
 impl Ranked {
+    fn with_capacity(n: usize) -> Self {
+        Self {
+            runners: Vec::with_capacity(n),
+            list: Vec::with_capacity(n),
+            ..Self::default()
+        }
+    }
+
     fn push(&mut self, victim: Victim, r: Runner) {
         self.gpus += victim.gpus();
         self.list.push((victim, self.runners.len() as u32));
@@ -178,11 +186,40 @@ impl Running {
             slots: Vec::new(),
         };
         for (number, team, id, limited) in all {
-            let team = running.team(number, team);
-            team.limited += usize::from(limited);
-            team.ids.push(id);
+            running.enter(number, team, id, limited);
         }
         running
+    }
+
+    /// Adds task `id` of team `number` (named `name`), which started, to an index whose teams
+    /// are not ranked yet (as kept between sweeps).
+    pub fn enter(&mut self, number: usize, name: &str, id: TaskId, limited: bool) {
+        let team = self.team(number, name);
+        debug_assert!(team.ranked.is_none(), "a ranked team is kept by `insert`");
+        team.limited += usize::from(limited);
+        team.ids.push(id);
+    }
+
+    /// Whether `other` holds the same tasks by team (in any order): checked in debug builds.
+    pub fn same_tasks(&self, other: &Running) -> bool {
+        fn by_number(r: &Running) -> Vec<(usize, &str, usize, Vec<TaskId>)> {
+            let mut teams: Vec<(usize, &str, usize, Vec<TaskId>)> = r
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(_, slot)| **slot != usize::MAX)
+                .map(|(number, slot)| {
+                    let team = &r.teams[*slot];
+                    let mut ids = team.ids.clone();
+                    ids.sort_unstable();
+                    (number, team.name.as_str(), team.limited, ids)
+                })
+                .filter(|(_, _, _, ids)| !ids.is_empty())
+                .collect();
+            teams.sort_unstable();
+            teams
+        }
+        by_number(self) == by_number(other)
     }
 
     fn team(&mut self, number: usize, name: &str) -> &mut Team {
@@ -274,12 +311,13 @@ impl Running {
             let order = self.order;
             let classes = team.ranked.get_or_insert_with(|| {
                 let mut classes: Vec<(i64, Ranked)> = Vec::new();
-                for id in &team.ids {
+                for (i, id) in team.ids.iter().enumerate() {
                     let r = runner(*id);
                     let at = match classes.iter().position(|(c, _)| *c == r.key.0) {
                         Some(at) => at,
                         None => {
-                            classes.push((r.key.0, Ranked::default()));
+                            // Room for every task left (most teams have one class).
+                            classes.push((r.key.0, Ranked::with_capacity(team.ids.len() - i)));
                             classes.len() - 1
                         }
                     };
