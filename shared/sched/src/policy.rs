@@ -141,6 +141,18 @@ pub trait Policy: Send + std::fmt::Debug {
     ) -> Option<bool> {
         None
     }
+    /// [`Policy::may_preempt`] for a victim of the preemptor's own team, answered from the
+    /// victim's key and the work preempting it would lose alone, where the policy can: `None`
+    /// (the default) to be asked with the whole victim. A shortcut only — it must agree with
+    /// `may_preempt` — that spares a preemption search a look-up per teammate it weighs.
+    fn may_preempt_teammate(
+        &self,
+        _preemptor: Contender<'_>,
+        _victim_key: QueueKey,
+        _victim_lost: Time,
+    ) -> Option<bool> {
+        None
+    }
     /// A key every victim [`Policy::may_preempt`] allows task by task is worse than (victims
     /// past their usage limits aside), if the policy knows one: a preemption search then looks
     /// no further down a team's running tasks. `None` (the default): no such bound.

@@ -122,8 +122,11 @@ impl Quota {
 /// Quotas and usage of every team.
 #[derive(Debug, Clone, Default)]
 pub struct Quotas {
-    quotas: HashMap<String, [Option<Limit>; 3]>,
-    usage: HashMap<String, Amounts>,
+    /// Each team's quota (if it has one) and usage, in one entry: preemption searches ask
+    /// about both for every victim they weigh.
+    teams: HashMap<String, TeamQuota>,
+    /// How many teams have a quota.
+    with_quota: usize,
     /// Sum of what teams lend, per resource.
     pool: Amounts,
     /// Usage above teams' guaranteed parts, per resource.
@@ -132,11 +135,24 @@ pub struct Quotas {
     cohort_usage: u64,
 }
 
+/// A team's quota, if it has one, and what it holds.
+#[derive(Debug, Clone, Copy, Default)]
+struct TeamQuota {
+    limits: Option<[Option<Limit>; 3]>,
+    usage: Amounts,
+}
+
+impl TeamQuota {
+    /// Its limits: without a quota, a nominal GPU quota of zero and nothing else.
+    fn limits(&self) -> [Option<Limit>; 3] {
+        self.limits.unwrap_or([Some(Limit::default()), None, None])
+    }
+}
+
 impl Quotas {
     /// Sets a team's quota.
     pub fn set(&mut self, team: &str, quota: Quota) {
-        let usage = self.usage_of(team);
-        let old = self.limits(team);
+        let (old, usage) = self.state(team);
         for r in 0..3 {
             if let Some(limit) = old[r] {
                 self.pool[r] -= limit.lendable();
@@ -152,17 +168,20 @@ impl Quotas {
             }
         }
         self.cohort_nominal += quota.nominal_milli;
-        self.quotas.insert(team.to_owned(), new);
+        let entry = self.teams.entry(team.to_owned()).or_default();
+        if entry.limits.replace(new).is_none() {
+            self.with_quota += 1;
+        }
     }
 
     /// Whether any team has a quota.
     pub fn is_empty(&self) -> bool {
-        self.quotas.is_empty()
+        self.with_quota == 0
     }
 
     /// A team's GPU quota (zero if it has none).
     pub fn quota(&self, team: &str) -> Quota {
-        let Some(limits) = self.quotas.get(team) else {
+        let Some(limits) = self.teams.get(team).and_then(|t| t.limits.as_ref()) else {
             return Quota::default();
         };
         let gpu = limits[GPU].unwrap_or_default();
@@ -181,15 +200,13 @@ impl Quotas {
     }
 
     fn usage_of(&self, team: &str) -> Amounts {
-        self.usage.get(team).copied().unwrap_or_default()
+        self.teams.get(team).map(|t| t.usage).unwrap_or_default()
     }
 
-    fn limits(&self, team: &str) -> [Option<Limit>; 3] {
-        // A team without a quota has a nominal GPU quota of zero and nothing else.
-        self.quotas
-            .get(team)
-            .copied()
-            .unwrap_or([Some(Limit::default()), None, None])
+    /// A team's limits (see [`TeamQuota::limits`]) and usage, in one look-up.
+    fn state(&self, team: &str) -> ([Option<Limit>; 3], Amounts) {
+        let t = self.teams.get(team).copied().unwrap_or_default();
+        (t.limits(), t.usage)
     }
 
     /// Sum of nominal GPU quotas.
@@ -205,8 +222,8 @@ impl Quotas {
     /// Whether `demand` more fits the team's unused nominal quota, for every resource under
     /// quota.
     pub fn within_nominal(&self, team: &str, demand: Amounts) -> bool {
-        let usage = self.usage_of(team);
-        self.limits(team)
+        let (limits, usage) = self.state(team);
+        limits
             .iter()
             .enumerate()
             .all(|(r, l)| l.is_none_or(|l| usage[r] + demand[r] <= l.nominal))
@@ -214,8 +231,8 @@ impl Quotas {
 
     /// Whether a team holds more than its nominal quota of some resource.
     pub fn borrowing(&self, team: &str) -> bool {
-        let usage = self.usage_of(team);
-        self.limits(team)
+        let (limits, usage) = self.state(team);
+        limits
             .iter()
             .enumerate()
             .any(|(r, l)| l.is_some_and(|l| usage[r] > l.nominal))
@@ -253,8 +270,8 @@ impl Quotas {
     /// message needs: the scheduler asks it for every waiting unit on every pass, and only
     /// a refusal that is reported is worth a string.
     fn refused(&self, team: &str, demand: Amounts) -> Option<Refused> {
-        let usage = self.usage_of(team);
-        for (r, limit) in self.limits(team).iter().enumerate() {
+        let (limits, usage) = self.state(team);
+        for (r, limit) in limits.iter().enumerate() {
             let Some(limit) = limit else { continue };
             let after = usage[r] + demand[r];
             if after <= limit.nominal {
@@ -280,9 +297,9 @@ impl Quotas {
 
     /// What a team borrows above its nominal quota, per resource.
     pub fn borrowed(&self, team: &str) -> Amounts {
-        let usage = self.usage_of(team);
+        let (limits, usage) = self.state(team);
         let mut out = [0; 3];
-        for (r, limit) in self.limits(team).iter().enumerate() {
+        for (r, limit) in limits.iter().enumerate() {
             if let Some(limit) = limit {
                 out[r] = usage[r].saturating_sub(limit.nominal);
             }
@@ -293,9 +310,9 @@ impl Quotas {
     /// The team's dominant share of borrowed capacity if its usage changed by `plus` and
     /// `minus`, as a fraction `(borrowed, pool)` of the resource where it is largest.
     fn share(&self, team: &str, plus: Amounts, minus: Amounts) -> (u64, u64) {
-        let usage = self.usage_of(team);
+        let (limits, usage) = self.state(team);
         let mut best = (0, 1);
-        for (r, limit) in self.limits(team).iter().enumerate() {
+        for (r, limit) in limits.iter().enumerate() {
             let (Some(limit), true) = (limit, self.pool[r] > 0) else {
                 continue;
             };
@@ -339,11 +356,12 @@ impl Quotas {
     }
 
     fn adjust(&mut self, team: &str, change: impl Fn(&mut Amounts, usize)) {
-        let limits = self.limits(team);
-        if !self.usage.contains_key(team) {
-            self.usage.insert(team.to_owned(), Amounts::default());
+        if !self.teams.contains_key(team) {
+            self.teams.insert(team.to_owned(), TeamQuota::default());
         }
-        let usage = self.usage.get_mut(team).expect("inserted above");
+        let entry = self.teams.get_mut(team).expect("inserted above");
+        let limits = entry.limits();
+        let usage = &mut entry.usage;
         for r in 0..3 {
             let guaranteed = limits[r].map(|l| l.guaranteed());
             if let Some(g) = guaranteed {

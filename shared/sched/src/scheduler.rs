@@ -1882,9 +1882,10 @@ impl Scheduler {
             |id| self.runner(&self.tasks[&id], now),
         );
         let quotas = self.quotas.clone();
+        let own = self.tasks[&unit.specs[0].id].team;
         macro_rules! ask {
             () => {
-                |r: &Runner| may_take(&*self.policy, &self.tasks, &quotas, preemptor, r)
+                |r: &Runner| may_take(&*self.policy, &self.tasks, &quotas, preemptor, own, r)
             };
         }
         // A search goes on only if the victims hold enough GPUs with what is free (counted
@@ -2293,6 +2294,7 @@ impl Scheduler {
     /// A running task as preemption searches weigh it during a pass at `now`.
     fn runner(&self, task: &Task, now: Time) -> Runner {
         Runner {
+            team: task.team,
             key: self.key_of(task, now),
             id: task.spec.id,
             gpus: task.spec.gpus,
@@ -2732,14 +2734,21 @@ mod victims;
 use no_room::NoRoom;
 use victims::{Runner, Running, Terms, Victim};
 
-/// Whether `policy` lets `preemptor` take the running task `r`, asked of `quotas`.
+/// Whether `policy` lets `preemptor` (of team number `own`) take the running task `r`, asked
+/// of `quotas`.
 fn may_take(
     policy: &dyn Policy,
     tasks: &HashMap<TaskId, Task>,
     quotas: &Quotas,
     preemptor: Contender<'_>,
+    own: usize,
     r: &Runner,
 ) -> bool {
+    if r.team == own
+        && let Some(answer) = policy.may_preempt_teammate(preemptor, r.key, r.lost)
+    {
+        return answer;
+    }
     let spec = &tasks[&r.id].spec;
     let victim = Contender {
         spec,

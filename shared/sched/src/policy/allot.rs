@@ -129,17 +129,16 @@ impl Allot {
     /// Higher priority; or the same priority, both estimates learned, a weighted remaining
     /// time at most 1 / `preemption_gain` of the victim's, and a gain over what the preemption
     /// costs (a restart and the victim's work since its checkpoint).
-    fn pays_off(&self, preemptor: Contender<'_>, victim: Contender<'_>) -> bool {
-        let cost = self.restart_cost.saturating_add(victim.lost);
-        victim.key > preemptor.key
-            && (victim.key.0 > preemptor.key.0
-                || (Self::learned(preemptor.key)
-                    && preemptor.key.2 & PROMOTED == 0
-                    && victim.key.2 & PROMOTED == 0
-                    && Self::learned(victim.key)
-                    && victim.key.1 >= preemptor.key.1.saturating_mul(self.preemption_gain)
-                    && victim.key.1.saturating_sub(preemptor.key.1)
-                        > cost.min(i64::MAX as u64) as i64))
+    fn pays_off(&self, preemptor: QueueKey, victim: QueueKey, victim_lost: Time) -> bool {
+        let cost = self.restart_cost.saturating_add(victim_lost);
+        victim > preemptor
+            && (victim.0 > preemptor.0
+                || (Self::learned(preemptor)
+                    && preemptor.2 & PROMOTED == 0
+                    && victim.2 & PROMOTED == 0
+                    && Self::learned(victim)
+                    && victim.1 >= preemptor.1.saturating_mul(self.preemption_gain)
+                    && victim.1.saturating_sub(preemptor.1) > cost.min(i64::MAX as u64) as i64))
     }
 }
 
@@ -225,13 +224,21 @@ impl Policy for Allot {
         quotas: &Quotas,
     ) -> bool {
         let (p, v) = (&preemptor.spec.team, &victim.spec.team);
+        let pays_off = || self.pays_off(preemptor.key, victim.key, victim.lost);
         if quotas.is_empty() || p == v {
-            return self.pays_off(preemptor, victim);
+            return pays_off();
         }
         let reclaims = quotas.within_nominal(p, preemptor.demand) && quotas.borrowing(v);
-        reclaims
-            || (self.pays_off(preemptor, victim)
-                && quotas.fairer(p, preemptor.demand, v, victim.demand))
+        reclaims || (pays_off() && quotas.fairer(p, preemptor.demand, v, victim.demand))
+    }
+    fn may_preempt_teammate(
+        &self,
+        preemptor: Contender<'_>,
+        victim_key: QueueKey,
+        victim_lost: Time,
+    ) -> Option<bool> {
+        // Within a team only the gain counts.
+        Some(self.pays_off(preemptor.key, victim_key, victim_lost))
     }
     fn may_preempt_team(
         &self,
@@ -329,5 +336,59 @@ impl Policy for Allot {
             self.restart_cost / 1000,
             self.starve_after / 1000
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::QueueKey;
+    use crate::quota::Quota;
+
+    /// The teammate shortcut answers what `may_preempt` answers for a victim of the same team,
+    /// with and without quotas, over keys of every kind (priority, remaining time, learned
+    /// or not, promoted or not) and lost work around the restart cost.
+    #[test]
+    fn the_teammate_shortcut_agrees_with_may_preempt() {
+        let policy = Allot::default();
+        let spec = TaskSpec::new(1, "vision", 1);
+        let mut quotas = Quotas::default();
+        quotas.set("vision", Quota::gpus(8_000));
+        let flags = [0, UNLEARNED, PROMOTED, UNLEARNED | PROMOTED];
+        let keys: Vec<QueueKey> = [0, -1]
+            .into_iter()
+            .flat_map(|class| {
+                [0, 30_000, 61_000, 200_000, 10_000_000]
+                    .into_iter()
+                    .flat_map(move |time| flags.map(|f| QueueKey(class, time, 7 | f)))
+            })
+            .collect();
+        let mut allowed = 0;
+        for &p in &keys {
+            for &v in &keys {
+                for lost in [0, 60_000, 500_000] {
+                    let contender = |key, lost| Contender {
+                        spec: &spec,
+                        key,
+                        demand: [1_000, 0, 0],
+                        lost,
+                    };
+                    let short = policy.may_preempt_teammate(contender(p, 0), v, lost);
+                    for q in [&Quotas::default(), &quotas] {
+                        let full = policy.may_preempt(contender(p, 0), contender(v, lost), q);
+                        assert_eq!(
+                            short,
+                            Some(full),
+                            "preemptor {p:?}, victim {v:?}, lost {lost}"
+                        );
+                        allowed += usize::from(full);
+                    }
+                }
+            }
+        }
+        assert!(
+            allowed > 0,
+            "some victims are allowed, or the check proves nothing"
+        );
     }
 }

@@ -170,6 +170,15 @@ impl Policy for Kueue {
                 && quotas.borrowing(&victim.spec.team)
         }
     }
+    fn may_preempt_teammate(
+        &self,
+        preemptor: Contender<'_>,
+        victim_key: QueueKey,
+        _victim_lost: Time,
+    ) -> Option<bool> {
+        // The key's first part is the priority, negated.
+        Some(victim_key.0 > preemptor.key.0)
+    }
     fn victim_floor(&self, preemptor: Contender<'_>) -> Option<QueueKey> {
         // Task by task (within its own team) only lower priorities: keys past the last of its
         // own priority's.
@@ -212,5 +221,54 @@ impl Policy for Kueue {
          BestEffortFIFO; preemption withinClusterQueue=LowerPriority, reclaimWithinCohort=Any, \
          borrowWithinCohort=Never; best fit"
             .into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::TaskSpec;
+
+    /// Kueue's teammate shortcut answers what `may_preempt` answers within a team: a lower
+    /// priority may be taken, an equal or higher one not.
+    #[test]
+    fn kueue_s_teammate_shortcut_agrees_with_may_preempt() {
+        let spec = |priority| {
+            let mut s = TaskSpec::new(1, "vision", 1);
+            s.priority = priority;
+            s
+        };
+        let specs: Vec<TaskSpec> = (-1..=1).map(spec).collect();
+        let key = |s: &TaskSpec| {
+            let view = PendingView {
+                spec: s,
+                submitted: 0,
+                seq: 0,
+                attained: 0,
+                attained_gpu: 0,
+                estimate: 0,
+                estimate_learned: true,
+                pending_since: None,
+                waited_before_run: None,
+                risk: crate::policy::DeadlineRisk::None,
+            };
+            Kueue.key(view, 0)
+        };
+        for p in &specs {
+            for v in &specs {
+                let contender = |s| Contender {
+                    spec: s,
+                    key: key(s),
+                    demand: [1_000, 0, 0],
+                    lost: 0,
+                };
+                let full = Kueue.may_preempt(contender(p), contender(v), &Quotas::default());
+                assert_eq!(full, v.priority < p.priority);
+                assert_eq!(
+                    Kueue.may_preempt_teammate(contender(p), key(v), 0),
+                    Some(full)
+                );
+            }
+        }
     }
 }

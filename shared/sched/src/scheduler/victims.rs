@@ -29,6 +29,8 @@ use crate::policy::{QueueKey, VictimOrder};
 /// A running task, as a preemption search weighs it.
 #[derive(Debug, Clone)]
 pub(super) struct Runner {
+    /// Its team's number.
+    pub team: usize,
     pub key: QueueKey,
     pub id: TaskId,
     /// Whole GPUs it holds (what the search counts toward the preemptor's need).
@@ -481,6 +483,7 @@ mod tests {
 
     fn runner(id: u64, key: i64, over: bool, lost: u64) -> Runner {
         Runner {
+            team: 0,
             key: QueueKey(0, key, id),
             id: TaskId(id),
             gpus: 1,
@@ -660,6 +663,7 @@ mod tests {
     fn a_floor_at_the_end_of_a_class_skips_the_class_unread() {
         // Keys (class, key, id): tasks 1–3 in class 0, 4–6 in class 1.
         let make = |id: TaskId| Runner {
+            team: 0,
             key: QueueKey(i64::from(id.0 > 3), id.0 as i64, id.0),
             id,
             gpus: 2,
