@@ -356,10 +356,11 @@ impl Quotas {
     }
 
     fn adjust(&mut self, team: &str, change: impl Fn(&mut Amounts, usize)) {
-        if !self.teams.contains_key(team) {
-            self.teams.insert(team.to_owned(), TeamQuota::default());
-        }
-        let entry = self.teams.get_mut(team).expect("inserted above");
+        // One look-up for a team seen before (every refund and charge but a team's first).
+        let entry = match self.teams.get_mut(team) {
+            Some(entry) => entry,
+            None => self.teams.entry(team.to_owned()).or_default(),
+        };
         let limits = entry.limits();
         let usage = &mut entry.usage;
         for r in 0..3 {

@@ -1932,7 +1932,10 @@ impl Scheduler {
         let mut found = None;
         while let Some(taken) = victims.next(running, ask!()) {
             let victim = &taken.id();
-            if gone.contains(victim) {
+            // A search yields each task once: only a gang's members can come up again after
+            // their group went.
+            let in_gang = self.tasks[victim].spec.gang.is_some();
+            if in_gang && gone.contains(victim) {
                 continue;
             }
             if may_sort_out
@@ -1947,17 +1950,20 @@ impl Scheduler {
                 {
                     self.sorted_out += 1;
                 }
-                let rest = victims
-                    .remaining(running, ask!())
-                    .filter(|v| !gone.contains(&v.id()));
-                let nodes = self.useful_nodes(std::iter::once(taken).chain(rest), &unit.specs[0]);
+                let rest = victims.remaining(running, ask!());
+                let nodes =
+                    self.useful_nodes(std::iter::once(taken).chain(rest), &gone, &unit.specs[0]);
                 if !nodes.contains(&true) {
                     // No node the unit could use will ever hold it.
                     break;
                 }
                 useful = Some(nodes);
             }
-            let leader = self.leader(*victim);
+            let leader = if in_gang {
+                self.leader(*victim)
+            } else {
+                *victim
+            };
             if let Some(nodes) = &useful
                 && !self.group_shares(leader).any(|s| nodes[s.node.0 as usize])
             {
@@ -2093,26 +2099,44 @@ impl Scheduler {
         Some((found, preempted))
     }
 
-    /// The nodes on which `victims`, not yet released, could help `task` — which its quota
+    /// The nodes on which `victims`, not yet released or refunded (a gang member whose group
+    /// is in `gone` is passed over), could help `task` — which its quota
     /// admits and which goes on one node — to a placement: those that might hold the task were
     /// every one of their groups (a gang whole) released. Releasing a group on none of them
     /// changes no node the task could use, and its team's admission holds whatever is released
     /// (usage only falls), so such a group would be released, then kept running: a search that
     /// only refunds its quota, in turn, takes the same victims, explains them in the same words
     /// and finds the same placement, without releasing and restoring resources on the way.
-    fn useful_nodes(&self, victims: impl Iterator<Item = Victim>, task: &TaskSpec) -> Vec<bool> {
+    fn useful_nodes(
+        &self,
+        victims: impl Iterator<Item = Victim>,
+        gone: &HashSet<TaskId>,
+        task: &TaskSpec,
+    ) -> Vec<bool> {
         let nodes = self.cluster.nodes();
         let mut freeing: Vec<Option<Freeing<'_>>> = vec![None; nodes.len()];
         let mut seen: HashSet<TaskId> = HashSet::default();
+        let mut release = |share: &NodeShare| {
+            freeing[share.node.0 as usize]
+                .get_or_insert_with(|| Freeing::new(&nodes[share.node.0 as usize]))
+                .release(share);
+        };
         for victim in victims {
-            let leader = self.leader(victim.id());
-            if !seen.insert(leader) {
+            let task = &self.tasks[&victim.id()];
+            if task.spec.gang.is_none() {
+                // A search yields a task once: only gangs' members repeat a group, or come
+                // up after their group went.
+                if let State::Running { placement, .. } = &task.state {
+                    placement.shares.iter().for_each(&mut release);
+                }
                 continue;
             }
-            for share in self.group_shares(leader) {
-                freeing[share.node.0 as usize]
-                    .get_or_insert_with(|| Freeing::new(&nodes[share.node.0 as usize]))
-                    .release(share);
+            if gone.contains(&victim.id()) {
+                continue;
+            }
+            let leader = self.leader(victim.id());
+            if seen.insert(leader) {
+                self.group_shares(leader).for_each(&mut release);
             }
         }
         freeing

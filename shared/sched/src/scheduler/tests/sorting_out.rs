@@ -17,10 +17,15 @@ impl Draw {
     }
 }
 
-/// Every decision of a busy cluster under `policy` — three teams with small quotas, nodes of two
-/// models with CPU, many small low-priority tasks and larger urgent ones that preempt them —
-/// with searches sorting out as `sort_out_after` says; and how many did.
-fn decisions(policy: &str, seed: u64, sort_out_after: (usize, usize)) -> (Vec<String>, usize) {
+/// Every decision of a busy cluster under `policy` — five teams with small quotas, nodes of two
+/// models with CPU, many small low-priority tasks (some in gangs of two) and larger urgent ones
+/// that preempt them — with searches sorting out as `sort_out_after` says; how many did, and
+/// how many gang members were preempted.
+fn decisions(
+    policy: &str,
+    seed: u64,
+    sort_out_after: (usize, usize),
+) -> (Vec<String>, usize, usize) {
     let mut s = Scheduler::new(crate::policy::by_name(policy).unwrap());
     s.sort_out_after = sort_out_after;
     for i in 0..16 {
@@ -36,6 +41,8 @@ fn decisions(policy: &str, seed: u64, sort_out_after: (usize, usize)) -> (Vec<St
     let mut draw = Draw(seed);
     let mut log = Vec::new();
     let mut running: Vec<TaskId> = Vec::new();
+    let mut ganged: Vec<TaskId> = Vec::new();
+    let mut gang_preempted = 0;
     let mut id = 0;
     for step in 0..120u64 {
         let at = step * 60_000;
@@ -54,6 +61,23 @@ fn decisions(policy: &str, seed: u64, sort_out_after: (usize, usize)) -> (Vec<St
             spec.predicted_duration = Some(lasts);
             s.apply(Input::TaskSubmitted { task: spec, at }).unwrap();
         }
+        if draw.below(4) == 0 {
+            // A gang of two low-priority 2-GPU tasks: preempted whole, as one victim.
+            let team = teams[draw.below(teams.len() as u64) as usize].0;
+            let lasts = 60_000 * (1 + draw.below(10) * draw.below(10));
+            for _ in 0..2 {
+                id += 1;
+                let mut spec = TaskSpec::new(id, team, 2);
+                spec.gang = Some(crate::model::Gang {
+                    name: format!("g{step}"),
+                    size: 2,
+                });
+                spec.oracle_duration = Some(lasts);
+                spec.predicted_duration = Some(lasts);
+                ganged.push(TaskId(id));
+                s.apply(Input::TaskSubmitted { task: spec, at }).unwrap();
+            }
+        }
         if !running.is_empty() && draw.below(2) == 0 {
             let done = running.swap_remove(draw.below(running.len() as u64) as usize);
             s.apply(Input::TaskFinished { task: done, at }).unwrap();
@@ -61,24 +85,28 @@ fn decisions(policy: &str, seed: u64, sort_out_after: (usize, usize)) -> (Vec<St
         for d in s.apply(Input::Schedule { at }).unwrap() {
             match &d {
                 Decision::Granted { task, .. } => running.push(*task),
-                Decision::Preempted { task, .. } => running.retain(|r| r != task),
+                Decision::Preempted { task, .. } => {
+                    running.retain(|r| r != task);
+                    gang_preempted += usize::from(ganged.contains(task));
+                }
                 _ => {}
             }
             log.push(serde_json::to_string(&d).unwrap());
         }
     }
-    (log, s.sorted_out)
+    (log, s.sorted_out, gang_preempted)
 }
 
 #[test]
 fn sorting_victims_out_changes_no_decision() {
     for policy in ["allot", "kueue"] {
-        let mut sorted = 0;
+        let (mut sorted, mut gangs) = (0, 0);
         for seed in 1..=6 {
-            let (all, none) = decisions(policy, seed, (usize::MAX, 1));
+            let (all, none, _) = decisions(policy, seed, (usize::MAX, 1));
             assert_eq!(none, 0);
-            let (some, times) = decisions(policy, seed, (1, usize::MAX));
+            let (some, times, gang_preempted) = decisions(policy, seed, (1, usize::MAX));
             sorted += times;
+            gangs += gang_preempted;
             assert!(
                 all.iter().any(|d| d.contains("\"preempted\"")),
                 "{policy}, seed {seed}: nothing was preempted"
@@ -86,5 +114,6 @@ fn sorting_victims_out_changes_no_decision() {
             assert_eq!(all, some, "{policy}, seed {seed}");
         }
         assert!(sorted > 0, "{policy}: no search sorted its victims out");
+        assert!(gangs > 0, "{policy}: no gang was preempted");
     }
 }
