@@ -21,7 +21,9 @@ pub struct InvalidSettings(pub Vec<String>);
 
 impl fmt::Display for InvalidSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "invalid configuration ({} problems):", self.0.len())?;
+        let n = self.0.len();
+        let noun = if n == 1 { "problem" } else { "problems" };
+        writeln!(f, "invalid configuration ({n} {noun}):")?;
         for problem in &self.0 {
             writeln!(f, "  - {problem}")?;
         }

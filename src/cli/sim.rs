@@ -123,6 +123,13 @@ pub fn sim(args: SimArgs) -> anyhow::Result<ExitCode> {
         );
     }
     if args.scenario.as_deref() == Some(OPENB_PACKING) {
+        if args.journal.is_some() {
+            refuse!(
+                "--journal is not written for {OPENB_PACKING}: it runs many seeds of pods that \
+                 never end, and reports allocation only; record a journal with philly-640, \
+                 pipelines or --trace"
+            );
+        }
         return packing(&args, &policies);
     }
     if args.journal.is_some() && policies.len() != 1 {

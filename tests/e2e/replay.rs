@@ -202,3 +202,29 @@ fn explain_tells_a_tasks_story() {
         .unwrap();
     assert!(!out.status.success());
 }
+
+#[test]
+fn a_journal_asked_of_the_packing_experiment_is_refused_not_silently_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = dir.path().join("openb.jsonl");
+    let out = allot(dir.path())
+        .args([
+            "sim",
+            "-q",
+            "--scenario",
+            "openb-packing",
+            "--policies",
+            "fgd",
+        ])
+        .arg("--journal")
+        .arg(&journal)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--journal") && stderr.contains("openb-packing"),
+        "the error names the flag and the scenario: {stderr}"
+    );
+    assert!(!journal.exists(), "nothing is written");
+}
