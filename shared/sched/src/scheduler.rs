@@ -2236,6 +2236,7 @@ impl Scheduler {
             if fits_at.is_some_and(|at| cost >= saved(at)) {
                 break;
             }
+            let mark = self.cluster.changes().len();
             let originals: Vec<Placement> = victims
                 .iter()
                 .filter_map(|id| match &self.tasks[id].state {
@@ -2272,6 +2273,8 @@ impl Scheduler {
             for p in &originals {
                 self.cluster.allocate(p);
             }
+            // Every node is as it was (a sweep's placers need not look at them again).
+            self.cluster.forget_changes_since(mark, []);
             if !ok {
                 continue;
             }
@@ -2377,6 +2380,7 @@ impl Scheduler {
         // questions look at a few ends, so they come from a heap, not a sort, and a copy of
         // the cluster would cost more than they do.
         let mut cluster = std::mem::take(&mut self.cluster);
+        let mark = cluster.changes().len();
         // Once a placement failed, a unit bound to one node can only fit after a release
         // frees a node that might hold it.
         let one_node = unit.single && no_room::one_node(&*self.policy, &cluster, &unit.specs[0]);
@@ -2420,6 +2424,8 @@ impl Scheduler {
                 cluster.allocate(placement);
             }
         }
+        // Every node is as it was: a sweep's placers need not look at them again.
+        cluster.forget_changes_since(mark, []);
         self.cluster = cluster;
         fit
     }

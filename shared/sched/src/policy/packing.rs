@@ -566,19 +566,18 @@ impl Incremental {
         }
     }
 
-    /// Takes in that the nodes `changed` changed on `cluster` (a node may be named twice).
+    /// Takes in that the nodes `changed` changed on `cluster`. A node may be named twice: the
+    /// first pass forgets it once, the second ranks it once (a node that holds no candidate,
+    /// ranked again, adds nothing).
     pub fn update(&mut self, fgd: &Fgd, cluster: &Cluster, changed: &[NodeIdx]) {
-        let mut changed = changed.to_vec();
-        changed.sort_unstable();
-        changed.dedup();
-        for idx in &changed {
+        for idx in changed {
             if let Some(entries) = self.by_node.remove(idx) {
                 for c in &entries {
                     self.ranked.remove(c);
                 }
             }
         }
-        for idx in &changed {
+        for idx in changed {
             if !self.by_node.contains_key(idx)
                 && feasible(cluster.node(*idx), &self.task, self.request)
             {
