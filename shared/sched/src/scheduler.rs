@@ -349,6 +349,29 @@ impl Task {
 
     /// Run time a preemption now would lose: everything since the last checkpoint, whether
     /// reported or implied by the task's checkpoint interval.
+    /// Where it runs and how a relocation weighs it, if it is running and a relocation could
+    /// move it: on one node, outside any gang, on a GPU share that is not a MIG instance.
+    fn movable(&self) -> Option<(NodeIdx, movable::Entry)> {
+        let State::Running { placement, .. } = &self.state else {
+            return None;
+        };
+        let milli = quota::demand(&self.spec)[quota::GPU];
+        if placement.shares.len() != 1
+            || self.spec.gang.is_some()
+            || self.spec.mig_profile.is_some()
+            || milli == 0
+        {
+            return None;
+        }
+        let entry = movable::Entry {
+            milli,
+            priority: self.spec.priority,
+            seq: self.seq,
+            id: self.spec.id,
+        };
+        Some((placement.shares[0].node, entry))
+    }
+
     fn lost_work(&self, now: Time) -> Time {
         let State::Running {
             since,
@@ -425,6 +448,8 @@ pub struct Scheduler {
     /// The running tasks by team, kept as tasks start and stop: what a sweep's preemption
     /// searches index (unranked here; a sweep ranks a copy).
     running: Running,
+    /// The running tasks a relocation could move, by node, kept as tasks start and stop.
+    movable: Movable,
     /// How many searches sorted their victims out.
     #[cfg(test)]
     sorted_out: usize,
@@ -514,6 +539,7 @@ impl Scheduler {
             sort_out_after: (SORT_OUT_AFTER, SORT_OUT_SHARE),
             teams: HashMap::default(),
             running: Running::of(order, std::iter::empty()),
+            movable: Movable::default(),
             #[cfg(test)]
             sorted_out: 0,
         }
@@ -1403,6 +1429,7 @@ impl Scheduler {
         } = task.state
         {
             self.cluster.release(&placement);
+            self.movable.remove(&placement, id);
             self.no_room.freed(placement.shares.iter().map(|s| s.node));
             self.quotas
                 .refund(&task.spec.team, quota::demand(&task.spec));
@@ -1518,6 +1545,7 @@ impl Scheduler {
         };
         self.running
             .remove(task.team, id, task.spec.max_runtime.is_some());
+        self.movable.remove(&placement, id);
         if for_task.is_none() {
             // A requeue by the caller: the resources are still held.
             self.cluster.release(&placement);
@@ -1762,6 +1790,9 @@ impl Scheduler {
                         *member,
                         task.spec.max_runtime.is_some(),
                     );
+                    if let Some((node, entry)) = task.movable() {
+                        self.movable.enter(node, entry);
+                    }
                 }
                 if let Some(cache) = running.as_mut()
                     && let Some(task) = self.tasks.get(member)
@@ -2180,48 +2211,54 @@ impl Scheduler {
         if !unit.single || spec.mig_profile.is_some() || self.cluster.free_milli() < need {
             return None;
         }
-        // Movable tasks: (node, cost in milli-GPU·ms, arrival, id), by node, cheapest first.
-        let mut movable: Vec<(NodeIdx, u128, u64, TaskId)> = Vec::new();
-        for t in self.tasks.values() {
-            let State::Running { placement, .. } = &t.state else {
-                continue;
-            };
-            let milli = quota::demand(&t.spec)[quota::GPU];
-            if placement.shares.len() != 1
-                || t.spec.gang.is_some()
-                || t.spec.mig_profile.is_some()
-                || milli == 0
-                || milli >= need
-                || t.spec.priority > spec.priority
+        debug_assert_eq!(
+            self.movable.pairs(),
             {
-                continue;
-            }
-            let cost = u128::from(milli) * u128::from(restart + t.lost_work(now));
-            movable.push((placement.shares[0].node, cost, t.seq, t.spec.id));
-        }
-        movable.sort_unstable();
-        // Per node, the cheapest victims whose GPUs with the node's free ones cover the need.
+                let mut pairs: Vec<(NodeIdx, TaskId)> = self
+                    .tasks
+                    .values()
+                    .filter_map(|t| t.movable().map(|(node, e)| (node, e.id)))
+                    .collect();
+                pairs.sort_unstable();
+                pairs
+            },
+            "the movable tasks kept as tasks start and stop are the task table's"
+        );
+        // Per node, the cheapest victims (cost in milli-GPU·ms, then arrival) whose GPUs with
+        // the node's free ones cover the need. A node whose movable tasks cannot cover it is
+        // passed over before any is weighed.
+        let movable = |e: &&movable::Entry| e.milli < need && e.priority <= spec.priority;
         let mut candidates: Vec<(u128, NodeIdx, Vec<TaskId>)> = Vec::new();
-        for on_node in movable.chunk_by(|a, b| a.0 == b.0) {
-            let node = on_node[0].0;
+        let mut on_node: Vec<(u128, u64, TaskId, u64)> = Vec::new();
+        for (node, entries) in self.movable.nodes() {
             let state = self.cluster.node(node);
             if !state.schedulable {
                 continue;
             }
             let mut free: u64 = state.gpu_free.iter().map(|f| u64::from(*f)).sum();
+            if free >= need
+                || free + entries.iter().filter(movable).map(|e| e.milli).sum::<u64>() < need
+            {
+                continue;
+            }
+            on_node.clear();
+            on_node.extend(entries.iter().filter(movable).map(|e| {
+                let lost = self.tasks[&e.id].lost_work(now);
+                let cost = u128::from(e.milli) * u128::from(restart + lost);
+                (cost, e.seq, e.id, e.milli)
+            }));
+            on_node.sort_unstable();
             let mut cost = 0;
             let mut victims = Vec::new();
-            for &(_, c, _, id) in on_node {
+            for &(c, _, id, milli) in &on_node {
                 if free >= need {
                     break;
                 }
-                free += quota::demand(&self.tasks[&id].spec)[quota::GPU];
+                free += milli;
                 cost += c;
                 victims.push(id);
             }
-            if free >= need && !victims.is_empty() {
-                candidates.push((cost, node, victims));
-            }
+            candidates.push((cost, node, victims));
         }
         if candidates.is_empty() {
             return None;
@@ -2697,6 +2734,7 @@ impl Reservation {
     }
 }
 
+mod movable;
 mod no_room;
 
 /// Placements of many tasks on a cluster that changes meanwhile (a sweep, a pass's preload
@@ -2761,6 +2799,7 @@ fn place_with(policy: &dyn Policy, cluster: &Cluster, spec: &TaskSpec) -> Option
 mod tests;
 mod victims;
 
+use movable::Movable;
 use no_room::NoRoom;
 use victims::{Runner, Running, Terms, Victim};
 
