@@ -363,11 +363,22 @@ impl Task {
         {
             return None;
         }
+        let State::Running {
+            since,
+            checkpointed,
+            ..
+        } = self.state
+        else {
+            return None;
+        };
         let entry = movable::Entry {
             milli,
             priority: self.spec.priority,
             seq: self.seq,
             id: self.spec.id,
+            since,
+            checkpointed,
+            checkpoint_every: self.spec.checkpoint_every,
         };
         Some((placement.shares[0].node, entry))
     }
@@ -381,13 +392,7 @@ impl Task {
         else {
             return 0;
         };
-        let ran = now.saturating_sub(since);
-        let periodic = self
-            .spec
-            .checkpoint_every
-            .filter(|every| *every > 0)
-            .map_or(since, |every| since + ran / every * every);
-        now.saturating_sub(periodic.max(checkpointed))
+        lost_work(since, checkpointed, self.spec.checkpoint_every, now)
     }
 
     fn is_running(&self) -> bool {
@@ -487,6 +492,16 @@ struct Preload {
 
 /// A unit's placements, one per member, and for a gang the topology level they fit within.
 type Placed = (Vec<Placement>, Option<Level>);
+
+/// The work a task running since `since`, last checkpointed at `checkpointed` (`since` if
+/// never) and checkpointing every `every` ms if it says so, would lose if stopped at `now`.
+fn lost_work(since: Time, checkpointed: Time, every: Option<Time>, now: Time) -> Time {
+    let ran = now.saturating_sub(since);
+    let periodic = every
+        .filter(|every| *every > 0)
+        .map_or(since, |every| since + ran / every * every);
+    now.saturating_sub(periodic.max(checkpointed))
+}
 
 /// How many nodes [`Scheduler::relocate_for`] tries, cheapest move first, before giving up.
 const RELOCATION_TRIES: usize = 4;
@@ -830,9 +845,17 @@ impl Scheduler {
             Input::TaskFinished { task, at } => self.end(task, at, true, out)?,
             Input::TaskCheckpointed { task, at } => match self.tasks.get_mut(&task) {
                 Some(Task {
-                    state: State::Running { checkpointed, .. },
+                    state:
+                        State::Running {
+                            checkpointed,
+                            placement,
+                            ..
+                        },
                     ..
-                }) => *checkpointed = (*checkpointed).max(at),
+                }) => {
+                    *checkpointed = (*checkpointed).max(at);
+                    self.movable.checkpointed(placement, task, *checkpointed);
+                }
                 _ => return Err(ApplyError::NotRunning(task)),
             },
             Input::TaskRequeued { task, reason, at } => {
@@ -2212,15 +2235,12 @@ impl Scheduler {
             return None;
         }
         debug_assert_eq!(
-            self.movable.pairs(),
+            self.movable.all(),
             {
-                let mut pairs: Vec<(NodeIdx, TaskId)> = self
-                    .tasks
-                    .values()
-                    .filter_map(|t| t.movable().map(|(node, e)| (node, e.id)))
-                    .collect();
-                pairs.sort_unstable();
-                pairs
+                let mut all: Vec<(NodeIdx, movable::Entry)> =
+                    self.tasks.values().filter_map(Task::movable).collect();
+                all.sort_unstable_by_key(|(node, e)| (*node, e.id));
+                all
             },
             "the movable tasks kept as tasks start and stop are the task table's"
         );
@@ -2243,8 +2263,7 @@ impl Scheduler {
             }
             on_node.clear();
             on_node.extend(entries.iter().filter(movable).map(|e| {
-                let lost = self.tasks[&e.id].lost_work(now);
-                let cost = u128::from(e.milli) * u128::from(restart + lost);
+                let cost = u128::from(e.milli) * u128::from(restart + e.lost_work(now));
                 (cost, e.seq, e.id, e.milli)
             }));
             on_node.sort_unstable();

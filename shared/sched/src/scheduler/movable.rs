@@ -5,14 +5,15 @@
 //! and sort them by node for each attempt; on openb, where some 9,000 attempts each read every
 //! one of 8,000 running pods, that walk and sort were a third of the run. What makes a running
 //! task movable at all (one share on one node, no gang, no MIG instance, some GPU) and what an
-//! attempt weighs it by (its GPU share, priority and arrival) do not change while it runs, so
-//! they are kept here by node: an attempt reads a node's entries only, and asks the task table
-//! how much work a move would lose only on the nodes its victims could make room on.
+//! attempt weighs it by (its GPU share, priority, arrival, and the start and checkpoints that
+//! say how much work a move would lose) change only as it starts, reports a checkpoint and
+//! stops, so they are kept here by node: an attempt reads the entries alone, and weighs those
+//! only on the nodes whose movable tasks could make room.
 //!
 //! [`Scheduler::relocate_for`]: super::Scheduler::relocate_for
 
 use crate::cluster::Placement;
-use crate::model::{NodeIdx, TaskId};
+use crate::model::{NodeIdx, TaskId, Time};
 
 /// A running task relocation could move, as it weighs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +24,17 @@ pub(super) struct Entry {
     /// Its arrival order (ties of cost go to the earlier).
     pub seq: u64,
     pub id: TaskId,
+    /// What a move would lose is computed from these, as for any running task.
+    pub since: Time,
+    pub checkpointed: Time,
+    pub checkpoint_every: Option<Time>,
+}
+
+impl Entry {
+    /// The work moving it at `now` would lose, ms.
+    pub fn lost_work(&self, now: Time) -> Time {
+        super::lost_work(self.since, self.checkpointed, self.checkpoint_every, now)
+    }
 }
 
 /// The movable running tasks, by node.
@@ -61,14 +73,26 @@ impl Movable {
             .map(|(node, entries)| (NodeIdx(node as u32), entries.as_slice()))
     }
 
-    /// Every (node, task) held, sorted: checked against the task table in debug builds.
-    pub fn pairs(&self) -> Vec<(NodeIdx, TaskId)> {
-        let mut pairs: Vec<(NodeIdx, TaskId)> = self
+    /// Task `id`, which runs at `placement`, reported a checkpoint: it has been saved up to
+    /// `checkpointed`.
+    pub fn checkpointed(&mut self, placement: &Placement, id: TaskId, checkpointed: Time) {
+        if let [share] = placement.shares.as_slice()
+            && let Some(entries) = self.nodes.get_mut(share.node.0 as usize)
+            && let Some(entry) = entries.iter_mut().find(|e| e.id == id)
+        {
+            entry.checkpointed = checkpointed;
+        }
+    }
+
+    /// Every entry with its node, by node and task: checked against the task table in debug
+    /// builds.
+    pub fn all(&self) -> Vec<(NodeIdx, Entry)> {
+        let mut all: Vec<(NodeIdx, Entry)> = self
             .nodes()
-            .flat_map(|(node, entries)| entries.iter().map(move |e| (node, e.id)))
+            .flat_map(|(node, entries)| entries.iter().map(move |e| (node, *e)))
             .collect();
-        pairs.sort_unstable();
-        pairs
+        all.sort_unstable_by_key(|(node, e)| (*node, e.id));
+        all
     }
 }
 
@@ -82,6 +106,9 @@ mod tests {
             priority: 0,
             seq: id,
             id: TaskId(id),
+            since: 0,
+            checkpointed: 0,
+            checkpoint_every: None,
         }
     }
 
@@ -100,14 +127,21 @@ mod tests {
         movable.enter(NodeIdx(3), entry(1));
         movable.enter(NodeIdx(0), entry(2));
         movable.enter(NodeIdx(3), entry(3));
+        let ids = |m: &Movable| -> Vec<(NodeIdx, TaskId)> {
+            m.all().into_iter().map(|(n, e)| (n, e.id)).collect()
+        };
         assert_eq!(
-            movable.pairs(),
+            ids(&movable),
             vec![
                 (NodeIdx(0), TaskId(2)),
                 (NodeIdx(3), TaskId(1)),
                 (NodeIdx(3), TaskId(3))
             ]
         );
+        // What a move would lose is counted from the last checkpoint, once one is reported.
+        assert_eq!(movable.all()[2].1.lost_work(90), 90);
+        movable.checkpointed(&on(3), TaskId(3), 60);
+        assert_eq!(movable.all()[2].1.lost_work(90), 30);
         movable.remove(&on(3), TaskId(1));
         // Removing from the wrong node, or twice, changes nothing.
         movable.remove(&on(0), TaskId(3));
