@@ -347,42 +347,39 @@ impl Task {
             .is_some_and(|limit| self.run_time(now) >= limit)
     }
 
-    /// Run time a preemption now would lose: everything since the last checkpoint, whether
-    /// reported or implied by the task's checkpoint interval.
     /// Where it runs and how a relocation weighs it, if it is running and a relocation could
     /// move it: on one node, outside any gang, on a GPU share that is not a MIG instance.
     fn movable(&self) -> Option<(NodeIdx, movable::Entry)> {
-        let State::Running { placement, .. } = &self.state else {
-            return None;
-        };
-        let milli = quota::demand(&self.spec)[quota::GPU];
-        if placement.shares.len() != 1
-            || self.spec.gang.is_some()
-            || self.spec.mig_profile.is_some()
-            || milli == 0
-        {
-            return None;
-        }
         let State::Running {
+            placement,
             since,
             checkpointed,
             ..
-        } = self.state
+        } = &self.state
         else {
             return None;
         };
+        let milli = quota::demand(&self.spec)[quota::GPU];
+        let [share] = placement.shares.as_slice() else {
+            return None;
+        };
+        if self.spec.gang.is_some() || self.spec.mig_profile.is_some() || milli == 0 {
+            return None;
+        }
         let entry = movable::Entry {
             milli,
             priority: self.spec.priority,
             seq: self.seq,
             id: self.spec.id,
-            since,
-            checkpointed,
+            since: *since,
+            checkpointed: *checkpointed,
             checkpoint_every: self.spec.checkpoint_every,
         };
-        Some((placement.shares[0].node, entry))
+        Some((share.node, entry))
     }
 
+    /// Run time a preemption now would lose: everything since the last checkpoint, whether
+    /// reported or implied by the task's checkpoint interval.
     fn lost_work(&self, now: Time) -> Time {
         let State::Running {
             since,
