@@ -26,6 +26,7 @@ mod stress;
 mod submit;
 mod submit_wait;
 mod support;
+mod tokens;
 mod up_auth;
 mod up_lifecycle;
 mod up_status;
