@@ -107,22 +107,9 @@ async fn create(args: CreateArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
         eprintln!("allot: nothing was issued");
         return Ok(ExitCode::from(2));
     };
-    let connection = local::connect_client(
-        "allot-token",
-        args.target.nats.as_deref(),
-        args.target.data_dir.as_deref(),
-        env,
-        "nothing was issued",
-    )
-    .await?;
-    if let Some(team) = &connection.team {
-        eprintln!(
-            "allot: tokens are issued by the platform's operators; the login from {} is team \
-             {team}'s; nothing was issued",
-            connection.origin
-        );
+    let Some(connection) = operators_connection(&args.target, env, "issued").await? else {
         return Ok(ExitCode::from(2));
-    }
+    };
     let secret = allot_gateway::token::generate();
     let by = env("ALLOT_SUBMITTER").unwrap_or_else(|| "admin (allot token create)".to_owned());
     let event =
@@ -139,6 +126,33 @@ async fn create(args: CreateArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
     );
     println!("{secret}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The connection to the bus of `target`, if its login is the platform operators' (tokens are
+/// theirs); a team's login is told so (nothing was `done`) and gets `None`.
+async fn operators_connection(
+    target: &Target,
+    env: Lookup<'_>,
+    done: &str,
+) -> anyhow::Result<Option<local::Connection>> {
+    let nothing = format!("nothing was {done}");
+    let connection = local::connect_client(
+        "allot-token",
+        target.nats.as_deref(),
+        target.data_dir.as_deref(),
+        env,
+        &nothing,
+    )
+    .await?;
+    if let Some(team) = &connection.team {
+        eprintln!(
+            "allot: tokens are {done} by the platform's operators; the login from {} is team \
+             {team}'s; {nothing}",
+            connection.origin
+        );
+        return Ok(None);
+    }
+    Ok(Some(connection))
 }
 
 /// Whether `id` has the shape of a token id: the first 12 hex digits of the token's SHA-256.
@@ -159,22 +173,9 @@ async fn revoke(args: RevokeArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::from(2));
     }
-    let connection = local::connect_client(
-        "allot-token",
-        args.target.nats.as_deref(),
-        args.target.data_dir.as_deref(),
-        env,
-        "nothing was revoked",
-    )
-    .await?;
-    if let Some(team) = &connection.team {
-        eprintln!(
-            "allot: tokens are revoked by the platform's operators; the login from {} is team \
-             {team}'s; nothing was revoked",
-            connection.origin
-        );
+    let Some(connection) = operators_connection(&args.target, env, "revoked").await? else {
         return Ok(ExitCode::from(2));
-    }
+    };
     // What the stream says of it: the team it was issued for, and whether it was revoked.
     let js = jetstream::new(connection.client.clone());
     let stored = super::costs::read(&js, names::ACCESS, subject::ACCESS_ALL)

@@ -29,7 +29,9 @@ use allot_sched::{Decision, Input, LeaseId, Placement, TaskId};
 use allot_testkit::NatsCluster;
 
 use crate::cluster::{Cluster, Nats};
-use crate::support::{allot, free_port, log_of, spawn_logged, terminate, wait_exit, wait_for};
+use crate::support::{
+    allot, api_get, free_port, log_of, spawn_logged, terminate, wait_exit, wait_for,
+};
 
 /// Task time per wall time: workload `i`'s tasks last 0.5–1 s.
 const SPEEDUP: u32 = 60;
@@ -1068,21 +1070,11 @@ fn the_allocator_leader_killed_or_paused_and_services_paused_past_their_ack_wait
     );
 }
 
-/// `GET path` of the gateway at `addr` with `token`, as JSON.
-fn api_get(addr: &str, token: &str, path: &str) -> Option<serde_json::Value> {
-    use std::io::{Read as _, Write as _};
-    let mut conn = std::net::TcpStream::connect(addr).ok()?;
-    conn.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(
-        conn,
-        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    conn.read_to_string(&mut response).ok()?;
-    let (head, body) = response.split_once("\r\n\r\n")?;
-    head.split(' ').nth(1).filter(|s| *s == "200")?;
-    serde_json::from_str(body).ok()
+/// `GET path` of the gateway at `addr` with `token`, as JSON, if it answered 200.
+fn api_json(addr: &str, token: &str, path: &str) -> Option<serde_json::Value> {
+    let (status, body) = api_get(addr, token, path)?;
+    (status == 200).then_some(())?;
+    serde_json::from_str(&body).ok()
 }
 
 /// What the gateway's API shows: every workload of `ids` succeeded with its three tasks, and the
@@ -1094,7 +1086,7 @@ fn assert_gateway_shows(addr: &str, token: &str, ids: &[String], billed: i64) {
         let mut states = BTreeMap::new();
         let mut cursor = String::new();
         loop {
-            let page = api_get(addr, token, &format!("/api/v1/workloads?limit=100{cursor}"))?;
+            let page = api_json(addr, token, &format!("/api/v1/workloads?limit=100{cursor}"))?;
             for w in page["items"].as_array()? {
                 let tasks = w["tasks"].to_string();
                 states.insert(
@@ -1107,7 +1099,7 @@ fn assert_gateway_shows(addr: &str, token: &str, ids: &[String], billed: i64) {
                 None => break,
             }
         }
-        let costs = api_get(addr, token, "/api/v1/costs")?;
+        let costs = api_json(addr, token, "/api/v1/costs")?;
         let total: i64 = costs["teams"]
             .as_array()?
             .iter()

@@ -115,3 +115,21 @@ pub fn gateway_of(dir: &Path, log: &str) -> (String, String) {
     let token = std::fs::read_to_string(data.join("admin.token")).unwrap();
     (url, token.trim().to_owned())
 }
+
+/// `GET path` of the gateway at `addr` (host:port) with the bearer `token`: the HTTP status and
+/// the body, or `None` if the gateway could not be asked.
+pub fn api_get(addr: &str, token: &str, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read as _, Write as _};
+    let mut conn = std::net::TcpStream::connect(addr).ok()?;
+    conn.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(
+        conn,
+        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    conn.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    Some((status, body.to_owned()))
+}

@@ -7,23 +7,12 @@ use std::process::Output;
 use std::time::Duration;
 
 use crate::support::{
-    allot, free_port, gateway_of, log_of, spawn_logged, terminate, wait_exit, wait_for,
+    allot, api_get, free_port, gateway_of, log_of, spawn_logged, terminate, wait_exit, wait_for,
 };
 
 /// The HTTP status of `GET path` at the gateway `url` with `token`.
 fn status_of(url: &str, token: &str, path: &str) -> Option<u16> {
-    use std::io::{Read as _, Write as _};
-    let addr = url.trim_start_matches("http://");
-    let mut conn = std::net::TcpStream::connect(addr).ok()?;
-    conn.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(
-        conn,
-        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    conn.read_to_string(&mut response).ok()?;
-    response.split(' ').nth(1)?.parse().ok()
+    api_get(url.trim_start_matches("http://"), token, path).map(|(status, _)| status)
 }
 
 fn run(dir: &Path, args: &[&str]) -> Output {
