@@ -15,6 +15,15 @@ fn status_of(url: &str, token: &str, path: &str) -> Option<u16> {
     api_get(url.trim_start_matches("http://"), token, path).map(|(status, _)| status)
 }
 
+/// Whether the gateway at `url` answers `status` to `token` within 30 s.
+fn answers(url: &str, token: &str, status: u16) -> bool {
+    wait_for(Duration::from_secs(30), || {
+        std::thread::sleep(Duration::from_millis(200));
+        (status_of(url, token, "/api/v1/queue")? == status).then_some(())
+    })
+    .is_some()
+}
+
 fn run(dir: &Path, args: &[&str]) -> Output {
     allot(dir).args(args).output().unwrap()
 }
@@ -51,12 +60,8 @@ fn a_revoked_token_is_turned_away_and_a_wrong_id_revokes_nothing() {
         .to_owned();
     assert_eq!(id.len(), 12, "no token id in {:?}", stderr(&issued));
 
-    let accepted = wait_for(Duration::from_secs(30), || {
-        std::thread::sleep(Duration::from_millis(200));
-        (status_of(&url, &token, "/api/v1/queue")? == 200).then_some(())
-    });
     assert!(
-        accepted.is_some(),
+        answers(&url, &token, 200),
         "the new token was never accepted:\n{}",
         log_of(dir.path(), "up")
     );
@@ -85,12 +90,8 @@ fn a_revoked_token_is_turned_away_and_a_wrong_id_revokes_nothing() {
         "{}",
         stderr(&revoked)
     );
-    let refused = wait_for(Duration::from_secs(30), || {
-        std::thread::sleep(Duration::from_millis(200));
-        (status_of(&url, &token, "/api/v1/queue")? == 401).then_some(())
-    });
     assert!(
-        refused.is_some(),
+        answers(&url, &token, 401),
         "the revoked token is still accepted:\n{}",
         log_of(dir.path(), "up")
     );
