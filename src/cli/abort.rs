@@ -6,6 +6,9 @@
 //! finishes it as `aborted`. An abort names the team that owns the workload: the planner
 //! refuses one from another team.
 //!
+//! While NATS does not store the abort (no acknowledgement, a stream electing a leader, the
+//! connection down) it sends it again for up to 30 s, under the same id, so it is stored once.
+//!
 //! Then it waits for the planner's answer (`WorkloadAbortAnswered` on
 //! `allot.workload.abort_answered.<team>`, subscribed to before publishing so it cannot be
 //! missed) and says what it was:
@@ -115,7 +118,7 @@ pub async fn abort(args: AbortArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode>
     let envelope = publisher.envelope(event);
     let abort_id = envelope.id.to_string();
     publisher
-        .publish_envelope(&envelope)
+        .publish_envelope_patiently(&envelope, super::workload::RETRY_FOR)
         .await
         .with_context(|| format!("publishing the abort of {}", args.workload))?;
     let what = match &args.task {

@@ -26,8 +26,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Args;
 
-use allot_bus::Publisher;
 use allot_bus::async_nats::jetstream::message::PublishMessage;
+use allot_bus::{Patient, Publisher};
 use allot_events::query::ClusterStatus;
 use allot_workload::limits::{self, SpecSize};
 use allot_workload::submit::{self, Submission};
@@ -46,6 +46,11 @@ pub const WORKLOAD_FAILED: u8 = 3;
 pub const WORKLOAD_ABORTED: u8 = 4;
 /// `--wait`: `--timeout` ran out before the workload finished.
 pub const TIMED_OUT: u8 = 5;
+
+/// How long `submit` (`--retry-for`'s default) and `abort` keep sending while NATS does not
+/// store what they publish: longer than a clustered stream takes to elect a new leader after
+/// losing a server (4–7 s measured in docs/faults.md), short enough for a person waiting.
+pub const RETRY_FOR: Duration = Duration::from_secs(30);
 
 /// Flags of `allot validate`.
 #[derive(Debug, Args)]
@@ -98,6 +103,11 @@ pub struct SubmitArgs {
     /// How --wait and --follow print: `text` (a CI log) or `json` (one object per line).
     #[arg(long, value_enum, default_value_t)]
     pub output: Output,
+    /// Keep sending the submission for this long (default `30s`) while NATS does not store
+    /// it — no acknowledgement, a stream electing a leader, the connection down — then exit 1;
+    /// every attempt carries the same id, so the stream stores it once.
+    #[arg(long, value_parser = allot_workload::quantity::duration)]
+    pub retry_for: Option<Duration>,
 }
 
 /// `allot validate FILE`: every problem, or a one-line summary.
@@ -212,14 +222,35 @@ pub async fn submit(args: SubmitArgs, env: Lookup<'_>) -> anyhow::Result<ExitCod
         .message_id(msg_id)
         .payload(bytes::Bytes::from(envelope.to_json()));
     let subject = envelope.nats_subject();
-    let published = publisher
-        .send_raw(subject.clone(), message)
-        .await?
-        .wait()
+    let started = std::time::Instant::now();
+    let Patient {
+        published,
+        attempts,
+    } = publisher
+        .publish_patiently(&subject, message, args.retry_for.unwrap_or(RETRY_FOR))
         .await
-        .with_context(|| format!("publishing {workload_id}; it may not have been submitted"))?;
-
-    if published.duplicate {
+        .with_context(|| {
+            format!(
+                "publishing {workload_id} (tried for {:.1} s); it may not have been submitted — \
+                 running the same command again is safe: the same spec and run id are stored once",
+                started.elapsed().as_secs_f64()
+            )
+        })?;
+    let after = if attempts > 1 {
+        format!(
+            " (attempt {attempts}, {:.1} s after the first)",
+            started.elapsed().as_secs_f64()
+        )
+    } else {
+        String::new()
+    };
+    if published.duplicate && attempts > 1 {
+        eprintln!(
+            "{workload_id}: submitted{after} — an earlier attempt, or an earlier submission of the \
+             same spec and run id, was stored first: {} sequence {}; nothing new was stored",
+            published.stream, published.sequence
+        );
+    } else if published.duplicate {
         eprintln!(
             "{workload_id}: already submitted (same spec and run id; {} kept the first, sequence \
              {}); nothing new was stored",
@@ -227,8 +258,8 @@ pub async fn submit(args: SubmitArgs, env: Lookup<'_>) -> anyhow::Result<ExitCod
         );
     } else {
         eprintln!(
-            "{workload_id}: submitted — {summary}; checked against {teams_note}, {cluster_note}; \
-             {subject} stored as {} sequence {}",
+            "{workload_id}: submitted{after} — {summary}; checked against {teams_note}, \
+             {cluster_note}; {subject} stored as {} sequence {}",
             published.stream, published.sequence
         );
     }

@@ -334,3 +334,79 @@ fn wait_without_a_reachable_server_fails_before_submitting_anything() {
         text(&out.stderr)
     );
 }
+
+/// What a CI job sees while no stream stores its submission — what every publish is told while
+/// a clustered stream elects a new leader after losing a server: `--retry-for 1s` gives up
+/// after a second, saying it may not have been submitted; by default the same message is
+/// sent again until a stream stores it, and it is stored once however many attempts reached
+/// the server.
+#[test]
+fn a_submission_no_stream_stores_yet_is_sent_again_until_one_does_and_stored_once() {
+    let server = NatsServer::start();
+    let url = server.url();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let spec = example("train-eval.yaml");
+    let command = |retry_for: Option<&str>| {
+        let mut cmd = allot(dir.path());
+        cmd.arg("submit")
+            .arg(&spec)
+            .args([
+                "--run-id",
+                "ci-77",
+                "--nats",
+                &url,
+                "--submitter",
+                "ci@test",
+            ])
+            .arg("--teams")
+            .arg(example("teams.yaml"));
+        if let Some(r) = retry_for {
+            cmd.args(["--retry-for", r]);
+        }
+        cmd
+    };
+
+    let once = command(Some("1s")).output().unwrap();
+    let stderr = text(&once.stderr);
+    assert_eq!(once.status.code(), Some(1), "{stderr}");
+    assert!(
+        once.stdout.is_empty(),
+        "no workload id for a failed submission"
+    );
+    assert!(
+        stderr.contains("it may not have been submitted — running the same command again is safe")
+            && stderr.contains("no stream captures subject allot.workload.submitted.vision")
+            && stderr.contains(" (tried for "),
+        "{stderr}"
+    );
+
+    let mut patient = crate::support::spawn_logged(command(None), dir.path(), "submit");
+    let retried = crate::support::wait_for(std::time::Duration::from_secs(20), || {
+        crate::support::log_of(dir.path(), "submit")
+            .contains("not stored; sending it again until it is")
+            .then_some(())
+    });
+    let log = crate::support::log_of(dir.path(), "submit");
+    assert!(retried.is_some(), "the first attempt did not fail: {log}");
+    // Still trying: the streams come up (as a new leader is elected) and it is stored.
+    assert_eq!(patient.try_wait().unwrap(), None, "{log}");
+    rt.block_on(async {
+        let client = async_nats::connect(&url).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        allot_bus::ensure_streams(&js, &allot_bus::catalog(1))
+            .await
+            .unwrap();
+    });
+    let status = crate::support::wait_exit(&mut patient, std::time::Duration::from_secs(40));
+    let log = crate::support::log_of(dir.path(), "submit");
+    assert!(status.is_some_and(|s| s.success()), "{status:?}: {log}");
+    assert!(log.contains(": submitted (attempt "), "{log}");
+    let stored = workloads(&rt, &url);
+    assert_eq!(stored.len(), 1, "stored once: {stored:?}");
+    let id = log.lines().last().unwrap_or_default().trim();
+    let AnyEvent::Workload(WorkloadEvent::Submitted(s)) = &stored[0].2 else {
+        panic!("not a submission: {:?}", stored[0]);
+    };
+    assert_eq!(s.workload_id, id, "{log}");
+}

@@ -83,6 +83,13 @@ impl PublishError {
             Self::Timeout { .. } | Self::Nats { .. } | Self::Send { .. }
         )
     }
+
+    /// Whether the failure may pass within seconds: a retryable one, or no stream answering —
+    /// a deployment error when it lasts, but also what every publish is told while a
+    /// clustered stream elects a new leader.
+    pub fn may_pass(&self) -> bool {
+        self.is_retryable() || matches!(self, Self::NoStream { .. })
+    }
 }
 
 /// Infrastructure failures outside publishing.

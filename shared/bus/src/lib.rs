@@ -35,7 +35,7 @@ pub use consumer::{
     Outcome, Raw,
 };
 pub use error::{BusError, PublishError};
-pub use publish::{ATOMIC_BATCH_MAX, PendingAck, Published, Publisher};
+pub use publish::{ATOMIC_BATCH_MAX, Patient, PendingAck, Published, Publisher};
 pub use streams::{StreamSpec, catalog, ensure_streams};
 pub use users::{Role, Users};
 

@@ -23,6 +23,15 @@ pub struct Published {
     pub duplicate: bool,
 }
 
+/// What [`Publisher::publish_patiently`] stored, and how many attempts it took.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Patient {
+    /// The stored message.
+    pub published: Published,
+    /// Attempts made, the successful one included.
+    pub attempts: u32,
+}
+
 /// Publishes Allot events. Cheap to clone; clones share the connection.
 #[derive(Debug, Clone)]
 pub struct Publisher {
@@ -99,11 +108,18 @@ impl Publisher {
     /// Sends an envelope without waiting for its acknowledgement, so many can be in flight;
     /// the caller must [`PendingAck::wait`] on each before treating it as published.
     pub async fn send(&self, envelope: &Envelope) -> Result<PendingAck, PublishError> {
-        let subject = envelope.nats_subject();
-        let message = PublishMessage::build()
-            .message_id(envelope.id.to_string())
-            .payload(Bytes::from(envelope.to_json()));
-        self.send_raw(subject, message).await
+        self.send_raw(envelope.nats_subject(), message(envelope))
+            .await
+    }
+
+    /// [`Publisher::publish_patiently`] for an envelope (its id is the de-duplication key).
+    pub async fn publish_envelope_patiently(
+        &self,
+        envelope: &Envelope,
+        patience: Duration,
+    ) -> Result<Patient, PublishError> {
+        self.publish_patiently(&envelope.nats_subject(), message(envelope), patience)
+            .await
     }
 
     /// Sends a pre-built message (used for dead letters and raw tooling).
@@ -122,6 +138,61 @@ impl Publisher {
             timeout: self.ack_timeout,
             ack,
         })
+    }
+
+    /// Publishes `message` and waits for its acknowledgement, sending it again while the
+    /// failure may pass — no acknowledgement in time, no stream answering (what a clustered
+    /// stream says while it elects a leader), the connection down — until `patience` has run
+    /// out: for a command a person or a CI job runs once, where a service would simply retry
+    /// later. Every attempt is the same message, so it must carry a `Nats-Msg-Id`: the stream
+    /// stores it once however many attempts reached it (within its duplicate window), and
+    /// answers a later one as a duplicate. Waits 250 ms after the first failure, doubling to
+    /// 2 s. A zero `patience` makes one attempt. Returns the stored message and how many
+    /// attempts it took, or the last failure.
+    pub async fn publish_patiently(
+        &self,
+        subject: &str,
+        message: PublishMessage,
+        patience: Duration,
+    ) -> Result<Patient, PublishError> {
+        debug_assert!(
+            message
+                .clone()
+                .outbound_message(subject.to_owned())
+                .headers
+                .is_some_and(|h| h.get(header::NATS_MESSAGE_ID).is_some()),
+            "a message sent more than once needs a Nats-Msg-Id"
+        );
+        let give_up = tokio::time::Instant::now() + patience;
+        let mut pause = Duration::from_millis(250);
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let sent = async {
+                self.send_raw(subject.to_owned(), message.clone())
+                    .await?
+                    .wait()
+                    .await
+            };
+            match sent.await {
+                Ok(published) => {
+                    return Ok(Patient {
+                        published,
+                        attempts,
+                    });
+                }
+                Err(e) if e.may_pass() && tokio::time::Instant::now() + pause <= give_up => {
+                    if attempts == 1 {
+                        tracing::warn!(error = %e, ?patience, "not stored; sending it again until it is");
+                    } else {
+                        tracing::debug!(error = %e, attempts, retry_in = ?pause, "sending it again");
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Stores `messages` on `subject` as one atomic batch (ADR-50; the stream must allow
@@ -182,6 +253,13 @@ impl Publisher {
         }
         unreachable!("the last message commits the batch")
     }
+}
+
+/// An envelope as a message: its JSON, with its id as `Nats-Msg-Id`.
+fn message(envelope: &Envelope) -> PublishMessage {
+    PublishMessage::build()
+        .message_id(envelope.id.to_string())
+        .payload(Bytes::from(envelope.to_json()))
 }
 
 /// Most messages in one atomic batch (the server's limit).
