@@ -496,9 +496,11 @@ async fn run_services(
         Ok(allot_inventory::run(inventory, stop).await?)
     });
     // The allocator of the simulated pool (a standby would be a second one with another
-    // instance id; one is enough on a laptop).
+    // instance id; one is enough on a laptop). The folder's lock makes it the one process with
+    // its id: a lease left under that id by a killed `allot up` is taken over at once.
     let allocator = allot_allocator::Config {
         instance: "allocator-up".into(),
+        sole_instance: true,
         quotas: config
             .teams
             .as_ref()

@@ -1227,12 +1227,21 @@ impl UpStreams {
         let creds = dir.join(".allot/auth/admin.credentials.json");
         let creds: allot_bus::Credentials =
             serde_json::from_str(&std::fs::read_to_string(creds).unwrap()).unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread()
+        // The test's own reader must not be what is slow to recover: its client reconnects in
+        // the background (a worker thread) every 100 ms, not after the library's growing
+        // backoff, which delayed seeing the restarted instance's progress by about 10 s.
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
             .enable_all()
             .build()
             .unwrap();
         let client = rt
-            .block_on(creds.connect_options().connect(creds.url.as_str()))
+            .block_on(
+                creds
+                    .connect_options()
+                    .reconnect_delay_callback(|_| Duration::from_millis(100))
+                    .connect(creds.url.as_str()),
+            )
             .unwrap();
         let url = allot_bus::users::url_with_credentials(&creds.url, &creds.user, &creds.password);
         (UpStreams { rt, client }, url)

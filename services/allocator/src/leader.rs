@@ -130,10 +130,22 @@ async fn lead_or_stand_by(
         if stop.peek().is_some() {
             return Ok(());
         }
-        let attempt = tokio::time::timeout(
-            config.lease_ttl,
-            Lease::acquire(&store, &config.pool, &config.instance),
-        )
+        let attempt = tokio::time::timeout(config.lease_ttl, async {
+            let taken = Lease::acquire(&store, &config.pool, &config.instance).await?;
+            if taken.is_some() || !config.sole_instance {
+                return Ok(taken);
+            }
+            let taken = Lease::take_over_own(&store, &config.pool, &config.instance).await?;
+            if taken.is_some() {
+                info!(
+                    pool = %config.pool,
+                    instance = %config.instance,
+                    "the lease was still held under this instance's name by a process that is \
+                     gone; taken over without waiting for it to expire"
+                );
+            }
+            Ok(taken)
+        })
         .await
         .unwrap_or_else(|_| Err(lease::LeaseError::timed_out(config.lease_ttl)));
         let lease = match attempt {

@@ -143,6 +143,41 @@ impl Lease {
         }
     }
 
+    /// Takes the lease of `pool` if it is still held under `holder`'s own name — by an earlier
+    /// process of this instance that died holding it — instead of waiting for it to expire:
+    /// `Ok(None)` if someone else holds it (or took it meanwhile). Only for an instance known
+    /// to be the one process with its name ([`crate::Config::sole_instance`]); anywhere else
+    /// the holder of that name may be alive.
+    pub async fn take_over_own(
+        store: &kv::Store,
+        pool: &str,
+        holder: &str,
+    ) -> Result<Option<Lease>, LeaseError> {
+        let key = key(pool);
+        let entry = store
+            .entry(&key)
+            .await
+            .map_err(|e| LeaseError(format!("reading {key}: {e}")))?;
+        let Some(entry) = entry
+            .filter(|e| e.operation == kv::Operation::Put && e.value.as_ref() == holder.as_bytes())
+        else {
+            return Ok(None);
+        };
+        match store
+            .update(&key, Bytes::from(holder.to_owned()), entry.revision)
+            .await
+        {
+            Ok(revision) => Ok(Some(Lease {
+                store: store.clone(),
+                key,
+                holder: holder.to_owned(),
+                revision,
+            })),
+            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(None),
+            Err(e) => Err(LeaseError(format!("taking over {key}: {e}"))),
+        }
+    }
+
     /// Renews the lease. [`Renewal::Lost`] if it expired or was taken (someone else's write is
     /// now the key's latest), [`Renewal::Unsure`] if the server did not answer as expected.
     pub async fn renew(&mut self) -> Renewal {

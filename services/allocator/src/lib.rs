@@ -61,6 +61,10 @@ pub struct Config {
     /// Copies of the lease bucket: as many as the streams have (1 on one server, 3 on a
     /// cluster), so the lease outlives any one server.
     pub replicas: usize,
+    /// This process is known to be the only one with its instance id (`allot up`, which holds
+    /// its data folder's lock, uses a fixed id): a lease still held under that id is a dead
+    /// predecessor's, taken over at once instead of waited out.
+    pub sole_instance: bool,
 }
 
 impl Config {
@@ -81,6 +85,7 @@ impl Config {
             quotas: Vec::new(),
             consumer_prefix: "allocator".into(),
             replicas: 1,
+            sole_instance: false,
         }
     }
 }

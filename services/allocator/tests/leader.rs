@@ -654,3 +654,43 @@ fn an_allocator_that_cannot_open_the_lease_bucket_keeps_trying_and_leads_once_it
         allocator.abort();
     });
 }
+
+/// A lease left under an instance's own name by a process that died holding it (a SIGKILLed
+/// `allot up`): an instance known to be the one process of that name leads at once; any other
+/// waits for the lease to expire, since the holder of that name may be alive.
+#[test]
+fn a_sole_instance_takes_over_the_lease_its_dead_predecessor_left_and_no_other_does() {
+    let server = NatsServer::start();
+    let url = server.url();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let client = async_nats::connect(&url).await.unwrap();
+        let js = async_nats::jetstream::new(client.clone());
+        ensure_streams(&js, &catalog(1)).await.unwrap();
+        // Longer than `journal_until` waits: only a takeover lets anyone lead within it.
+        let ttl = Duration::from_secs(60);
+        let store = allot_allocator::lease::bucket(&js, ttl, 1).await.unwrap();
+        store
+            .put(allot_allocator::lease::key(POOL), "up".into())
+            .await
+            .unwrap();
+        let config = |sole_instance| Config {
+            lease_ttl: ttl,
+            sole_instance,
+            ..config(&url, "up")
+        };
+
+        let unsure = tokio::spawn(allot_allocator::run(config(false), std::future::pending()));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(
+            leaders(&journal_until(&js, |_| true).await).is_empty(),
+            "an instance that may have a live twin waits the lease out"
+        );
+        unsure.abort();
+
+        let sole = tokio::spawn(allot_allocator::run(config(true), std::future::pending()));
+        let events = journal_until(&js, |e| !leaders(e).is_empty()).await;
+        assert_eq!(leaders(&events), ["up"], "the sole instance led at once");
+        sole.abort();
+    });
+}
