@@ -150,6 +150,7 @@ pub async fn run(
         publisher: Publisher::new(client.clone(), "/allot/inventory"),
         liveness: config.liveness,
         tick: config.check_interval,
+        quiet: reporter::Quiet::default(),
     };
 
     let query = query_service(client.clone(), query_conn, shutdown.clone());

@@ -67,6 +67,73 @@ impl Change {
     }
 }
 
+/// A node as liveness judges it: its name, its last heartbeat (or registration), and whether
+/// it was last reported reachable.
+pub(crate) type Heard = (String, DateTime<Utc>, bool);
+
+/// Whether the whole fleet has gone quiet at once, which says more about the bus than about the
+/// nodes: a NATS server lost with the stream electing a new leader (the collectors' heartbeats
+/// cannot be stored meanwhile), or the inventory's own consumer stalled. While it is, silence
+/// counts for no node; once any node is heard again, every node has a full deadline from the
+/// last quiet moment to be heard too. Kubernetes' node lifecycle controller reasons the same
+/// way: when every node of a zone is NotReady ("full disruption") it stops evicting.
+///
+/// The fleet is quiet when at least two nodes are reported reachable and none was heard for
+/// one and a half heartbeat intervals (with two or more nodes beating, some heartbeat arrives
+/// every interval). A fleet quiet for longer than four deadlines is believed: its nodes are
+/// then judged as if it were not, since a bus that long away, or a fleet that long dead, is
+/// worth saying so. One node alone is judged as before.
+#[derive(Debug, Default)]
+pub(crate) struct Quiet {
+    /// Since when the fleet has been quiet, while it is.
+    since: Option<DateTime<Utc>>,
+    /// Silence before this counts for no node.
+    floor: Option<DateTime<Utc>>,
+}
+
+impl Quiet {
+    /// Updates from what was heard at `now`; the time before which silence does not count.
+    fn floor(
+        &mut self,
+        heard: &[Heard],
+        liveness: Liveness,
+        now: DateTime<Utc>,
+    ) -> Option<DateTime<Utc>> {
+        let reachable = heard.iter().filter(|(_, _, r)| *r).count();
+        let newest = heard.iter().map(|(_, last, _)| *last).max();
+        let quiet_after = chrono::Duration::from_std(liveness.heartbeat_interval * 3 / 2)
+            .unwrap_or(chrono::Duration::MAX);
+        let quiet = reachable >= 2 && newest.is_some_and(|n| now - n > quiet_after);
+        match (quiet, self.since) {
+            (true, None) => {
+                tracing::warn!(
+                    nodes = reachable,
+                    "no node heard for {} ms: suspecting the bus rather than the nodes, so none \
+                     is declared unreachable while the whole fleet is quiet",
+                    newest.map_or(0, |n| (now - n).num_milliseconds())
+                );
+                self.since = Some(now);
+            }
+            (false, Some(since)) => {
+                tracing::info!(
+                    quiet_ms = (now - since).num_milliseconds(),
+                    "the fleet is heard again; each node has a full deadline from now"
+                );
+                self.since = None;
+            }
+            _ => {}
+        }
+        let believed = liveness
+            .deadline()
+            .checked_mul(4)
+            .unwrap_or(chrono::Duration::MAX);
+        if self.since.is_some_and(|since| now - since <= believed) {
+            self.floor = Some(now);
+        }
+        self.floor
+    }
+}
+
 /// What should be published now. `judge_liveness` is false during the start-up grace period,
 /// while the inventory may still be catching up on heartbeats.
 pub(crate) fn changes(
@@ -74,9 +141,8 @@ pub(crate) fn changes(
     liveness: Liveness,
     now: DateTime<Utc>,
     judge_liveness: bool,
+    quiet: &mut Quiet,
 ) -> Result<Vec<Change>, rusqlite::Error> {
-    let mut out = Vec::new();
-    let deadline = liveness.deadline();
     let mut nodes = conn.prepare_cached(
         "SELECT name, coalesce(last_heartbeat_at, registered_at), reported_reachable FROM nodes
          ORDER BY name",
@@ -88,30 +154,14 @@ pub(crate) fn changes(
             r.get::<_, i64>(2)? == 1,
         ))
     })?;
+    let mut heard = Vec::new();
     for row in rows {
         let (node, last, reported_reachable) = row?;
-        let Some(last) = DateTime::parse_from_rfc3339(&last)
-            .ok()
-            .map(|t| t.with_timezone(&Utc))
-        else {
-            continue;
-        };
-        let silent = now - last;
-        if reported_reachable && silent > deadline && judge_liveness {
-            let missed =
-                silent.num_milliseconds() / (liveness.heartbeat_interval.as_millis().max(1) as i64);
-            out.push(Change::Unreachable(NodeUnreachable {
-                node,
-                last_heartbeat_at: last,
-                missed_heartbeats: missed.clamp(0, u32::MAX as i64) as u32,
-            }));
-        } else if !reported_reachable && silent <= deadline {
-            out.push(Change::Recovered(NodeRecovered {
-                node,
-                last_heartbeat_at: last,
-            }));
+        if let Ok(last) = DateTime::parse_from_rfc3339(&last) {
+            heard.push((node, last.with_timezone(&Utc), reported_reachable));
         }
     }
+    let mut out = liveness_changes(&heard, liveness, now, judge_liveness, quiet);
     let mut gpus = conn.prepare_cached(
         "SELECT node, uuid, idx, reported_health, health, health_reason FROM gpus
          WHERE health != reported_health ORDER BY node, idx",
@@ -139,6 +189,39 @@ pub(crate) fn changes(
     Ok(out)
 }
 
+/// Nodes to declare unreachable, or reachable again.
+pub(crate) fn liveness_changes(
+    heard: &[Heard],
+    liveness: Liveness,
+    now: DateTime<Utc>,
+    judge_liveness: bool,
+    quiet: &mut Quiet,
+) -> Vec<Change> {
+    let deadline = liveness.deadline();
+    let floor = quiet.floor(heard, liveness, now);
+    let mut out = Vec::new();
+    for (node, last, reported_reachable) in heard {
+        let (node, last) = (node.clone(), *last);
+        let silent = now - last;
+        let counted = now - floor.map_or(last, |f| f.max(last));
+        if *reported_reachable && counted > deadline && judge_liveness {
+            let missed =
+                silent.num_milliseconds() / (liveness.heartbeat_interval.as_millis().max(1) as i64);
+            out.push(Change::Unreachable(NodeUnreachable {
+                node,
+                last_heartbeat_at: last,
+                missed_heartbeats: missed.clamp(0, u32::MAX as i64) as u32,
+            }));
+        } else if !reported_reachable && silent <= deadline {
+            out.push(Change::Recovered(NodeRecovered {
+                node,
+                last_heartbeat_at: last,
+            }));
+        }
+    }
+    out
+}
+
 /// The reporter loop.
 #[derive(Debug)]
 pub(crate) struct Reporter {
@@ -146,6 +229,7 @@ pub(crate) struct Reporter {
     pub(crate) publisher: Publisher,
     pub(crate) liveness: Liveness,
     pub(crate) tick: Duration,
+    pub(crate) quiet: Quiet,
 }
 
 /// Whether liveness may be judged at a tick of the reporter: not during a grace period — after
@@ -219,8 +303,14 @@ impl Reporter {
     }
 
     async fn report(&mut self, judge_liveness: bool) -> Result<(), String> {
-        let changes = changes(&self.conn, self.liveness, Utc::now(), judge_liveness)
-            .map_err(|e| e.to_string())?;
+        let changes = changes(
+            &self.conn,
+            self.liveness,
+            Utc::now(),
+            judge_liveness,
+            &mut self.quiet,
+        )
+        .map_err(|e| e.to_string())?;
         for change in changes {
             self.publisher
                 .publish(change.event())
