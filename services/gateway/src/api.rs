@@ -32,6 +32,7 @@ use allot_workload::{ClusterShape, Format, NodeShape, TeamsConfig};
 use crate::db::Db;
 use crate::mirror::{Allocation, KpiPoint, Mirror, QueueEntry};
 use crate::problem::{Problem, SpecError};
+use crate::samples::Samples;
 use crate::token::{Caller, Known, Tokens};
 
 /// The `source` of the events the gateway publishes.
@@ -101,6 +102,7 @@ struct Inner {
     db: Arc<Db>,
     tokens: RwLock<Tokens>,
     mirror: Arc<Mutex<Mirror>>,
+    samples: Arc<Mutex<Samples>>,
     snapshot: RwLock<Arc<Snapshot>>,
     bus: Option<Bus>,
     teams: Option<TeamsConfig>,
@@ -119,11 +121,17 @@ impl AppState {
                 db,
                 tokens: RwLock::new(Tokens::default()),
                 mirror,
+                samples: Arc::default(),
                 snapshot: RwLock::new(Arc::new(Snapshot::default())),
                 bus,
                 teams,
             }),
         }
+    }
+
+    /// Every node's latest GPU readings, which [`crate::samples::follow`] keeps current.
+    pub fn samples(&self) -> Arc<Mutex<Samples>> {
+        self.inner.samples.clone()
     }
 
     /// Accepts a token known by its hash (the bootstrap admin's, or tests').
@@ -158,6 +166,11 @@ impl AppState {
             )
         };
         let mut nodes = self.inner.db.read(read_nodes).await?;
+        self.inner
+            .samples
+            .lock()
+            .expect("samples lock")
+            .fill(&mut nodes);
         let mut by_node: BTreeMap<&str, Vec<&Allocation>> = BTreeMap::new();
         for a in &allocations {
             by_node.entry(&a.node).or_default().push(a);
@@ -633,8 +646,7 @@ fn read_nodes(c: &Connection) -> allot_store::rusqlite::Result<Vec<NodeView>> {
         })?
         .collect::<Result<_, _>>()?;
     let mut stmt = c.prepare(
-        "SELECT node, idx, model, memory_mib, health, in_service, utilization, temperature_c, \
-         memory_used, power_mw, sampled_at FROM gpus ORDER BY node, idx",
+        "SELECT node, idx, model, memory_mib, health, in_service FROM gpus ORDER BY node, idx",
     )?;
     let gpus = stmt.query_map([], |r| {
         Ok((
@@ -645,11 +657,11 @@ fn read_nodes(c: &Connection) -> allot_store::rusqlite::Result<Vec<NodeView>> {
                 memory_mib: r.get(3)?,
                 health: r.get(4)?,
                 in_service: r.get(5)?,
-                utilization_pct: r.get(6)?,
-                temperature_c: r.get(7)?,
-                memory_used_mib: r.get(8)?,
-                power_mw: r.get(9)?,
-                sampled_at: r.get(10)?,
+                utilization_pct: None,
+                temperature_c: None,
+                memory_used_mib: None,
+                power_mw: None,
+                sampled_at: None,
                 allocations: Vec::new(),
             },
         ))

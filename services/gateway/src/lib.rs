@@ -8,6 +8,7 @@
 //!   to the change log.
 //! - [`mirror`]: every pool's scheduler rebuilt in memory from the allocators' journals: the
 //!   queue with reasons and ETAs, what runs where, KPIs per minute, and looking back.
+//! - [`samples`]: every node's latest GPU readings, in memory, from TELEMETRY.
 //! - [`token`]: bearer tokens (random, stored and published as SHA-256 only) and what each
 //!   role may do.
 //! - [`api`]: the router ([`api::app`]), the handlers and the generated OpenAPI document.
@@ -26,6 +27,7 @@ pub mod db;
 pub mod mirror;
 pub mod model;
 pub mod problem;
+pub mod samples;
 pub mod sse;
 pub mod token;
 
@@ -156,7 +158,6 @@ const PROJECTIONS: &[(&str, &[&str], ApplyFn, u64)] = &[
     ),
     (names::FLEET, &[], model::apply_fleet, 100),
     (names::INVENTORY, &[], model::apply_inventory, 20),
-    (names::TELEMETRY, &[], model::apply_telemetry, 250),
     (names::REMEDIATION, &[], model::apply_remediation, 20),
     (names::COSTS, &[], model::apply_costs, 50),
     (names::ACCESS, &[], model::apply_access, 0),
@@ -222,6 +223,28 @@ pub async fn run(
         Some(bus),
         config.teams.clone(),
     );
+    {
+        let js = allot_bus::async_nats::jetstream::new(client.clone());
+        // Before the samples were kept in memory they were projected by a durable consumer,
+        // which a gateway of this version leaves behind: removed, or the server would keep
+        // every sample for it.
+        let old = format!("{}-{}", config.consumer, names::TELEMETRY.to_lowercase());
+        if js
+            .delete_consumer_from_stream(&old, names::TELEMETRY)
+            .await
+            .is_ok()
+        {
+            tracing::info!(consumer = %old, "removed the durable TELEMETRY consumer of an earlier version");
+        }
+        let samples = state.samples();
+        let stopping = service.stopping();
+        service.spawn("telemetry samples", async move {
+            tokio::select! {
+                () = samples::follow(js, samples) => Ok(()),
+                () = stopping => Ok(()),
+            }
+        });
+    }
     if let Some(path) = &config.admin_token_file {
         let t = admin_token(path)?;
         let sha = token::sha256_hex(&t);

@@ -8,8 +8,8 @@
 //! reader that has seen id *n* can never later find a new row below *n*: resuming after
 //! `Last-Event-ID: n` loses nothing and repeats nothing.
 //!
-//! Telemetry is kept as each GPU's last reading and is not logged as changes (one a second per
-//! GPU would drown the log); the dashboard reads it with the nodes.
+//! Telemetry is not projected here: the latest readings are kept in memory
+//! ([`crate::samples`]), and not logged as changes (one a second per GPU would drown the log).
 
 use allot_bus::consumer::Delivery;
 use allot_events::alloc::Applied;
@@ -17,7 +17,7 @@ use allot_events::cost::BudgetLevel;
 use allot_events::task::StopCause;
 use allot_events::{
     AccessEvent, AllocEvent, AnyEvent, CostEvent, InventoryEvent, NodeEvent, RemediationEvent,
-    TaskEvent, TelemetryEvent, WorkloadEvent,
+    TaskEvent, WorkloadEvent,
 };
 use allot_sched::{Decision, Input};
 use allot_store::rusqlite::{Connection, OptionalExtension, params};
@@ -169,6 +169,13 @@ CREATE TABLE changes (
     team TEXT,                              -- NULL: of the cluster, for everyone
     data TEXT NOT NULL
 ) STRICT;
+", "
+-- The latest readings are kept in memory now (crate::samples), not projected.
+ALTER TABLE gpus DROP COLUMN utilization;
+ALTER TABLE gpus DROP COLUMN temperature_c;
+ALTER TABLE gpus DROP COLUMN memory_used;
+ALTER TABLE gpus DROP COLUMN power_mw;
+ALTER TABLE gpus DROP COLUMN sampled_at;
 "];
 
 /// How many changes the log keeps (older ones are trimmed; a client resuming from before the
@@ -644,30 +651,6 @@ pub fn apply_inventory(tx: &Connection, d: &Delivery) -> Result<()> {
         }
         _ => Ok(()),
     }
-}
-
-/// TELEMETRY: each GPU's last reading (not logged as changes).
-pub fn apply_telemetry(tx: &Connection, d: &Delivery) -> Result<()> {
-    let AnyEvent::Telemetry(TelemetryEvent::GpusSampled(s)) = &d.event.data else {
-        return Ok(());
-    };
-    let now = d.published.to_rfc3339();
-    let mut stmt = tx.prepare_cached(
-        "UPDATE gpus SET utilization = ?3, temperature_c = ?4, memory_used = ?5, power_mw = ?6, \
-         sampled_at = ?7 WHERE node = ?1 AND idx = ?2",
-    )?;
-    for g in &s.samples {
-        stmt.execute(params![
-            s.node,
-            g.index as i64,
-            g.utilization_pct.map(i64::from),
-            g.temperature_c.map(i64::from),
-            g.memory_used_mib as i64,
-            g.power_mw.map(|p| p as i64),
-            now
-        ])?;
-    }
-    Ok(())
 }
 
 /// REMEDIATION: holds on nodes, GPUs out of service.

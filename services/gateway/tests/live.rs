@@ -199,3 +199,148 @@ async fn nodes_reach_the_api_and_the_event_stream_resumes_without_loss_or_repeat
     let _ = stop.send(());
     service.await.unwrap().unwrap();
 }
+
+/// Starts a gateway over `dir` on `nats`: its address, its admin token, and how to stop it.
+async fn gateway(
+    nats: &str,
+    dir: &std::path::Path,
+) -> (
+    SocketAddr,
+    String,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), allot_gateway::Error>>,
+) {
+    let mut config = allot_gateway::Config::new(nats, dir, ([127, 0, 0, 1], 0).into());
+    let token_file = dir.join("admin.token");
+    config.admin_token_file = Some(token_file.clone());
+    let (tx, mut bound) = tokio::sync::mpsc::unbounded_channel();
+    config.bound = Some(tx);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let service = tokio::spawn(allot_gateway::run(config, async {
+        let _ = stopped.await;
+    }));
+    let addr = bound.recv().await.expect("the gateway listens");
+    let token = std::fs::read_to_string(&token_file)
+        .unwrap()
+        .trim()
+        .to_owned();
+    (addr, token, stop, service)
+}
+
+/// Each GPU's utilization in `GET /api/v1/nodes`, per node, once every node in `want` shows a
+/// reading (or 20 s pass).
+async fn utilization(
+    addr: SocketAddr,
+    token: &str,
+    want: &[&str],
+) -> std::collections::BTreeMap<String, Vec<Option<u64>>> {
+    let auth = [("Authorization", format!("Bearer {token}"))];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = http(addr, "/api/v1/nodes", &auth, |_| false).await;
+        assert_eq!(status, 200, "{body}");
+        let page: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let got: std::collections::BTreeMap<String, Vec<Option<u64>>> = page["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| {
+                let gpus = n["gpus"].as_array().unwrap();
+                let pct = gpus.iter().map(|g| g["utilization_pct"].as_u64()).collect();
+                (n["name"].as_str().unwrap().to_owned(), pct)
+            })
+            .collect();
+        let shown = want
+            .iter()
+            .all(|n| got.get(*n).is_some_and(|g| g.iter().all(Option::is_some)));
+        if shown || Instant::now() > deadline {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The gateway keeps each node's latest GPU readings in memory, not in its database: a new
+/// sample replaces the last, a sample on another node's subject is not believed, and a
+/// restarted gateway shows the latest readings again (it reads each node's last sample).
+#[tokio::test]
+async fn the_latest_gpu_readings_reach_the_api_and_survive_a_restart() {
+    let nats = NatsServer::start();
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let js = async_nats::jetstream::new(client.clone());
+    ensure_streams(&js, &catalog(1)).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let publisher = Publisher::new(client.clone(), "/test");
+    let (n1, n2) = (node("n1").gpus(2), node("n2").gpus(2));
+    for n in [&n1, &n2] {
+        publisher
+            .publish(NodeEvent::Registered(n.registered()))
+            .await
+            .unwrap();
+    }
+    for pct in [10, 20, 30] {
+        publisher
+            .publish(allot_events::TelemetryEvent::GpusSampled(n1.sampled(pct)))
+            .await
+            .unwrap();
+    }
+    let (addr, token, stop, service) = gateway(&nats.url(), dir.path()).await;
+    let got = utilization(addr, &token, &["n1"]).await;
+    assert_eq!(
+        got["n1"],
+        [Some(30), Some(30)],
+        "the latest sample: {got:?}"
+    );
+    assert_eq!(got["n2"], [None, None], "n2 sent none: {got:?}");
+
+    // n1's collector speaking for n2: not believed. Then n1's own next sample: once it shows,
+    // the forged one before it has been read.
+    let forged = publisher.envelope(allot_events::TelemetryEvent::GpusSampled(n2.sampled(99)));
+    js.publish(
+        allot_events::subject::telemetry("n1"),
+        forged.to_json().into(),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+    publisher
+        .publish(allot_events::TelemetryEvent::GpusSampled(n1.sampled(50)))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut got = utilization(addr, &token, &["n1"]).await;
+    while got["n1"] != [Some(50), Some(50)] && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        got = utilization(addr, &token, &["n1"]).await;
+    }
+    assert_eq!(
+        got["n1"],
+        [Some(50), Some(50)],
+        "a new sample, followed: {got:?}"
+    );
+    assert_eq!(
+        got["n2"],
+        [None, None],
+        "the forged sample was not taken: {got:?}"
+    );
+
+    publisher
+        .publish(allot_events::TelemetryEvent::GpusSampled(n2.sampled(40)))
+        .await
+        .unwrap();
+    let got = utilization(addr, &token, &["n1", "n2"]).await;
+    assert_eq!(got["n2"], [Some(40), Some(40)], "{got:?}");
+    let _ = stop.send(());
+    service.await.unwrap().unwrap();
+
+    let (addr, token, stop, service) = gateway(&nats.url(), dir.path()).await;
+    let got = utilization(addr, &token, &["n1", "n2"]).await;
+    assert_eq!(
+        (&got["n1"], &got["n2"]),
+        (&vec![Some(50), Some(50)], &vec![Some(40), Some(40)]),
+        "restarted, it reads each node's last sample again: {got:?}"
+    );
+    let _ = stop.send(());
+    service.await.unwrap().unwrap();
+}

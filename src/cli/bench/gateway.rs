@@ -195,6 +195,8 @@ async fn system(args: &GatewayArgs, dir: &std::path::Path) -> anyhow::Result<App
     let path = dir.join("gateway.db");
     let conn = allot_store::open(&path, model::MIGRATIONS)?;
     let mut seq = 0;
+    // Each node's latest sample, as the gateway keeps it (in memory).
+    let mut sampled_now = Vec::new();
     let models = [
         "NVIDIA H100 80GB HBM3",
         "NVIDIA A100-SXM4-80GB",
@@ -230,11 +232,7 @@ async fn system(args: &GatewayArgs, dir: &std::path::Path) -> anyhow::Result<App
             .collect();
         let sampled: allot_events::telemetry::GpusSampled =
             serde_json::from_value(serde_json::json!({"node": node, "samples": samples}))?;
-        seq += 1;
-        model::apply_telemetry(
-            &tx,
-            &delivery(seq, allot_events::TelemetryEvent::GpusSampled(sampled)),
-        )?;
+        sampled_now.push(sampled);
         tx.commit()?;
     }
     drop(conn);
@@ -320,6 +318,13 @@ async fn system(args: &GatewayArgs, dir: &std::path::Path) -> anyhow::Result<App
         None,
         None,
     );
+    {
+        let samples = state.samples();
+        let mut samples = samples.lock().expect("samples lock");
+        for sampled in sampled_now {
+            samples.apply(sampled, Utc::now());
+        }
+    }
     for role in [TokenRole::Admin, TokenRole::Member] {
         state.add_token(
             sha256_hex(&token(role)),
