@@ -17,9 +17,10 @@ use std::time::Duration;
 use async_nats::jetstream::{self, consumer::DeliverPolicy};
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
-use serde::Deserialize;
 
-use allot_events::{Envelope, TYPE_PREFIX, TelemetryEvent, subject};
+use allot_bus::Content;
+use allot_events::telemetry::GpusSampled;
+use allot_events::{AnyEvent, Envelope, TelemetryEvent, subject};
 
 use crate::api::NodeView;
 
@@ -33,55 +34,18 @@ pub struct Samples {
 struct Latest {
     /// When the stream stored it.
     at: DateTime<Utc>,
-    readings: Vec<Reading>,
-}
-
-/// What the gateway reads of a `GpusSampled` event: the node and each GPU's readings shown.
-/// The rest (uuids, ECC counters, XIDs, throttle reasons …) is skipped, not decoded: at 2,000
-/// samples a second, decoding whole events was most of what following telemetry cost.
-#[derive(Debug, Clone, Deserialize)]
-pub struct Readings {
-    /// The node sampled.
-    pub node: String,
-    /// Its GPUs.
-    pub samples: Vec<Reading>,
-}
-
-/// One GPU's readings (fields as in `allot_events::telemetry::GpuSample`).
-#[derive(Debug, Clone, Copy, Deserialize)]
-pub struct Reading {
-    /// Its index on the node.
-    pub index: u32,
-    /// Utilization, %.
-    pub utilization_pct: Option<u8>,
-    /// Memory used, MiB.
-    pub memory_used_mib: u64,
-    /// Temperature, °C.
-    pub temperature_c: Option<u32>,
-    /// Power draw, mW.
-    pub power_mw: Option<u64>,
+    sample: GpusSampled,
 }
 
 impl Samples {
-    /// Takes a node's readings, stored at `at`, unless its latest are newer.
-    pub fn apply(&mut self, readings: Readings, at: DateTime<Utc>) {
-        let Readings { node, samples } = readings;
-        match self.nodes.get_mut(&node) {
+    /// Takes `sample`, stored at `at`, unless the node's latest is newer.
+    pub fn apply(&mut self, sample: GpusSampled, at: DateTime<Utc>) {
+        match self.nodes.get_mut(&sample.node) {
             Some(latest) if latest.at > at => {}
-            Some(latest) => {
-                *latest = Latest {
-                    at,
-                    readings: samples,
-                }
-            }
+            Some(latest) => *latest = Latest { at, sample },
             None => {
-                self.nodes.insert(
-                    node,
-                    Latest {
-                        at,
-                        readings: samples,
-                    },
-                );
+                self.nodes
+                    .insert(sample.node.clone(), Latest { at, sample });
             }
         }
     }
@@ -93,7 +57,7 @@ impl Samples {
                 continue;
             };
             let at = latest.at.to_rfc3339();
-            for reading in &latest.readings {
+            for reading in &latest.sample.samples {
                 if let Some(gpu) = node.gpus.iter_mut().find(|g| g.index == reading.index) {
                     gpu.utilization_pct = reading.utilization_pct.map(i64::from);
                     gpu.temperature_c = reading.temperature_c.map(i64::from);
@@ -146,55 +110,42 @@ async fn follow_once(js: &jetstream::Context, samples: &Mutex<Samples>) -> Resul
         let at =
             DateTime::from_timestamp(info.published.unix_timestamp(), info.published.nanosecond())
                 .unwrap_or_default();
-        if let Some(readings) = read(&message) {
-            samples.lock().expect("samples lock").apply(readings, at);
+        if let Some(sample) = read(&message) {
+            samples.lock().expect("samples lock").apply(sample, at);
         }
     }
     Ok(())
 }
 
-/// The readings of a `GpusSampled` event on its own node's subject — the one the server lets
-/// that node's collector publish on — or nothing. Neither believed nor dead-lettered here: the
-/// inventory, TELEMETRY's consumer of record, dead-letters what cannot be read or is on another
-/// node's subject.
-fn read(message: &async_nats::Message) -> Option<Readings> {
-    let envelope: Envelope<Readings> = match serde_json::from_slice(&message.payload) {
-        Ok(e) => e,
+/// The sample in a message, if it is a `GpusSampled` event on its own node's subject (the one
+/// the server lets that node's collector publish on). Neither believed nor dead-lettered here:
+/// the inventory, TELEMETRY's consumer of record, dead-letters what cannot be read or is on
+/// another node's subject.
+fn read(message: &async_nats::Message) -> Option<GpusSampled> {
+    match <Envelope as Content>::read(message) {
+        Ok(Envelope {
+            data: AnyEvent::Telemetry(TelemetryEvent::GpusSampled(sample)),
+            ..
+        }) => Some(sample),
+        Ok(_) => None,
         Err(why) => {
             tracing::debug!(subject = %message.subject, %why, "telemetry not taken");
-            return None;
+            None
         }
-    };
-    static WANTED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-        format!(
-            "{TYPE_PREFIX}{}.v{}.gpus_sampled",
-            TelemetryEvent::DOMAIN,
-            TelemetryEvent::VERSION
-        )
-    });
-    let own = subject::telemetry(&envelope.data.node);
-    if envelope.ty != *WANTED || own != message.subject.as_str() {
-        tracing::debug!(subject = %message.subject, ty = %envelope.ty, node = %envelope.data.node, "telemetry not taken: another type, or another node's subject");
-        return None;
     }
-    Some(envelope.data)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn sample(node: &str, utilization: u8) -> Readings {
-        Readings {
-            node: node.into(),
-            samples: vec![Reading {
-                index: 0,
-                utilization_pct: Some(utilization),
-                memory_used_mib: 1000,
-                temperature_c: None,
-                power_mw: None,
-            }],
-        }
+    fn sample(node: &str, utilization: u32) -> GpusSampled {
+        serde_json::from_value(serde_json::json!({
+            "node": node,
+            "samples": [{"index": 0, "uuid": "GPU-0", "utilization_pct": utilization,
+                "memory_used_mib": 1000, "memory_total_mib": 80_000}],
+        }))
+        .unwrap()
     }
 
     #[test]
@@ -206,46 +157,32 @@ mod tests {
         samples.apply(sample("n1", 10), t(1));
         let latest = &samples.nodes["n1"];
         assert_eq!(latest.at, t(2));
-        assert_eq!(latest.readings[0].utilization_pct, Some(20));
+        assert_eq!(latest.sample.samples[0].utilization_pct, Some(20));
     }
 
     #[test]
     fn only_a_gpus_sampled_event_on_its_own_nodes_subject_is_read() {
         let node = allot_testkit::node("n1").gpus(2);
-        let event =
-            allot_events::Envelope::new("/test", TelemetryEvent::GpusSampled(node.sampled(42)));
-        let message = |subject: &str, payload: Vec<u8>| async_nats::Message {
+        let message = |subject: &str, event: allot_events::AnyEvent| async_nats::Message {
             subject: subject.into(),
             reply: None,
-            payload: payload.into(),
+            payload: Envelope::new("/test", event).to_json().into(),
             headers: None,
             status: None,
             description: None,
             length: 0,
         };
-        let json = event.to_json();
-        let read_on = |subject: &str| read(&message(subject, json.clone()));
-        let got = read_on("allot.telemetry.n1").expect("its own subject");
+        let sampled = || TelemetryEvent::GpusSampled(node.sampled(42)).into();
+        let got = read(&message("allot.telemetry.n1", sampled())).expect("its own subject");
         assert_eq!(got.node, "n1");
-        assert_eq!(
-            got.samples
-                .iter()
-                .map(|r| r.utilization_pct)
-                .collect::<Vec<_>>(),
-            [Some(42), Some(42)]
-        );
         assert!(
-            read_on("allot.telemetry.n2").is_none(),
+            read(&message("allot.telemetry.n2", sampled())).is_none(),
             "another node's subject"
         );
-        let registered = allot_events::Envelope::new(
-            "/test",
-            allot_events::NodeEvent::Registered(node.registered()),
-        );
+        let registered = allot_events::NodeEvent::Registered(node.registered()).into();
         assert!(
-            read(&message("allot.telemetry.n1", registered.to_json())).is_none(),
-            "another type"
+            read(&message("allot.node.registered.n1", registered)).is_none(),
+            "another event"
         );
-        assert!(read(&message("allot.telemetry.n1", b"{".to_vec())).is_none());
     }
 }

@@ -230,7 +230,7 @@ async fn system(args: &GatewayArgs, dir: &std::path::Path) -> anyhow::Result<App
                     "power_mw": 350_000})
             })
             .collect();
-        let sampled: allot_gateway::samples::Readings =
+        let sampled: allot_events::telemetry::GpusSampled =
             serde_json::from_value(serde_json::json!({"node": node, "samples": samples}))?;
         sampled_now.push(sampled);
         tx.commit()?;
