@@ -3,8 +3,9 @@
 //!
 //! Telemetry is the busiest stream by far (a sample of every node every second), and only the
 //! newest sample of each node is ever shown. Projected into SQLite like the other streams, it
-//! cost a quarter of the gateway's CPU at 2,000 nodes (docs/benchmarks.md): eight row updates,
-//! an acknowledgement and their share of the WAL per sample. Instead an ordered consumer reads
+//! cost a quarter of the gateway's CPU at 2,000 nodes: eight row updates, an acknowledgement
+//! and their share of the WAL per sample (kept in memory, 70% of that: receiving and decoding
+//! 2,000 samples a second is most of it; docs/benchmarks.md). Instead an ordered consumer reads
 //! TELEMETRY from each node's last sample (`DeliverPolicy::LastPerSubject`) and follows it:
 //! nothing is acknowledged or stored, and a gateway that restarts, or whose read fails, reads
 //! the last samples again. Like every consumer, it believes a sample only on its own node's
