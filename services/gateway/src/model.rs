@@ -809,3 +809,39 @@ pub fn apply_access(tx: &Connection, d: &Delivery) -> Result<()> {
         _ => Ok(()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `gateway.db` of the version that projected telemetry opens under this one: its GPUs
+    /// are kept, their readings' columns dropped (the readings live in memory now).
+    #[test]
+    fn a_database_with_projected_readings_opens_and_keeps_its_gpus() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gateway.db");
+        let old = allot_store::open(&path, &MIGRATIONS[..1]).unwrap();
+        old.execute(
+            "INSERT INTO gpus (node, idx, uuid, model, memory_mib, utilization, sampled_at) \
+             VALUES ('n1', 0, 'GPU-1', 'H100', 81559, 97, '2026-11-25T00:00:00Z')",
+            [],
+        )
+        .unwrap();
+        drop(old);
+        let now = allot_store::open(&path, MIGRATIONS).unwrap();
+        let kept: (String, i64) = now
+            .query_row("SELECT uuid, memory_mib FROM gpus", [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .unwrap();
+        assert_eq!(kept, ("GPU-1".to_owned(), 81559));
+        let columns: Vec<String> = now
+            .prepare("SELECT name FROM pragma_table_info('gpus')")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<std::result::Result<_, _>>()
+            .unwrap();
+        assert!(!columns.iter().any(|c| c == "utilization"), "{columns:?}");
+    }
+}
