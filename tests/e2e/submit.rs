@@ -49,18 +49,23 @@ fn workloads(rt: &tokio::runtime::Runtime, url: &str) -> Vec<(String, String, An
     })
 }
 
-#[test]
-fn a_retried_submission_is_stored_once_a_new_run_again_and_a_bad_spec_never() {
-    let server = NatsServer::start();
-    let url = server.url();
-    let rt = tokio::runtime::Runtime::new().unwrap();
+/// Creates Allot's streams on the server at `url`, as any service does at start.
+fn create_streams(rt: &tokio::runtime::Runtime, url: &str) {
     rt.block_on(async {
-        let client = async_nats::connect(&url).await.unwrap();
+        let client = async_nats::connect(url).await.unwrap();
         let js = async_nats::jetstream::new(client);
         allot_bus::ensure_streams(&js, &allot_bus::catalog(1))
             .await
             .unwrap();
     });
+}
+
+#[test]
+fn a_retried_submission_is_stored_once_a_new_run_again_and_a_bad_spec_never() {
+    let server = NatsServer::start();
+    let url = server.url();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    create_streams(&rt, &url);
     let dir = tempfile::tempdir().unwrap();
     let spec = example("train-eval.yaml");
 
@@ -391,13 +396,7 @@ fn a_submission_no_stream_stores_yet_is_sent_again_until_one_does_and_stored_onc
     assert!(retried.is_some(), "the first attempt did not fail: {log}");
     // Still trying: the streams come up (as a new leader is elected) and it is stored.
     assert_eq!(patient.try_wait().unwrap(), None, "{log}");
-    rt.block_on(async {
-        let client = async_nats::connect(&url).await.unwrap();
-        let js = async_nats::jetstream::new(client);
-        allot_bus::ensure_streams(&js, &allot_bus::catalog(1))
-            .await
-            .unwrap();
-    });
+    create_streams(&rt, &url);
     let status = crate::support::wait_exit(&mut patient, std::time::Duration::from_secs(40));
     let log = crate::support::log_of(dir.path(), "submit");
     assert!(status.is_some_and(|s| s.success()), "{status:?}: {log}");

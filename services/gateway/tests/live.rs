@@ -97,23 +97,14 @@ async fn nodes_reach_the_api_and_the_event_stream_resumes_without_loss_or_repeat
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut config = allot_gateway::Config::new(nats.url(), dir.path(), ([127, 0, 0, 1], 0).into());
-    let token_file = dir.path().join("admin.token");
-    config.admin_token_file = Some(token_file.clone());
-    let (tx, mut bound) = tokio::sync::mpsc::unbounded_channel();
-    config.bound = Some(tx);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let service = tokio::spawn(allot_gateway::run(config, async {
-        let _ = stopped.await;
-    }));
-    let addr = bound.recv().await.expect("the gateway listens");
-    let token = std::fs::read_to_string(&token_file)
-        .unwrap()
-        .trim()
-        .to_owned();
+    let (addr, token, stop, service) = gateway(&nats.url(), dir.path()).await;
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(
-        std::fs::metadata(&token_file).unwrap().permissions().mode() & 0o777,
+        std::fs::metadata(dir.path().join("admin.token"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
         0o600
     );
     let auth = [("Authorization", format!("Bearer {token}"))];
