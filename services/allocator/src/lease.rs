@@ -123,6 +123,16 @@ pub struct Lease {
 }
 
 impl Lease {
+    /// The lease `holder` now holds at `revision`.
+    fn held(store: &kv::Store, key: String, holder: &str, revision: u64) -> Lease {
+        Lease {
+            store: store.clone(),
+            key,
+            holder: holder.to_owned(),
+            revision,
+        }
+    }
+
     /// Takes the lease of `pool` for `holder` if nobody holds it: `Ok(None)` while someone
     /// does, an error when the server did not answer as expected.
     pub async fn acquire(
@@ -132,12 +142,7 @@ impl Lease {
     ) -> Result<Option<Lease>, LeaseError> {
         let key = key(pool);
         match store.create(&key, Bytes::from(holder.to_owned())).await {
-            Ok(revision) => Ok(Some(Lease {
-                store: store.clone(),
-                key,
-                holder: holder.to_owned(),
-                revision,
-            })),
+            Ok(revision) => Ok(Some(Lease::held(store, key, holder, revision))),
             Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(None),
             Err(e) => Err(LeaseError(format!("taking {key}: {e}"))),
         }
@@ -167,12 +172,7 @@ impl Lease {
             .update(&key, Bytes::from(holder.to_owned()), entry.revision)
             .await
         {
-            Ok(revision) => Ok(Some(Lease {
-                store: store.clone(),
-                key,
-                holder: holder.to_owned(),
-                revision,
-            })),
+            Ok(revision) => Ok(Some(Lease::held(store, key, holder, revision))),
             Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(None),
             Err(e) => Err(LeaseError(format!("taking over {key}: {e}"))),
         }

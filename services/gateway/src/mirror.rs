@@ -448,11 +448,7 @@ async fn next(messages: &mut Journals) -> Result<Option<Read>, String> {
         };
         return Ok(Some(Read {
             sequence: info.stream_sequence,
-            published: DateTime::from_timestamp(
-                info.published.unix_timestamp(),
-                info.published.nanosecond(),
-            )
-            .unwrap_or_default(),
+            published: allot_bus::consumer::stored_at(&info),
             newest: info.pending == 0,
             event,
         }));

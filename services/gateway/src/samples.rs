@@ -108,9 +108,7 @@ async fn follow_once(js: &jetstream::Context, samples: &Mutex<Samples>) -> Resul
     while let Some(message) = messages.next().await {
         let message = message.map_err(|e| failed(&e))?;
         let Ok(info) = message.info() else { continue };
-        let at =
-            DateTime::from_timestamp(info.published.unix_timestamp(), info.published.nanosecond())
-                .unwrap_or_default();
+        let at = allot_bus::consumer::stored_at(&info);
         if let Some(sample) = read(&message) {
             samples.lock().expect("samples lock").apply(sample, at);
         }

@@ -155,6 +155,11 @@ impl Content for Envelope {
     }
 }
 
+/// When the stream stored a message (the server's clock), from its JetStream metadata.
+pub fn stored_at(info: &jetstream::message::Info<'_>) -> DateTime<Utc> {
+    DateTime::from_timestamp_nanos(info.published.unix_timestamp_nanos() as i64)
+}
+
 /// A message exactly as the stream stores it, undecoded.
 ///
 /// For consumers that keep a copy of a stream (the audit archiver): such a copy must hold every
@@ -510,9 +515,7 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
             Ok(info) => E::read(&message).map(|event| Delivery {
                 stream_sequence: info.stream_sequence,
                 subject: message.subject.to_string(),
-                published: DateTime::from_timestamp_nanos(
-                    info.published.unix_timestamp_nanos() as i64
-                ),
+                published: stored_at(&info),
                 deliveries: info.delivered.max(1) as u32,
                 event,
             }),
