@@ -136,9 +136,12 @@ pub fn apply_all(conn: &Connection, deliveries: &[&Delivery]) -> Result<(), Appl
     let mut telemetry = Coalesced::default();
     for delivery in deliveries {
         check(delivery)?;
+        if let AnyEvent::Telemetry(TelemetryEvent::GpusSampled(e)) = &delivery.event.data {
+            telemetry.add(e, delivery.published);
+            continue;
+        }
         let at = delivery.published.to_rfc3339();
         match &delivery.event.data {
-            AnyEvent::Telemetry(TelemetryEvent::GpusSampled(e)) => telemetry.add(e, at),
             AnyEvent::Node(event) => {
                 // Registrations also write GPU rows: keep the order by writing telemetry first.
                 telemetry.flush(conn)?;
@@ -282,47 +285,43 @@ fn heartbeat(conn: &Connection, e: &HeartbeatSent, at: &str) -> Result<(), Apply
     Ok(())
 }
 
-/// Telemetry waiting to be written: per GPU, the latest sample and how many there were.
+/// Telemetry waiting to be written: per GPU, the latest sample and how many there were,
+/// borrowed from the batch's deliveries — nothing is copied or formatted for a sample that a
+/// later one in the same batch replaces.
 #[derive(Default)]
-struct Coalesced {
-    order: Vec<String>,
-    gpus: std::collections::HashMap<String, Pending>,
+struct Coalesced<'a> {
+    order: Vec<&'a str>,
+    gpus: std::collections::HashMap<&'a str, Pending<'a>>,
 }
 
-struct Pending {
-    node: String,
-    at: String,
-    sample: GpuSample,
-    /// The runs holding the GPU at the latest sample (JSON array of `GpuHeld`).
-    held: String,
+struct Pending<'a> {
+    event: &'a GpusSampled,
+    at: chrono::DateTime<chrono::Utc>,
+    sample: &'a GpuSample,
     count: i64,
     /// The latest power limit reported, if any sample reported one.
     power_limit_mw: Option<u64>,
 }
 
-impl Coalesced {
-    fn add(&mut self, e: &GpusSampled, at: String) {
+impl<'a> Coalesced<'a> {
+    fn add(&mut self, e: &'a GpusSampled, at: chrono::DateTime<chrono::Utc>) {
         for s in &e.samples {
-            let held: Vec<&GpuHeld> = e.held.iter().filter(|h| h.index == s.index).collect();
-            let held = serde_json::to_string(&held).expect("GpuHeld serializes");
-            match self.gpus.get_mut(&s.uuid) {
+            match self.gpus.get_mut(s.uuid.as_str()) {
                 Some(p) => {
-                    p.node.clone_from(&e.node);
-                    p.at.clone_from(&at);
-                    p.sample = s.clone();
-                    p.held = held;
+                    p.event = e;
+                    p.at = at;
+                    p.sample = s;
                     p.count += 1;
                     p.power_limit_mw = s.power_limit_mw.or(p.power_limit_mw);
                 }
                 None => {
-                    self.order.push(s.uuid.clone());
+                    self.order.push(&s.uuid);
                     self.gpus.insert(
-                        s.uuid.clone(),
+                        &s.uuid,
                         Pending {
-                            node: e.node.clone(),
-                            at: at.clone(),
-                            sample: s.clone(),
-                            held,
+                            event: e,
+                            at,
+                            sample: s,
                             count: 1,
                             power_limit_mw: s.power_limit_mw,
                         },
@@ -336,15 +335,16 @@ impl Coalesced {
         if self.order.is_empty() {
             return Ok(());
         }
-        let mut upsert = conn.prepare_cached(
-            "INSERT INTO gpus (uuid, node, idx, memory_total_mib, power_limit_mw,
+        // Written twice over: the first leaves a GPU's node and index alone, because updating
+        // them (even to the same values) rewrites the GPU's entry in `gpus_by_node`; the second
+        // moves a GPU that now reports from another node or index, which the first skips.
+        const UPSERT: &str = "INSERT INTO gpus (uuid, node, idx, memory_total_mib, power_limit_mw,
                                utilization_pct, memory_used_mib, temperature_c, power_mw,
                                ecc_corrected, ecc_uncorrected, xid_errors, last_xid,
                                sampled_at, samples, health, health_reason, held_by)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
                      ?18)
              ON CONFLICT (uuid) DO UPDATE SET
-                node = excluded.node, idx = excluded.idx,
                 memory_total_mib = excluded.memory_total_mib,
                 power_limit_mw = coalesce(excluded.power_limit_mw, power_limit_mw),
                 utilization_pct = excluded.utilization_pct, memory_used_mib = excluded.memory_used_mib,
@@ -353,17 +353,25 @@ impl Coalesced {
                 xid_errors = excluded.xid_errors, last_xid = excluded.last_xid,
                 sampled_at = excluded.sampled_at, samples = samples + excluded.samples,
                 health = excluded.health, health_reason = excluded.health_reason,
-                held_by = excluded.held_by",
-        )?;
+                held_by = excluded.held_by";
+        let mut in_place = conn.prepare_cached(&format!(
+            "{UPSERT} WHERE node = excluded.node AND idx = excluded.idx"
+        ))?;
+        let mut moved = conn.prepare_cached(&format!(
+            "{UPSERT}, node = excluded.node, idx = excluded.idx"
+        ))?;
         for uuid in self.order.drain(..) {
-            let Some(p) = self.gpus.remove(&uuid) else {
+            let Some(p) = self.gpus.remove(uuid) else {
                 continue;
             };
-            let s = &p.sample;
+            let s = p.sample;
             let (health, reason) = health::judge(s);
-            upsert.execute(params![
+            // The runs holding the GPU at the latest sample (JSON array of `GpuHeld`).
+            let held: Vec<&GpuHeld> = p.event.held.iter().filter(|h| h.index == s.index).collect();
+            let held = serde_json::to_string(&held).expect("GpuHeld serializes");
+            let row = params![
                 uuid,
-                p.node,
+                p.event.node,
                 s.index,
                 s.memory_total_mib as i64,
                 p.power_limit_mw.map(|v| v as i64),
@@ -375,12 +383,15 @@ impl Coalesced {
                 s.ecc_uncorrected.map(|v| v as i64),
                 s.xid_errors.map(|v| v as i64),
                 s.last_xid.map(|v| v as i64),
-                p.at,
+                p.at.to_rfc3339(),
                 p.count,
                 health::as_str(health),
                 reason,
-                p.held,
-            ])?;
+                held,
+            ];
+            if in_place.execute(row)? == 0 {
+                moved.execute(row)?;
+            }
         }
         Ok(())
     }

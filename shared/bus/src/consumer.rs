@@ -3,6 +3,9 @@
 //! Guarantees, in the order a reader needs them:
 //! 1. Messages reach the handler in stream order, in batches of whatever is ready (up to
 //!    [`ConsumerSpec::batch`]); a message is acknowledged only after the handler returned.
+//!    Consumers acknowledge all (`AckPolicy::All`): a batch's effects are kept together, so
+//!    one acknowledgement of its last message settles the whole batch — one message back to
+//!    the server per batch instead of one per message.
 //! 2. A message that cannot be decoded, or that the handler rejects, is published to the
 //!    dead-letter stream with the reason and its origin (subject, stream, sequence, consumer,
 //!    deliveries) in headers, and only then acknowledged: it never blocks the stream and is
@@ -119,7 +122,8 @@ impl ConsumerSpec {
                     start_sequence: seq + 1,
                 },
             },
-            ack_policy: AckPolicy::Explicit,
+            // Settled in stream order, so acknowledging a message may settle all before it.
+            ack_policy: AckPolicy::All,
             ack_wait: self.ack_wait,
             // Never give up on a message server-side: one the server stopped delivering would
             // sit unacknowledged for ever. Bad messages are dead-lettered by the runner.
@@ -556,10 +560,11 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
         if run.is_empty() {
             return Ok(Flow::Continue);
         }
-        let deliveries: Vec<Delivery<E>> = run
-            .iter()
-            .filter_map(|p| p.delivery.as_ref().ok().cloned())
-            .collect();
+        // `process` puts only messages that were read into a run.
+        let (run, deliveries): (Vec<jetstream::Message>, Vec<Delivery<E>>) = run
+            .into_iter()
+            .filter_map(|p| Some((p.message, p.delivery.ok()?)))
+            .unzip();
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -579,7 +584,7 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
                 tracing::error!(consumer = %self.settler.spec.durable, error = %error, "handler failed; stopping");
                 // Not handled: refused once the pull is withdrawn (see `run`), so whoever
                 // consumes next gets the batch at once, not after the ack wait.
-                self.unsettled = run.iter().map(|p| p.message.clone()).collect();
+                self.unsettled = run;
                 return Err(BusError::Handler {
                     consumer: self.settler.spec.durable.clone(),
                     message: error.to_string(),
@@ -599,7 +604,7 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
     /// batch is still in hand, so a slow handler never sees its own batch redelivered.
     async fn handle_keeping_alive(
         &mut self,
-        run: &[Pulled<E>],
+        run: &[jetstream::Message],
         deliveries: &[Delivery<E>],
     ) -> Result<Vec<Outcome>, HandlerError> {
         let handling = self.handler.handle(deliveries);
@@ -624,21 +629,32 @@ enum Flow {
 
 impl Settler {
     /// Keeps the server from redelivering messages still in hand.
-    async fn in_progress<E>(&self, run: &[Pulled<E>]) {
-        for p in run {
-            let _ = p.message.ack_with(jetstream::AckKind::Progress).await;
+    async fn in_progress(&self, run: &[jetstream::Message]) {
+        for message in run {
+            let _ = message.ack_with(jetstream::AckKind::Progress).await;
         }
     }
 
-    async fn settle<E>(&self, run: &[Pulled<E>], outcomes: Vec<Outcome>) {
-        for (p, outcome) in run.iter().zip(outcomes) {
+    /// Acknowledges a handled run: the consumer acknowledges all (see [`ConsumerSpec`]), so
+    /// one acknowledgement of the last message settles every handled message before it. A
+    /// rejected message is dead-lettered first, in order, and its own acknowledgement
+    /// settles the handled ones before it.
+    async fn settle(&self, run: &[jetstream::Message], outcomes: Vec<Outcome>) {
+        let mut unacknowledged = None;
+        for (message, outcome) in run.iter().zip(outcomes) {
             match outcome {
                 Outcome::Handled => {
-                    self.ack(&p.message).await;
+                    unacknowledged = Some(message);
                     self.metrics.handled(1);
                 }
-                Outcome::Rejected(reason) => self.dead_letter(&p.message, &reason).await,
+                Outcome::Rejected(reason) => {
+                    self.dead_letter(message, &reason).await;
+                    unacknowledged = None;
+                }
             }
+        }
+        if let Some(last) = unacknowledged {
+            self.ack(last).await;
         }
     }
 

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream::RetentionPolicy};
+use futures::StreamExt as _;
 
 use allot_bus::consumer::{ConsumerRunner, ConsumerSpec, Delivery, Handler, HandlerError, Outcome};
 use allot_bus::streams::{Ensured, names};
@@ -309,6 +310,59 @@ async fn a_rejected_message_is_dead_lettered_and_the_rest_of_its_batch_is_handle
     assert_eq!(reason, "heartbeat 3 is cursed");
     stop.send(()).unwrap();
     task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_batch_is_settled_by_one_acknowledgement_and_nothing_is_left_pending() {
+    let server = NatsServer::start();
+    let (client, publisher) = setup(&server).await;
+    for seq in 1..=60 {
+        publisher.publish(heartbeat(seq)).await.unwrap();
+    }
+    // What the runner tells the server, as the server hears it.
+    let mut acks = client.subscribe("$JS.ACK.FLEET.test.>").await.unwrap();
+    let recorder = Recorder {
+        reject_heartbeat_seq: Some(20),
+        ..Recorder::default()
+    };
+    let seen = recorder.seen.clone();
+    let mut spec = ConsumerSpec::new(names::FLEET, "test");
+    spec.linger = Duration::from_millis(200);
+    let (stop, task) = spawn_runner(&client, spec, recorder);
+    wait_until("59 heartbeats are handled", || {
+        seen.lock().unwrap().len() == 59
+    })
+    .await;
+    let stream = jetstream::new(client.clone())
+        .get_stream(names::FLEET)
+        .await
+        .unwrap();
+    let mut settled = None;
+    for _ in 0..100 {
+        let info = stream.clone().consumer_info("test").await.unwrap().clone();
+        if info.num_ack_pending == 0 && info.ack_floor.stream_sequence == 60 {
+            settled = Some(info);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        settled.is_some(),
+        "every message settled, the rejected one too"
+    );
+    assert_eq!(read_all(&client, names::DEADLETTER).await.len(), 1);
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+    let mut heard = 0;
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(200), acks.next()).await {
+        heard += 1;
+    }
+    // One for the dead letter (settling the 19 before it), one for the rest; a batch that
+    // arrived in pieces adds one per piece.
+    assert!(
+        (2..=6).contains(&heard),
+        "{heard} acknowledgements for 60 messages"
+    );
 }
 
 #[tokio::test]

@@ -254,9 +254,26 @@ pub enum DecodeError {
 
 /// Decodes a structured-mode CloudEvent into a typed Allot event.
 ///
-/// The envelope is read first with `data` left as raw JSON text, then `data` is parsed straight
-/// into the payload type its `type` names: one pass over the payload, no intermediate tree.
+/// Events as Allot writes them name their `type` before their `data`, and those are read in
+/// one pass: `data` is parsed straight into the payload type `type` names, as it is reached.
+/// Anything else — `data` first (CloudEvents does not fix the order), or input that is not a
+/// valid event — is read by [`decode_in_two_passes`], which alone decides what is wrong with
+/// it, so the answer never depends on the path.
 pub fn decode(bytes: &[u8]) -> Result<Envelope<AnyEvent>, DecodeError> {
+    let mut reader = serde_json::Deserializer::from_slice(bytes);
+    match serde::Deserializer::deserialize_map(&mut reader, OnePass).and_then(|e| {
+        reader.end()?;
+        Ok(e)
+    }) {
+        Ok(envelope) => Ok(envelope),
+        Err(_) => decode_in_two_passes(bytes),
+    }
+}
+
+/// The envelope read first with `data` left as raw JSON text, then `data` parsed into the
+/// payload type its `type` names: what [`decode`] falls back to, and the one judge of why bytes
+/// are not an event.
+fn decode_in_two_passes(bytes: &[u8]) -> Result<Envelope<AnyEvent>, DecodeError> {
     let raw: Envelope<&serde_json::value::RawValue> =
         serde_json::from_slice(bytes).map_err(DecodeError::Malformed)?;
     if raw.specversion != SPEC_VERSION {
@@ -265,17 +282,8 @@ pub fn decode(bytes: &[u8]) -> Result<Envelope<AnyEvent>, DecodeError> {
     let (domain, version, name) =
         parse_type(&raw.ty).ok_or_else(|| DecodeError::UnknownType(raw.ty.clone()))?;
 
-    let supported = match domain {
-        NodeEvent::DOMAIN => NodeEvent::VERSION,
-        TelemetryEvent::DOMAIN => TelemetryEvent::VERSION,
-        InventoryEvent::DOMAIN => InventoryEvent::VERSION,
-        WorkloadEvent::DOMAIN => WorkloadEvent::VERSION,
-        TaskEvent::DOMAIN => TaskEvent::VERSION,
-        AllocEvent::DOMAIN => AllocEvent::VERSION,
-        CostEvent::DOMAIN => CostEvent::VERSION,
-        RemediationEvent::DOMAIN => RemediationEvent::VERSION,
-        AccessEvent::DOMAIN => AccessEvent::VERSION,
-        _ => return Err(DecodeError::UnknownType(raw.ty)),
+    let Some(supported) = supported_version(domain) else {
+        return Err(DecodeError::UnknownType(raw.ty));
     };
     if version > supported {
         return Err(DecodeError::UnsupportedVersion {
@@ -327,6 +335,147 @@ pub fn decode(bytes: &[u8]) -> Result<Envelope<AnyEvent>, DecodeError> {
         traceparent: raw.traceparent,
         data,
     })
+}
+
+/// The newest major version of `domain`'s events this build reads; `None` for a domain it
+/// does not know.
+fn supported_version(domain: &str) -> Option<u32> {
+    Some(match domain {
+        NodeEvent::DOMAIN => NodeEvent::VERSION,
+        TelemetryEvent::DOMAIN => TelemetryEvent::VERSION,
+        InventoryEvent::DOMAIN => InventoryEvent::VERSION,
+        WorkloadEvent::DOMAIN => WorkloadEvent::VERSION,
+        TaskEvent::DOMAIN => TaskEvent::VERSION,
+        AllocEvent::DOMAIN => AllocEvent::VERSION,
+        CostEvent::DOMAIN => CostEvent::VERSION,
+        RemediationEvent::DOMAIN => RemediationEvent::VERSION,
+        AccessEvent::DOMAIN => AccessEvent::VERSION,
+        _ => return None,
+    })
+}
+
+/// The `type` of an event this build reads: its domain and event name, or `None` for a type
+/// it does not know or a newer major version.
+fn supported_type(ty: &str) -> Option<(&str, &str)> {
+    let (domain, version, name) = parse_type(ty)?;
+    (version <= supported_version(domain)?).then_some((domain, name))
+}
+
+/// Reads an envelope whose `specversion` and `type` come before its `data` in one pass (see
+/// [`decode`]); fails on anything else, including what the derived reading would accept only
+/// in another order.
+struct OnePass;
+
+/// Parses `data` as the payload of the event `type` named.
+struct Data<'a> {
+    domain: &'a str,
+    name: &'a str,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Data<'_> {
+    type Value = AnyEvent;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, data: D) -> Result<AnyEvent, D::Error> {
+        let name = self.name;
+        match self.domain {
+            NodeEvent::DOMAIN => NodeEvent::deserialize_data(name, data).map(AnyEvent::Node),
+            TelemetryEvent::DOMAIN => {
+                TelemetryEvent::deserialize_data(name, data).map(AnyEvent::Telemetry)
+            }
+            InventoryEvent::DOMAIN => {
+                InventoryEvent::deserialize_data(name, data).map(AnyEvent::Inventory)
+            }
+            WorkloadEvent::DOMAIN => {
+                WorkloadEvent::deserialize_data(name, data).map(AnyEvent::Workload)
+            }
+            TaskEvent::DOMAIN => TaskEvent::deserialize_data(name, data).map(AnyEvent::Task),
+            AllocEvent::DOMAIN => AllocEvent::deserialize_data(name, data).map(AnyEvent::Alloc),
+            CostEvent::DOMAIN => CostEvent::deserialize_data(name, data).map(AnyEvent::Cost),
+            RemediationEvent::DOMAIN => {
+                RemediationEvent::deserialize_data(name, data).map(AnyEvent::Remediation)
+            }
+            AccessEvent::DOMAIN => AccessEvent::deserialize_data(name, data).map(AnyEvent::Access),
+            _ => Err(<D::Error as serde::de::Error>::custom("unknown domain")),
+        }
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for OnePass {
+    type Value = Envelope<AnyEvent>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a CloudEvent naming its type before its data")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        use serde::de::Error;
+        /// Reads a field's value, refusing a second one as the derived reading does.
+        fn once<'de, A: serde::de::MapAccess<'de>, T: Deserialize<'de>>(
+            map: &mut A,
+            slot: &mut Option<T>,
+            field: &'static str,
+        ) -> Result<(), A::Error> {
+            if slot.is_some() {
+                return Err(A::Error::duplicate_field(field));
+            }
+            *slot = Some(map.next_value()?);
+            Ok(())
+        }
+        let (mut specversion, mut source, mut ty, mut datacontenttype) = (
+            None::<String>,
+            None::<String>,
+            None::<String>,
+            None::<String>,
+        );
+        let (mut id, mut time) = (None::<Uuid>, None::<DateTime<Utc>>);
+        let (mut subject, mut team, mut traceparent) = (
+            None::<Option<String>>,
+            None::<Option<String>>,
+            None::<Option<String>>,
+        );
+        let mut data = None;
+        // An escaped key is not `&str`-borrowable: the error sends it to the other path.
+        while let Some(key) = map.next_key::<&'de str>()? {
+            match key {
+                "specversion" => once(&mut map, &mut specversion, "specversion")?,
+                "id" => once(&mut map, &mut id, "id")?,
+                "source" => once(&mut map, &mut source, "source")?,
+                "type" => once(&mut map, &mut ty, "type")?,
+                "time" => once(&mut map, &mut time, "time")?,
+                "subject" => once(&mut map, &mut subject, "subject")?,
+                "datacontenttype" => once(&mut map, &mut datacontenttype, "datacontenttype")?,
+                "team" => once(&mut map, &mut team, "team")?,
+                "traceparent" => once(&mut map, &mut traceparent, "traceparent")?,
+                "data" => {
+                    let (Some(spec), Some(ty)) = (&specversion, &ty) else {
+                        return Err(A::Error::custom("data before specversion or type"));
+                    };
+                    if spec != SPEC_VERSION || data.is_some() {
+                        return Err(A::Error::custom("not for this path"));
+                    }
+                    let (domain, name) = supported_type(ty)
+                        .ok_or_else(|| A::Error::custom("a type this build does not read"))?;
+                    data = Some(map.next_value_seed(Data { domain, name })?);
+                }
+                _ => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+        }
+        let missing = A::Error::missing_field;
+        Ok(Envelope {
+            specversion: specversion.ok_or_else(|| missing("specversion"))?,
+            id: id.ok_or_else(|| missing("id"))?,
+            source: source.ok_or_else(|| missing("source"))?,
+            ty: ty.ok_or_else(|| missing("type"))?,
+            time: time.ok_or_else(|| missing("time"))?,
+            subject: subject.flatten(),
+            datacontenttype: datacontenttype.ok_or_else(|| missing("datacontenttype"))?,
+            team: team.flatten(),
+            traceparent: traceparent.flatten(),
+            data: data.ok_or_else(|| missing("data"))?,
+        })
+    }
 }
 
 /// Splits `io.allot.<domain>.v<N>.<event>` into its parts.

@@ -46,6 +46,18 @@ macro_rules! domain_events {
                 }
             }
 
+            /// Deserializes the `data` of an event of this domain named `name` straight from
+            /// the envelope being read (see [`crate::envelope::decode`]).
+            pub(crate) fn deserialize_data<'de, D: serde::Deserializer<'de>>(
+                name: &str,
+                data: D,
+            ) -> Result<Self, D::Error> {
+                match name {
+                    $( $name => <$payload as serde::Deserialize>::deserialize(data).map(Self::$variant), )+
+                    _ => Err(<D::Error as serde::de::Error>::custom("unknown event")),
+                }
+            }
+
             /// JSON Schemas of every event in this domain (envelope and payload), keyed by full type.
             pub(crate) fn data_schemas() -> Vec<(String, schemars::Schema)> {
                 vec![$(

@@ -579,6 +579,12 @@ fn every_event_type_has_a_sample_that_validates_against_its_committed_schema() {
             .map(|e| format!("{} at {}", e, e.instance_path))
             .collect();
         assert!(errors.is_empty(), "{}: {errors:?}", envelope.ty);
+        assert_eq!(
+            allot_events::decode(&envelope.to_json()).unwrap(),
+            envelope,
+            "{} reads back as written",
+            envelope.ty
+        );
     }
 }
 

@@ -59,6 +59,26 @@ fn registration_and_telemetry_give_the_same_state_in_either_order() {
 }
 
 #[test]
+fn a_gpu_that_reports_from_another_node_or_index_moves_there() {
+    let conn = db();
+    let first = sampled("node-1", 2, 40);
+    let uuid = first.samples[1].uuid.clone();
+    apply_each(&conn, &[delivery(1, first)]);
+    let mut moved = sampled("node-2", 1, 60);
+    moved.samples[0].uuid.clone_from(&uuid);
+    moved.samples[0].index = 3;
+    apply_each(&conn, &[delivery(2, moved)]);
+    let (node, idx, util, samples): (String, u32, u8, i64) = conn
+        .query_row(
+            "SELECT node, idx, utilization_pct, samples FROM gpus WHERE uuid = ?1",
+            [&uuid],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        )
+        .unwrap();
+    assert_eq!((node.as_str(), idx, util, samples), ("node-2", 3, 60, 2));
+}
+
+#[test]
 fn a_re_registration_forgets_gpus_the_node_no_longer_has() {
     let conn = db();
     apply_each(

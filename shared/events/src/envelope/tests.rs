@@ -19,6 +19,86 @@ fn with(attr: &str, value: serde_json::Value) -> Vec<u8> {
     serde_json::to_vec(&json).unwrap()
 }
 
+/// `json`'s attributes in the order Allot writes them (`type` before `data`), where
+/// `serde_json::Value` would sort them (`data` first).
+fn in_wire_order(json: &serde_json::Value) -> Vec<u8> {
+    const ORDER: [&str; 10] = [
+        "specversion",
+        "id",
+        "source",
+        "type",
+        "time",
+        "subject",
+        "datacontenttype",
+        "team",
+        "traceparent",
+        "data",
+    ];
+    let object = json.as_object().expect("an object");
+    let mut keys: Vec<&String> = object.keys().collect();
+    keys.sort_by_key(|k| ORDER.iter().position(|o| o == k).unwrap_or(usize::MAX));
+    let fields: Vec<String> = keys
+        .iter()
+        .map(|k| format!("{}:{}", serde_json::json!(k), object[k.as_str()]))
+        .collect();
+    format!("{{{}}}", fields.join(",")).into_bytes()
+}
+
+/// Whether `bytes` are read in one pass (see [`decode`]).
+fn one_pass(bytes: &[u8]) -> bool {
+    let mut reader = serde_json::Deserializer::from_slice(bytes);
+    serde::Deserializer::deserialize_map(&mut reader, OnePass).is_ok()
+}
+
+#[test]
+fn an_event_is_read_in_one_pass_as_written_and_the_same_with_its_data_first() {
+    let sampled = Envelope::new(
+        "/allot/collector/node-1",
+        crate::telemetry::GpusSampled {
+            node: "node-1".into(),
+            samples: vec![crate::telemetry::GpuSample {
+                index: 0,
+                uuid: "GPU-0".into(),
+                utilization_pct: Some(93),
+                memory_used_mib: 70_000,
+                memory_total_mib: 81_559,
+                temperature_c: Some(71),
+                power_mw: None,
+                power_limit_mw: None,
+                ecc_corrected: Some(0),
+                ecc_uncorrected: Some(0),
+                xid_errors: Some(1),
+                last_xid: Some(79),
+                xids: vec![79],
+                slowdown_temperature_c: None,
+                throttle_reasons: vec!["sw_power_cap".into()],
+                rows_remapped_uncorrectable: None,
+                row_remap_failed: None,
+                nvlink_errors: None,
+            }],
+            held: Vec::new(),
+        },
+    );
+    let mut with_subject = heartbeat();
+    with_subject.subject = Some("node-1".into());
+    with_subject.traceparent =
+        Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into());
+    for event in [heartbeat(), sampled, with_subject] {
+        let wire = event.to_json();
+        assert!(one_pass(&wire), "{} as written", event.ty);
+        assert_eq!(decode(&wire).unwrap(), event);
+        let data_first =
+            serde_json::to_vec(&serde_json::from_slice::<serde_json::Value>(&wire).unwrap())
+                .unwrap();
+        assert!(
+            !one_pass(&data_first),
+            "{}: data first takes the other path",
+            event.ty
+        );
+        assert_eq!(decode(&data_first).unwrap(), event);
+    }
+}
+
 #[test]
 fn an_event_survives_the_wire_unchanged() {
     let event = heartbeat();
@@ -122,14 +202,42 @@ fn bad_input_decodes_to_a_typed_error_naming_the_problem() {
         },
     ];
     for case in cases {
-        let err = decode(&case.bytes).expect_err(case.name);
-        assert!((case.want)(&err), "{}: got {err:?}", case.name);
-        assert!(
-            err.to_string().contains(case.want_message),
-            "{}: message {:?} should contain {:?}",
-            case.name,
-            err.to_string(),
-            case.want_message
-        );
+        // The same input with `type` before `data`, as Allot writes events: read in one pass
+        // until something is wrong, and then judged exactly as in the order above.
+        let reordered = serde_json::from_slice::<serde_json::Value>(&case.bytes)
+            .ok()
+            .map(|json| in_wire_order(&json));
+        for bytes in std::iter::once(&case.bytes).chain(reordered.as_ref()) {
+            let err = decode(bytes).expect_err(case.name);
+            assert!((case.want)(&err), "{}: got {err:?}", case.name);
+            assert!(
+                err.to_string().contains(case.want_message),
+                "{}: message {:?} should contain {:?}",
+                case.name,
+                err.to_string(),
+                case.want_message
+            );
+        }
+    }
+}
+
+#[test]
+fn an_attribute_given_twice_is_refused_in_either_order() {
+    let json: serde_json::Value = serde_json::from_slice(&heartbeat().to_json()).unwrap();
+    let wire = String::from_utf8(in_wire_order(&json)).unwrap();
+    for attribute in ["type", "source", "data"] {
+        let field = format!("{}:{}", serde_json::json!(attribute), json[attribute]);
+        // Given again first, and given again last.
+        for twice in [
+            format!("{{{field},{}", &wire[1..]),
+            format!("{},{field}}}", &wire[..wire.len() - 1]),
+        ] {
+            let err = decode(twice.as_bytes()).expect_err(attribute);
+            assert!(
+                matches!(err, DecodeError::Malformed(_))
+                    && err.to_string().contains("duplicate field"),
+                "{attribute}: {err}"
+            );
+        }
     }
 }
