@@ -187,7 +187,7 @@ pub async fn run(
         "billing",
         apply_sample,
     );
-    let telemetry_spec = ConsumerSpec::new(names::TELEMETRY, telemetry.consumer());
+    let telemetry_spec = ConsumerSpec::new(names::TELEMETRY, telemetry.consumer()).in_bulk();
     service.spawn(
         format!("consumer {}", names::TELEMETRY),
         ConsumerRunner::new(client.clone(), telemetry_spec, telemetry)
@@ -500,12 +500,12 @@ fn apply_sample(tx: &Connection, d: &Delivery) -> allot_store::rusqlite::Result<
         let Some(util) = g.utilization_pct else {
             continue;
         };
-        tx.execute(
+        tx.prepare_cached(
             "UPDATE holdings SET samples = samples + 1,
                 idle_samples = idle_samples + ?3
              WHERE node = ?1 AND gpu = ?2",
-            params![s.node, g.index, i64::from(util == 0)],
-        )?;
+        )?
+        .execute(params![s.node, g.index, i64::from(util == 0)])?;
     }
     Ok(())
 }

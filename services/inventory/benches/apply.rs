@@ -44,7 +44,7 @@ fn bench(c: &mut Criterion) {
     group.bench_function("decode", |b| b.iter(|| deliveries(&wire)));
 
     let deliveries = deliveries(&wire);
-    for batch in [1usize, 16, 256] {
+    for batch in [1usize, 16, 256, 1024] {
         group.bench_with_input(
             BenchmarkId::new("apply_batch", batch),
             &batch,

@@ -122,13 +122,8 @@ pub async fn run(
         spec
     };
     // Telemetry is the bulk of it, and a batch writes each GPU's row once, with its latest
-    // sample: the more samples a batch holds, the fewer rows per sample. A sample reaches its
-    // row at most 20 ms later than it would alone (docs/benchmarks.md, telemetry ingest).
-    let telemetry_spec = ConsumerSpec {
-        batch: 1024,
-        linger: Duration::from_millis(20),
-        ..consumer(names::TELEMETRY, "telemetry")
-    };
+    // sample: the more samples a batch holds, the fewer rows per sample.
+    let telemetry_spec = consumer(names::TELEMETRY, "telemetry").in_bulk();
     let fleet = ConsumerRunner::new(
         client.clone(),
         consumer(names::FLEET, "fleet"),

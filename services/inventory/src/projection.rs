@@ -272,7 +272,7 @@ fn heartbeat(conn: &Connection, e: &HeartbeatSent, at: &str) -> Result<(), Apply
     // A heartbeat from a node whose registration this consumer has not seen (different
     // stream order, or a registration that aged out) still counts: the row is created bare
     // and filled in when the registration arrives.
-    conn.execute(
+    conn.prepare_cached(
         "INSERT INTO nodes (name, hostname, pool, cpu_milli, memory_mib, gpu_source,
                             registered_at, registrations, last_heartbeat_at, last_heartbeat_seq, heartbeats)
          VALUES (?1, '', '', 0, 0, 'unknown', ?2, 0, ?2, ?3, 1)
@@ -280,8 +280,8 @@ fn heartbeat(conn: &Connection, e: &HeartbeatSent, at: &str) -> Result<(), Apply
             last_heartbeat_at = excluded.last_heartbeat_at,
             last_heartbeat_seq = excluded.last_heartbeat_seq,
             heartbeats = heartbeats + 1",
-        params![e.node, at, e.seq as i64],
-    )?;
+    )?
+    .execute(params![e.node, at, e.seq as i64])?;
     Ok(())
 }
 

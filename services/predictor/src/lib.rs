@@ -285,7 +285,7 @@ pub async fn run(
         "predictor",
         usage::apply_sample,
     );
-    let telemetry_spec = ConsumerSpec::new(names::TELEMETRY, telemetry.consumer());
+    let telemetry_spec = ConsumerSpec::new(names::TELEMETRY, telemetry.consumer()).in_bulk();
     service.spawn(
         format!("consumer {}", names::TELEMETRY),
         ConsumerRunner::new(client.clone(), telemetry_spec, telemetry)

@@ -69,7 +69,7 @@ pub(crate) fn apply_sample(tx: &Connection, d: &Delivery) -> allot_store::rusqli
         let share = f64::from(h.milli.max(1)) / total;
         let memory = (g.memory_used_mib as f64 * share).round() as i64;
         let util = g.utilization_pct.map(|u| f64::from(u) * share);
-        tx.execute(
+        tx.prepare_cached(
             "INSERT INTO usage (workload, name, lease, node, gpu, samples,
                  peak_memory_mib, util_samples, util_sum, memory_total_mib)
              VALUES (?1, ?2, ?3, ?4, ?5, 1, ?6, ?7, ?8, ?9)
@@ -79,18 +79,18 @@ pub(crate) fn apply_sample(tx: &Connection, d: &Delivery) -> allot_store::rusqli
                  util_samples = util_samples + excluded.util_samples,
                  util_sum = util_sum + excluded.util_sum,
                  memory_total_mib = excluded.memory_total_mib",
-            params![
-                h.workload,
-                h.task,
-                h.lease.0 as i64,
-                s.node,
-                h.index,
-                memory,
-                i64::from(util.is_some()),
-                util.unwrap_or(0.0),
-                g.memory_total_mib as i64
-            ],
-        )?;
+        )?
+        .execute(params![
+            h.workload,
+            h.task,
+            h.lease.0 as i64,
+            s.node,
+            h.index,
+            memory,
+            i64::from(util.is_some()),
+            util.unwrap_or(0.0),
+            g.memory_total_mib as i64
+        ])?;
     }
     Ok(())
 }
