@@ -335,10 +335,14 @@ impl<'a> Coalesced<'a> {
         if self.order.is_empty() {
             return Ok(());
         }
-        // Written twice over: the first leaves a GPU's node and index alone, because updating
-        // them (even to the same values) rewrites the GPU's entry in `gpus_by_node`; the second
-        // moves a GPU that now reports from another node or index, which the first skips.
-        const UPSERT: &str = "INSERT INTO gpus (uuid, node, idx, memory_total_mib, power_limit_mw,
+        // Two statements. The first updates a GPU's row in place and leaves its node and index
+        // alone: setting them, even to the values they have, rewrites the GPU's entry in
+        // `gpus_by_node`. It changes nothing for a GPU that now reports from another node or
+        // index, and the second moves that one.
+        macro_rules! upsert_sample {
+            ($tail:literal) => {
+                concat!(
+                    "INSERT INTO gpus (uuid, node, idx, memory_total_mib, power_limit_mw,
                                utilization_pct, memory_used_mib, temperature_c, power_mw,
                                ecc_corrected, ecc_uncorrected, xid_errors, last_xid,
                                sampled_at, samples, health, health_reason, held_by)
@@ -353,13 +357,16 @@ impl<'a> Coalesced<'a> {
                 xid_errors = excluded.xid_errors, last_xid = excluded.last_xid,
                 sampled_at = excluded.sampled_at, samples = samples + excluded.samples,
                 health = excluded.health, health_reason = excluded.health_reason,
-                held_by = excluded.held_by";
-        let mut in_place = conn.prepare_cached(&format!(
-            "{UPSERT} WHERE node = excluded.node AND idx = excluded.idx"
+                held_by = excluded.held_by",
+                    $tail
+                )
+            };
+        }
+        let mut in_place = conn.prepare_cached(upsert_sample!(
+            " WHERE node = excluded.node AND idx = excluded.idx"
         ))?;
-        let mut moved = conn.prepare_cached(&format!(
-            "{UPSERT}, node = excluded.node, idx = excluded.idx"
-        ))?;
+        let mut moved =
+            conn.prepare_cached(upsert_sample!(", node = excluded.node, idx = excluded.idx"))?;
         for uuid in self.order.drain(..) {
             let Some(p) = self.gpus.remove(uuid) else {
                 continue;
