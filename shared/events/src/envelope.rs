@@ -282,7 +282,7 @@ fn decode_in_two_passes(bytes: &[u8]) -> Result<Envelope<AnyEvent>, DecodeError>
     let (domain, version, name) =
         parse_type(&raw.ty).ok_or_else(|| DecodeError::UnknownType(raw.ty.clone()))?;
 
-    let Some(supported) = supported_version(domain) else {
+    let Some((supported, names)) = known_domain(domain) else {
         return Err(DecodeError::UnknownType(raw.ty));
     };
     if version > supported {
@@ -292,36 +292,18 @@ fn decode_in_two_passes(bytes: &[u8]) -> Result<Envelope<AnyEvent>, DecodeError>
             supported,
         });
     }
+    if !names.contains(&name) {
+        return Err(DecodeError::UnknownType(raw.ty));
+    }
     // Every domain is still at v1, so there is nothing older to upcast yet; an upcaster for
     // `version < supported` goes here when a v2 arrives.
-    let data = match domain {
-        NodeEvent::DOMAIN => NodeEvent::decode_data(name, raw.data).map(|r| r.map(AnyEvent::Node)),
-        TelemetryEvent::DOMAIN => {
-            TelemetryEvent::decode_data(name, raw.data).map(|r| r.map(AnyEvent::Telemetry))
-        }
-        InventoryEvent::DOMAIN => {
-            InventoryEvent::decode_data(name, raw.data).map(|r| r.map(AnyEvent::Inventory))
-        }
-        WorkloadEvent::DOMAIN => {
-            WorkloadEvent::decode_data(name, raw.data).map(|r| r.map(AnyEvent::Workload))
-        }
-        TaskEvent::DOMAIN => TaskEvent::decode_data(name, raw.data).map(|r| r.map(AnyEvent::Task)),
-        AllocEvent::DOMAIN => {
-            AllocEvent::decode_data(name, raw.data).map(|r| r.map(AnyEvent::Alloc))
-        }
-        CostEvent::DOMAIN => CostEvent::decode_data(name, raw.data).map(|r| r.map(AnyEvent::Cost)),
-        RemediationEvent::DOMAIN => {
-            RemediationEvent::decode_data(name, raw.data).map(|r| r.map(AnyEvent::Remediation))
-        }
-        AccessEvent::DOMAIN => {
-            AccessEvent::decode_data(name, raw.data).map(|r| r.map(AnyEvent::Access))
-        }
-        _ => None,
-    };
+    let data = serde::de::DeserializeSeed::deserialize(
+        Data { domain, name },
+        &mut serde_json::Deserializer::from_str(raw.data.get()),
+    );
     let data = match data {
-        None => return Err(DecodeError::UnknownType(raw.ty)),
-        Some(Err(source)) => return Err(DecodeError::InvalidData { ty: raw.ty, source }),
-        Some(Ok(data)) => data,
+        Err(source) => return Err(DecodeError::InvalidData { ty: raw.ty, source }),
+        Ok(data) => data,
     };
     Ok(Envelope {
         specversion: raw.specversion,
@@ -337,19 +319,19 @@ fn decode_in_two_passes(bytes: &[u8]) -> Result<Envelope<AnyEvent>, DecodeError>
     })
 }
 
-/// The newest major version of `domain`'s events this build reads; `None` for a domain it
-/// does not know.
-fn supported_version(domain: &str) -> Option<u32> {
+/// What this build reads of `domain`: the newest major version of its events, and their
+/// names; `None` for a domain it does not know.
+fn known_domain(domain: &str) -> Option<(u32, &'static [&'static str])> {
     Some(match domain {
-        NodeEvent::DOMAIN => NodeEvent::VERSION,
-        TelemetryEvent::DOMAIN => TelemetryEvent::VERSION,
-        InventoryEvent::DOMAIN => InventoryEvent::VERSION,
-        WorkloadEvent::DOMAIN => WorkloadEvent::VERSION,
-        TaskEvent::DOMAIN => TaskEvent::VERSION,
-        AllocEvent::DOMAIN => AllocEvent::VERSION,
-        CostEvent::DOMAIN => CostEvent::VERSION,
-        RemediationEvent::DOMAIN => RemediationEvent::VERSION,
-        AccessEvent::DOMAIN => AccessEvent::VERSION,
+        NodeEvent::DOMAIN => (NodeEvent::VERSION, NodeEvent::NAMES),
+        TelemetryEvent::DOMAIN => (TelemetryEvent::VERSION, TelemetryEvent::NAMES),
+        InventoryEvent::DOMAIN => (InventoryEvent::VERSION, InventoryEvent::NAMES),
+        WorkloadEvent::DOMAIN => (WorkloadEvent::VERSION, WorkloadEvent::NAMES),
+        TaskEvent::DOMAIN => (TaskEvent::VERSION, TaskEvent::NAMES),
+        AllocEvent::DOMAIN => (AllocEvent::VERSION, AllocEvent::NAMES),
+        CostEvent::DOMAIN => (CostEvent::VERSION, CostEvent::NAMES),
+        RemediationEvent::DOMAIN => (RemediationEvent::VERSION, RemediationEvent::NAMES),
+        AccessEvent::DOMAIN => (AccessEvent::VERSION, AccessEvent::NAMES),
         _ => return None,
     })
 }
@@ -358,7 +340,8 @@ fn supported_version(domain: &str) -> Option<u32> {
 /// it does not know or a newer major version.
 fn supported_type(ty: &str) -> Option<(&str, &str)> {
     let (domain, version, name) = parse_type(ty)?;
-    (version <= supported_version(domain)?).then_some((domain, name))
+    let (supported, names) = known_domain(domain)?;
+    (version <= supported && names.contains(&name)).then_some((domain, name))
 }
 
 /// Reads an envelope whose `specversion` and `type` come before its `data` in one pass (see
@@ -366,7 +349,7 @@ fn supported_type(ty: &str) -> Option<(&str, &str)> {
 /// in another order.
 struct OnePass;
 
-/// Parses `data` as the payload of the event `type` named.
+/// Parses `data` as the payload of the event `type` named (one [`known_domain`] knows).
 struct Data<'a> {
     domain: &'a str,
     name: &'a str,

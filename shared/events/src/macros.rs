@@ -35,19 +35,8 @@ macro_rules! domain_events {
                 format!("{}{}.v{}.{}", $crate::TYPE_PREFIX, $domain, Self::VERSION, self.name())
             }
 
-            /// Decodes the `data` of an event of this domain named `name` (current version).
-            pub(crate) fn decode_data(
-                name: &str,
-                data: &serde_json::value::RawValue,
-            ) -> Option<Result<Self, serde_json::Error>> {
-                match name {
-                    $( $name => Some(serde_json::from_str::<$payload>(data.get()).map(Self::$variant)), )+
-                    _ => None,
-                }
-            }
-
-            /// Deserializes the `data` of an event of this domain named `name` straight from
-            /// the envelope being read (see [`crate::envelope::decode`]).
+            /// Deserializes the `data` of an event of this domain named `name` (current
+            /// version), from wherever the envelope's reader is (see [`crate::envelope::decode`]).
             pub(crate) fn deserialize_data<'de, D: serde::Deserializer<'de>>(
                 name: &str,
                 data: D,
