@@ -285,7 +285,10 @@ pub trait Handler<E = Envelope>: Send {
     /// it, so the handler's own record — not the server's acknowledgement state — decides
     /// where to resume: after a crash, messages that were delivered but never acknowledged
     /// come again in stream order instead of after newer ones. `None` resumes from the
-    /// durable consumer's acknowledgements.
+    /// durable consumer's acknowledgements, and keeps the durable consumer as it is: one an
+    /// older build created acknowledging each message (`AckPolicy::Explicit`) cannot be
+    /// changed to acknowledge all and must be deleted first. (Every service's handler keeps a
+    /// position, so its consumer is recreated at start.)
     fn resume_after(&mut self) -> Result<Option<u64>, HandlerError> {
         Ok(None)
     }
