@@ -79,9 +79,12 @@ pub async fn events(
     let db = state.db().clone();
     let (oldest, newest) = db
         .read(|c| {
-            c.query_row("SELECT MIN(id), MAX(id) FROM changes", [], |r| {
-                Ok((r.get::<_, Option<i64>>(0)?, r.get::<_, Option<i64>>(1)?))
-            })
+            // Two subqueries: asked together in one, MIN and MAX read the whole table.
+            c.query_row(
+                "SELECT (SELECT MIN(id) FROM changes), (SELECT MAX(id) FROM changes)",
+                [],
+                |r| Ok((r.get::<_, Option<i64>>(0)?, r.get::<_, Option<i64>>(1)?)),
+            )
         })
         .await
         .map_err(Problem::unavailable)?;

@@ -81,6 +81,11 @@ CREATE TABLE gpus_out (
     PRIMARY KEY (node, idx)
 ) STRICT;
 ",
+    "
+-- The reporter looks every second for GPUs whose health it has not reported yet: usually
+-- none, found without reading every GPU of the fleet.
+CREATE INDEX gpus_unreported ON gpus (node, idx) WHERE health != reported_health;
+",
 ];
 
 /// Why an event cannot be applied (it is dead-lettered with this reason).

@@ -3,9 +3,10 @@
 //! allocators' journals, for grants and preemptions; FLEET: node registrations, for the
 //! capacity check).
 //!
-//! Each message is applied in its own transaction with the consumer's position and the events
-//! its transition produced ([`crate::store`]); the handler makes no decision of its own beyond
-//! finding the workload a message is about and calling its [`crate::machine`] transition.
+//! A batch of messages is applied in one transaction with the consumer's position and the
+//! events their transitions produced ([`crate::store`]), so the planner takes its database's
+//! write lock once per batch; the handler makes no decision of its own beyond finding the
+//! workload a message is about and calling its [`crate::machine`] transition.
 
 use std::sync::Arc;
 
@@ -93,21 +94,24 @@ impl Handler for Planner {
     }
 
     async fn handle(&mut self, batch: &[Delivery]) -> Result<Vec<Outcome>, HandlerError> {
-        let mut outcomes = Vec::with_capacity(batch.len());
+        let mut outcomes = vec![Outcome::Handled; batch.len()];
         let mut queued = false;
-        for d in batch {
-            let mut outcome = Outcome::Handled;
-            let (pool, teams, window) = (&self.pool, self.teams.as_ref(), self.window);
-            let (settle, fleet) = (self.settle, &mut self.fleet);
-            allot_store::apply(&mut self.conn, &self.consumer, d.stream_sequence, |c| {
-                let step = step(c, pool, teams, window, (settle, fleet), d)?;
+        let items: Vec<(u64, (usize, &Delivery))> = batch
+            .iter()
+            .enumerate()
+            .map(|(i, d)| (d.stream_sequence, (i, d)))
+            .collect();
+        let (pool, teams, window) = (&self.pool, self.teams.as_ref(), self.window);
+        let (settle, fleet) = (self.settle, &mut self.fleet);
+        allot_store::apply_batch(&mut self.conn, &self.consumer, &items, |c, fresh| {
+            for (i, d) in fresh {
+                let step = step(c, pool, teams, window, (settle, &mut *fleet), d)?;
                 queued |= step.queued;
-                outcome = step.outcome;
-                Ok::<_, StoreError>(())
-            })
-            .map_err(|e| HandlerError::transient(format!("planner database: {e}")))?;
-            outcomes.push(outcome);
-        }
+                outcomes[*i] = step.outcome;
+            }
+            Ok::<_, StoreError>(())
+        })
+        .map_err(|e| HandlerError::transient(format!("planner database: {e}")))?;
         if queued {
             self.wake.notify_one();
         }

@@ -88,11 +88,21 @@ impl Relay {
                 .map_err(|e| e.to_string())?;
             pending.push((event.id, ack));
         }
+        // What the server stored leaves the outbox in one transaction: one turn at the write
+        // lock per batch, not one per event.
+        let mut stored = Vec::with_capacity(pending.len());
+        let mut failed = None;
         for (id, ack) in pending {
-            ack.wait().await.map_err(|e| e.to_string())?;
-            store::sent(&self.conn, id).map_err(|e| e.to_string())?;
+            match ack.wait().await {
+                Ok(_) => stored.push(id),
+                Err(e) => {
+                    failed = Some(e.to_string());
+                    break;
+                }
+            }
         }
-        Ok(None)
+        store::sent(&mut self.conn, &stored).map_err(|e| e.to_string())?;
+        failed.map_or(Ok(None), Err)
     }
 }
 

@@ -123,6 +123,12 @@ CREATE TABLE fleet (
 ) STRICT;
 INSERT INTO fleet (id, version) VALUES (1, 0);
 ",
+    "
+-- A preload overtaken by its task's readiness is withdrawn by its message id; a workload's
+-- tasks are read in the spec's order on every event about it.
+CREATE INDEX outbox_msg_id ON outbox (msg_id);
+CREATE INDEX tasks_by_position ON tasks (workload, position);
+",
 ];
 
 /// Records node `r` (its latest registration replaces an earlier one).
@@ -567,10 +573,19 @@ pub fn due(
     Ok((due, next))
 }
 
-/// Removes a published event from the outbox.
-pub fn sent(conn: &Connection, id: i64) -> Result<(), rusqlite::Error> {
-    conn.execute("DELETE FROM outbox WHERE id = ?1", [id])?;
-    Ok(())
+/// Removes published events from the outbox, in one transaction.
+pub fn sent(conn: &mut Connection, ids: &[i64]) -> Result<(), rusqlite::Error> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    {
+        let mut delete = tx.prepare_cached("DELETE FROM outbox WHERE id = ?1")?;
+        for id in ids {
+            delete.execute([id])?;
+        }
+    }
+    tx.commit()
 }
 
 /// A workload's tasks as `(name, status, attempt)`, in the spec's order (for tests and status

@@ -160,6 +160,11 @@ CREATE TABLE usage (
     PRIMARY KEY (workload, name, lease, node, gpu)
 ) STRICT;
 ",
+    "
+-- Right-sizing prices a pool's GPU models for every task announced: each model's largest
+-- memory, read from this index a model at a time (usage::offers) instead of every GPU.
+CREATE INDEX gpus_pool_model ON gpus (pool, model, memory_total_mib);
+",
 ];
 
 /// The predictor's settings.

@@ -161,7 +161,7 @@ fn usage_rows(
          GROUP BY t.task
          ORDER BY coalesce(t.finished_ms, t.submit_ms), t.task"
     );
-    conn.prepare(&sql)?
+    conn.prepare_cached(&sql)?
         .query_map(args, |r| {
             let util_sum: f64 = r.get(2)?;
             let util_samples: i64 = r.get(3)?;
@@ -186,9 +186,19 @@ pub fn offers(
     at_ms: u64,
 ) -> Result<Vec<Offer>, allot_store::rusqlite::Error> {
     let table = prices.at(at_ms);
-    conn.prepare(
-        "SELECT model, max(memory_total_mib) FROM gpus WHERE pool = ?1 GROUP BY model
-         ORDER BY model",
+    // One model at a time through `gpus_pool_model`: the next model after the last, then its
+    // largest memory — a few index seeks per model, where grouping read every GPU of the pool
+    // (16,000 at fleet scale) for every task announced.
+    conn.prepare_cached(
+        "WITH RECURSIVE models (model) AS (
+             SELECT min(model) FROM gpus WHERE pool = ?1
+             UNION ALL
+             SELECT (SELECT min(model) FROM gpus WHERE pool = ?1 AND model > models.model)
+             FROM models WHERE models.model IS NOT NULL
+         )
+         SELECT model, (SELECT max(memory_total_mib) FROM gpus
+                        WHERE pool = ?1 AND model = models.model)
+         FROM models WHERE model IS NOT NULL ORDER BY model",
     )?
     .query_map([pool], |r| {
         let model: String = r.get(0)?;
@@ -201,6 +211,33 @@ pub fn offers(
     .collect()
 }
 
+/// What telemetry saw of the newest `wanted` finished attempts of the task `identity` that it
+/// saw at all, oldest first: the same as the tail of [`finished_usage`], read newest first
+/// from `tasks_identity` and stopped there, so a task run every hour for a year costs what
+/// one run ten times does.
+pub fn recent_usage(
+    conn: &Connection,
+    identity: &str,
+    wanted: usize,
+) -> Result<Vec<AttemptUsage>, allot_store::rusqlite::Error> {
+    let mut newest = conn.prepare_cached(
+        "SELECT task FROM tasks WHERE identity = ?1 AND outcome IN ('completed', 'failed')
+         ORDER BY finished_ms DESC, task DESC",
+    )?;
+    let mut tasks = newest.query([identity])?;
+    let mut out = Vec::with_capacity(wanted);
+    while out.len() < wanted
+        && let Some(row) = tasks.next()?
+    {
+        let task: i64 = row.get(0)?;
+        if let Some(seen) = attempt_usage(conn, task as u64)?.filter(|u| u.samples > 0) {
+            out.push(seen);
+        }
+    }
+    out.reverse();
+    Ok(out)
+}
+
 /// The recommendation for a task `identity` of `pool` asking `request`, from what is stored.
 pub fn recommend(
     conn: &Connection,
@@ -210,17 +247,13 @@ pub fn recommend(
     prices: &PriceTable,
     at_ms: u64,
 ) -> Result<Result<Recommendation, NoRecommendation>, allot_store::rusqlite::Error> {
-    let history: Vec<RunUsage> = finished_usage(conn, identity)?
+    let params = Params::default();
+    let history: Vec<RunUsage> = recent_usage(conn, identity, params.window)?
         .iter()
         .map(RunUsage::from)
         .collect();
     let offers = offers(conn, pool, prices, at_ms)?;
-    Ok(rightsize::recommend(
-        &history,
-        request,
-        &offers,
-        Params::default(),
-    ))
+    Ok(rightsize::recommend(&history, request, &offers, params))
 }
 
 #[cfg(test)]

@@ -162,3 +162,22 @@ fn applying_while_another_connection_writes_waits_for_the_lock_instead_of_failin
     other.join().unwrap();
     assert_eq!(count(&conn), 2_000);
 }
+
+#[test]
+fn a_writer_waiting_for_the_lock_tries_again_within_a_millisecond_for_five_seconds() {
+    let sleeps: Vec<_> = (0..).map_while(crate::lock_poll).collect();
+    let longest = sleeps.iter().max().unwrap();
+    let total: std::time::Duration = sleeps.iter().sum();
+    // SQLite's busy timeout sleeps up to 100 ms between tries: a writer could wake that long
+    // after the lock was free.
+    assert!(
+        *longest <= std::time::Duration::from_millis(1),
+        "{longest:?}"
+    );
+    assert!(
+        total >= crate::LOCK_WAIT
+            && total <= crate::LOCK_WAIT + std::time::Duration::from_millis(1),
+        "{total:?}"
+    );
+    assert_eq!(sleeps[0], std::time::Duration::from_micros(50));
+}

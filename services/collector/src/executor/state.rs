@@ -38,6 +38,10 @@ CREATE TABLE progress (
 -- The order in which outcomes were recorded, so they are published again in that order.
 ALTER TABLE runs ADD COLUMN ended INTEGER;
 ",
+    "
+-- The next outcome's number is one more than the highest, found without reading every run.
+CREATE INDEX runs_ended ON runs (ended);
+",
 ];
 
 /// The consumer name positions are recorded under.

@@ -134,3 +134,99 @@ async fn a_shared_gpu_is_charged_by_share_and_a_redelivered_sample_counts_once()
     let train = rows(t.conn()).pop().unwrap();
     assert_eq!(train, ("train".to_owned(), 0, 3, 30_000, 3, 150.0));
 }
+
+/// A task key's history of `runs` finished attempts (every third unmeasured), another key's
+/// beside it, and a fleet of two pools with three models.
+fn history(runs: i64) -> Connection {
+    let conn = allot_store::open_in_memory(crate::MIGRATIONS).unwrap();
+    for task in 1..=runs * 2 {
+        let (identity, workload) = if task % 2 == 0 {
+            ("vision/train/step", "train")
+        } else {
+            ("nlp/tune/step", "tune")
+        };
+        // Finish times out of submission order, some equal.
+        let finished = 1_000 + (task * 7919) % 97 * 10;
+        conn.execute(
+            "INSERT INTO tasks (task, pool, workload, name, team, identity, gpus, gpu_milli,
+                                submit_ms, prediction, outcome, finished_ms)
+             VALUES (?1, 'default', ?2, 'step', 'vision', ?3, 1, 1000, 0, '{}',
+                     CASE WHEN ?1 % 5 = 0 THEN 'failed' ELSE 'completed' END, ?4)",
+            allot_store::rusqlite::params![task, workload, identity, finished],
+        )
+        .unwrap();
+        conn.execute(
+            "INSERT INTO runs (task, lease, node) VALUES (?1, ?1, 'node-1')",
+            [task],
+        )
+        .unwrap();
+        if task % 3 != 0 {
+            conn.execute(
+                "INSERT INTO usage VALUES (?1, 'step', ?2, 'node-1', 0, ?3, ?4, 1, 50.0, 81920)",
+                allot_store::rusqlite::params![workload, task, task % 4, 1_000 + task],
+            )
+            .unwrap();
+        }
+    }
+    for (node, pool, model, memory) in [
+        ("a", "default", "H100", 81_920),
+        ("b", "default", "H100", 95_830),
+        ("c", "default", "L4", 23_034),
+        ("d", "default", "A100", 40_960),
+        ("e", "default", "A100", 81_920),
+        ("f", "other", "H200", 143_771),
+    ] {
+        for gpu in 0..4 {
+            conn.execute(
+                "INSERT INTO gpus VALUES (?1, ?2, ?3, ?4, ?5)",
+                allot_store::rusqlite::params![node, gpu, pool, model, memory],
+            )
+            .unwrap();
+        }
+    }
+    conn
+}
+
+/// Right-sizing reads only a key's newest measured runs; they must be exactly the ones the
+/// whole history ends with.
+#[test]
+fn the_newest_measured_runs_are_the_tail_of_the_whole_history() {
+    let conn = history(60);
+    let all: Vec<u64> = super::finished_usage(&conn, "vision/train/step")
+        .unwrap()
+        .into_iter()
+        .filter(|u| u.samples > 0)
+        .map(|u| u.task)
+        .collect();
+    assert!(all.len() > 12, "{}", all.len());
+    for wanted in [0, 1, 10, all.len(), all.len() + 5] {
+        let recent: Vec<u64> = super::recent_usage(&conn, "vision/train/step", wanted)
+            .unwrap()
+            .into_iter()
+            .map(|u| u.task)
+            .collect();
+        assert_eq!(recent, all[all.len().saturating_sub(wanted)..], "{wanted}");
+    }
+}
+
+/// The pool's models, each with its largest memory, as grouping every GPU gives them.
+#[test]
+fn offers_name_each_model_of_the_pool_once_with_its_largest_memory() {
+    let conn = history(1);
+    let prices =
+        allot_prices::PriceTable::parse(include_str!("../../../../examples/prices.yaml")).unwrap();
+    let offers: Vec<(String, u64)> = super::offers(&conn, "default", &prices, 0)
+        .unwrap()
+        .into_iter()
+        .map(|o| (o.model, o.memory_mib))
+        .collect();
+    assert_eq!(
+        offers,
+        [
+            ("A100".to_owned(), 81_920),
+            ("H100".to_owned(), 95_830),
+            ("L4".to_owned(), 23_034)
+        ]
+    );
+    assert!(super::offers(&conn, "none", &prices, 0).unwrap().is_empty());
+}
