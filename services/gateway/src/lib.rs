@@ -147,19 +147,25 @@ pub fn admin_token(path: &Path) -> Result<String, Error> {
 
 type ApplyFn = fn(&Connection, &Delivery) -> allot_store::rusqlite::Result<()>;
 
-/// The projections: stream, filter, how to apply, linger.
+/// The projections: stream, filter, how to apply, linger (ms).
+///
+/// The read models trail their streams by up to their linger, so that under load each commits
+/// a few times a second instead of every few milliseconds. Their commits are what the gateway
+/// costs at fleet scale: each writes again every page it touched, and one projection's commit
+/// makes every other one read its pages afresh (seven connections share `gateway.db`). Tokens
+/// are projected at once: a token issued is used right away.
 const PROJECTIONS: &[(&str, &[&str], ApplyFn, u64)] = &[
-    (names::WORKLOADS, &[], model::apply_workloads, 20),
+    (names::WORKLOADS, &[], model::apply_workloads, 200),
     (
         names::DECISIONS,
         &["allot.alloc.*.journal"],
         model::apply_decisions,
-        20,
+        200,
     ),
-    (names::FLEET, &[], model::apply_fleet, 100),
-    (names::INVENTORY, &[], model::apply_inventory, 20),
-    (names::REMEDIATION, &[], model::apply_remediation, 20),
-    (names::COSTS, &[], model::apply_costs, 50),
+    (names::FLEET, &[], model::apply_fleet, 500),
+    (names::INVENTORY, &[], model::apply_inventory, 200),
+    (names::REMEDIATION, &[], model::apply_remediation, 200),
+    (names::COSTS, &[], model::apply_costs, 200),
     (names::ACCESS, &[], model::apply_access, 0),
 ];
 
