@@ -916,11 +916,18 @@ async fn list_workloads(
         .inner
         .db
         .read(move |c| {
-            let mut stmt = c.prepare(
+            // Only the filters given, so that a team's page is read through `workloads_team`
+            // (`?2 IS NULL OR …` would walk every team's workloads back from the newest).
+            let mut stmt = c.prepare_cached(&format!(
                 "SELECT id, team, name, project, submitter, submitted_at, state, reason, \
-                 finished_at, seq FROM workloads WHERE seq < ?1 AND (?2 IS NULL OR team = ?2) \
-                 AND (?3 IS NULL OR state = ?3) ORDER BY seq DESC LIMIT ?4",
-            )?;
+                 finished_at, seq FROM workloads WHERE seq < ?1{}{} ORDER BY seq DESC LIMIT ?4",
+                if team.is_some() { " AND team = ?2" } else { "" },
+                if wanted.is_some() {
+                    " AND state = ?3"
+                } else {
+                    ""
+                },
+            ))?;
             let rows = stmt.query_map(params![cursor, team, wanted, limit as i64 + 1], |r| {
                 Ok((summary_row(r)?, r.get::<_, i64>(9)?))
             })?;
@@ -1292,10 +1299,18 @@ async fn list_decisions(
         .inner
         .db
         .read(move |c| {
-            let mut stmt = c.prepare(&format!(
-                "SELECT {DECISION_COLUMNS} FROM decisions WHERE id < ?1 \
-                 AND (?2 IS NULL OR team = ?2) AND (?3 IS NULL OR task_id = ?3) \
-                 ORDER BY id DESC LIMIT ?4"
+            // Only the filters given, so that one team's or one task's decisions are read
+            // through `decisions_team` or `decisions_task`, not every decision back from the
+            // newest.
+            let mut stmt = c.prepare_cached(&format!(
+                "SELECT {DECISION_COLUMNS} FROM decisions WHERE id < ?1{}{} \
+                 ORDER BY id DESC LIMIT ?4",
+                if team.is_some() { " AND team = ?2" } else { "" },
+                if task.is_some() {
+                    " AND task_id = ?3"
+                } else {
+                    ""
+                },
             ))?;
             stmt.query_map(params![cursor, team, task, limit as i64 + 1], decision_row)?
                 .collect::<Result<Vec<_>, _>>()

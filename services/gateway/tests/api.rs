@@ -431,6 +431,35 @@ async fn listings_show_a_member_only_its_team_and_operators_every_team() {
         t.dedup();
         t
     };
+    // Each filter narrows a listing, alone or with a team's.
+    let admin = token(TokenRole::Admin);
+    for (uri, want) in [
+        ("/api/v1/decisions?task=101", vec![101]),
+        ("/api/v1/decisions?task=101&team=nlp", vec![101]),
+        ("/api/v1/decisions?task=101&team=vision", vec![]),
+        ("/api/v1/decisions?team=vision", vec![100]),
+        ("/api/v1/decisions", vec![101, 100]),
+    ] {
+        let (status, _, v) = call(&s.state, "GET", uri, Some(&admin), None).await;
+        assert_eq!(status, StatusCode::OK, "{uri}: {v}");
+        let mut tasks: Vec<i64> = v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["task_id"].as_i64().unwrap())
+            .collect();
+        tasks.dedup();
+        assert_eq!(tasks, want, "{uri}: {v}");
+    }
+    for (uri, want) in [
+        ("/api/v1/workloads?state=running&team=nlp", vec!["nlp"]),
+        ("/api/v1/workloads?state=running", vec!["nlp", "vision"]),
+        ("/api/v1/workloads?state=succeeded", vec![]),
+    ] {
+        let (status, _, v) = call(&s.state, "GET", uri, Some(&admin), None).await;
+        assert_eq!(status, StatusCode::OK, "{uri}: {v}");
+        assert_eq!(teams(&v, "items"), want, "{uri}: {v}");
+    }
     for (role, want) in [
         (TokenRole::Member, vec!["vision"]),
         (TokenRole::Viewer, vec!["vision"]),

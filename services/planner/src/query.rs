@@ -70,11 +70,18 @@ pub fn workloads(
             })
         })
         .transpose()?;
+    // A team's page names its team outright, so it is read through `workloads_of_team`
+    // (`?1 IS NULL OR …` would walk every team's workloads back from the newest).
     let mut stmt = conn.prepare_cached(&format!(
         "SELECT {SUMMARY_COLUMNS}, w.received FROM workloads w
-         WHERE (?1 IS NULL OR w.team = ?1) AND (?2 IS NULL OR w.status = ?2)
+         WHERE {} AND (?2 IS NULL OR w.status = ?2)
            AND (?3 IS NULL OR w.submitted_ms >= ?3) AND (?4 IS NULL OR w.received < ?4)
-         ORDER BY w.received DESC LIMIT ?5"
+         ORDER BY w.received DESC LIMIT ?5",
+        if team.is_some() {
+            "w.team = ?1"
+        } else {
+            "?1 IS NULL"
+        },
     ))?;
     let mut rows = stmt
         .query_map(
