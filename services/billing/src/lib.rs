@@ -188,7 +188,7 @@ pub async fn run(
         apply_sample,
     );
     // Samples only add up here (how busy each lease's GPUs were): a quarter of a second late
-    // changes nothing, and commits five times a second instead of fifty leave the database's
+    // changes nothing, and commits four times a second instead of fifty leave the database's
     // write lock and pages to the other consumer.
     let telemetry_spec = ConsumerSpec {
         linger: Duration::from_millis(250),

@@ -290,9 +290,9 @@ pub async fn run(
         "predictor",
         usage::apply_sample,
     );
-    // Samples only add up here (each run's peak memory and utilization): a quarter of a second late
-    // changes nothing, and commits five times a second instead of fifty leave the database's
-    // write lock and pages to the other consumer.
+    // Samples only add up here (each run's peak memory and utilization): a quarter of a
+    // second late changes nothing, and commits four times a second instead of fifty leave the
+    // database's write lock and pages to the other consumers.
     let telemetry_spec = ConsumerSpec {
         linger: Duration::from_millis(250),
         ..ConsumerSpec::new(names::TELEMETRY, telemetry.consumer()).in_bulk()
