@@ -151,34 +151,44 @@ async fn telemetry(args: TelemetryArgs, env: Lookup<'_>) -> anyhow::Result<ExitC
     );
     let mut raw = Vec::new();
     let mut allot = Vec::new();
+    let (mut raw_cpu, mut allot_cpu) = (Vec::new(), Vec::new());
     for round in 0..args.rounds {
         let dir = tempfile::tempdir()?;
         let nats = local::EmbeddedNats::start(&binary, dir.path(), pick_free_port()?, None).await?;
         let url = nats.url().to_owned();
+        let server = nats.pid();
         let result = async {
-            let (r, a) = if round % 2 == 0 {
-                let r = raw_path(&url, &payloads, args.window).await?;
-                let a = allot_path(&url, dir.path(), &payloads, args.window).await?;
-                (r, a)
-            } else {
-                let a = allot_path(&url, dir.path(), &payloads, args.window).await?;
-                let r = raw_path(&url, &payloads, args.window).await?;
-                (r, a)
-            };
+            let raw_first = round % 2 == 0;
+            let mut r = (0.0, Cpu::default());
+            let mut a = (0.0, Cpu::default());
+            for raw_now in [raw_first, !raw_first] {
+                if raw_now {
+                    r = raw_path(&url, server, &payloads, args.window).await?;
+                } else {
+                    a = allot_path(&url, server, dir.path(), &payloads, args.window).await?;
+                }
+            }
             anyhow::Ok((r, a))
         }
         .await;
         nats.stop().await;
-        let (r, a) = result?;
+        let ((r, r_cpu), (a, a_cpu)) = result?;
         eprintln!(
-            "round {}: raw {:>9.0} events/s   allot {:>9.0} events/s   ratio {:.2}",
+            "round {}: raw {:>9.0} events/s   allot {:>9.0} events/s   ratio {:.2}   \
+             CPU µs/event client+server: raw {:.1}+{:.1}, allot {:.1}+{:.1}",
             round + 1,
             r,
             a,
-            a / r
+            a / r,
+            r_cpu.client_us,
+            r_cpu.server_us,
+            a_cpu.client_us,
+            a_cpu.server_us,
         );
         raw.push(r);
         allot.push(a);
+        raw_cpu.push(r_cpu);
+        allot_cpu.push(a_cpu);
     }
     let (raw_median, allot_median) = (median(&mut raw), median(&mut allot));
     let ratio = allot_median / raw_median;
@@ -199,11 +209,37 @@ async fn telemetry(args: TelemetryArgs, env: Lookup<'_>) -> anyhow::Result<ExitC
             "raw_median": raw_median,
             "allot_median": allot_median,
             "ratio": ratio,
+            "raw_cpu_us_per_event": raw_cpu,
+            "allot_cpu_us_per_event": allot_cpu,
         });
         std::fs::write(&path, serde_json::to_vec_pretty(&json)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// CPU one path spent per event: the bench process's (publisher and consumer) and
+/// nats-server's, µs.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+struct Cpu {
+    client_us: f64,
+    server_us: f64,
+}
+
+/// CPU seconds so far of this process and of nats-server (`server`).
+fn cpu_now(server: u32) -> (f64, f64) {
+    (process::own_cpu(), process::cpu_or_nan(server))
+}
+
+impl Cpu {
+    /// What was spent per event of `events` since `before` (a [`cpu_now`]).
+    fn per_event(before: (f64, f64), server: u32, events: usize) -> Cpu {
+        let after = cpu_now(server);
+        Cpu {
+            client_us: (after.0 - before.0) * 1e6 / events as f64,
+            server_us: (after.1 - before.1) * 1e6 / events as f64,
+        }
+    }
 }
 
 /// One telemetry event per node per tick, like the collectors send.
@@ -247,7 +283,12 @@ fn payloads(events: usize, nodes: usize) -> Vec<Envelope> {
 }
 
 /// Raw async-nats: publish with a bounded window of awaited acks; a pull consumer acks each.
-async fn raw_path(url: &str, payloads: &[Envelope], window: usize) -> anyhow::Result<f64> {
+async fn raw_path(
+    url: &str,
+    server: u32,
+    payloads: &[Envelope],
+    window: usize,
+) -> anyhow::Result<(f64, Cpu)> {
     let client = async_nats::connect(url).await?;
     let js = jetstream::new(client.clone());
     let stream = js
@@ -277,6 +318,7 @@ async fn raw_path(url: &str, payloads: &[Envelope], window: usize) -> anyhow::Re
         })
         .collect();
     let total = wire.len();
+    let cpu = cpu_now(server);
     let start = Instant::now();
     let consume = tokio::spawn(async move {
         let mut messages = consumer
@@ -312,22 +354,24 @@ async fn raw_path(url: &str, payloads: &[Envelope], window: usize) -> anyhow::Re
     let published_after = start.elapsed();
     consume.await??;
     let elapsed = start.elapsed();
+    let cpu = Cpu::per_event(cpu, server, total);
     tracing::debug!(
         published_ms = published_after.as_millis() as u64,
         consumed_ms = elapsed.as_millis() as u64,
         "raw path"
     );
     client.drain().await.ok();
-    Ok(total as f64 / elapsed.as_secs_f64())
+    Ok((total as f64 / elapsed.as_secs_f64(), cpu))
 }
 
 /// Allot: the bus publisher into TELEMETRY; the inventory service applies to SQLite.
 async fn allot_path(
     url: &str,
+    server: u32,
     dir: &std::path::Path,
     payloads: &[Envelope],
     window: usize,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<(f64, Cpu)> {
     let client = async_nats::connect(url).await?;
     let publisher = Publisher::new(client.clone(), "/allot/bench");
     allot_bus::ensure_streams(publisher.jetstream(), &allot_bus::catalog(1)).await?;
@@ -351,6 +395,7 @@ async fn allot_path(
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     let total = payloads.len() as u64;
+    let cpu = cpu_now(server);
     let start = Instant::now();
     let mut in_flight = VecDeque::with_capacity(window);
     let mut last_seq = 0;
@@ -382,6 +427,7 @@ async fn allot_path(
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let elapsed = start.elapsed();
+    let cpu = Cpu::per_event(cpu, server, payloads.len());
     tracing::debug!(
         published_ms = published_after.as_millis() as u64,
         applied_ms = elapsed.as_millis() as u64,
@@ -390,7 +436,7 @@ async fn allot_path(
     let _ = stop.send(());
     inventory.await??;
     client.drain().await.ok();
-    Ok(total as f64 / elapsed.as_secs_f64())
+    Ok((total as f64 / elapsed.as_secs_f64(), cpu))
 }
 
 fn median(values: &mut [f64]) -> f64 {

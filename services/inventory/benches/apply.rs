@@ -42,6 +42,11 @@ fn bench(c: &mut Criterion) {
     group.throughput(Throughput::Elements(EVENTS as u64));
     group.sample_size(10);
     group.bench_function("decode", |b| b.iter(|| deliveries(&wire)));
+    // What the collector's publisher does per sample before it sends: the event to JSON.
+    let events: Vec<Envelope> = deliveries(&wire).into_iter().map(|d| d.event).collect();
+    group.bench_function("encode", |b| {
+        b.iter(|| events.iter().map(|e| e.to_json().len()).sum::<usize>())
+    });
 
     let deliveries = deliveries(&wire);
     for batch in [1usize, 16, 256, 1024] {

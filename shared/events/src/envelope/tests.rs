@@ -132,6 +132,21 @@ fn bad_input_decodes_to_a_typed_error_naming_the_problem() {
             want_message: "malformed CloudEvent",
         },
         Case {
+            name: "a valid event but for a byte that is not UTF-8 inside a string",
+            bytes: {
+                let json = heartbeat().to_json();
+                let at = json
+                    .windows(6)
+                    .position(|w| w == b"node-1")
+                    .expect("the node's name");
+                let mut bytes = json;
+                bytes[at + 4] = 0xff;
+                bytes
+            },
+            want: |e| matches!(e, DecodeError::Malformed(_)),
+            want_message: "invalid unicode",
+        },
+        Case {
             name: "truncated JSON",
             bytes: heartbeat().to_json()[..20].to_vec(),
             want: |e| matches!(e, DecodeError::Malformed(_)),
