@@ -187,13 +187,8 @@ pub async fn run(
         "billing",
         apply_sample,
     );
-    // Samples only add up here (how busy each lease's GPUs were): a quarter of a second late
-    // changes nothing, and commits four times a second instead of fifty leave the database's
-    // write lock and pages to the other consumer.
-    let telemetry_spec = ConsumerSpec {
-        linger: Duration::from_millis(250),
-        ..ConsumerSpec::new(names::TELEMETRY, telemetry.consumer()).in_bulk()
-    };
+    // Samples only add up here (how busy each lease's GPUs were).
+    let telemetry_spec = ConsumerSpec::new(names::TELEMETRY, telemetry.consumer()).summing();
     service.spawn(
         format!("consumer {}", names::TELEMETRY),
         ConsumerRunner::new(client.clone(), telemetry_spec, telemetry)

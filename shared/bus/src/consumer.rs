@@ -123,6 +123,17 @@ impl ConsumerSpec {
         }
     }
 
+    /// [`Self::in_bulk`] for a consumer whose events only add up (telemetry summed into
+    /// usage: billing's, the predictor's): gathered for up to 250 ms, since a quarter of a
+    /// second late changes no total, and committing four times a second instead of fifty
+    /// leaves the database's write lock and pages to its other consumers.
+    pub fn summing(self) -> Self {
+        Self {
+            linger: Duration::from_millis(250),
+            ..self.in_bulk()
+        }
+    }
+
     fn config(&self, resume_after: Option<u64>) -> pull::Config {
         pull::Config {
             durable_name: Some(self.durable.clone()),
