@@ -57,7 +57,16 @@ impl Bus {
     }
 }
 
-/// The live views the busiest endpoints answer from, rebuilt about once a second.
+/// How old the queue and nodes views may be before a read starts rebuilding them (see
+/// [`AppState::snapshot`]).
+pub const VIEW_MAX_AGE: chrono::TimeDelta = chrono::TimeDelta::seconds(1);
+
+/// How old the views may be and still be served while they are rebuilt; older, a read waits
+/// for the rebuild.
+pub const VIEW_STALE_LIMIT: chrono::TimeDelta = chrono::TimeDelta::seconds(3);
+
+/// The live views the busiest endpoints answer from, rebuilt when read (see
+/// [`AppState::snapshot`]).
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
     /// Every waiting task, per pool in queue order.
@@ -104,6 +113,9 @@ struct Inner {
     mirror: Arc<Mutex<Mirror>>,
     samples: Arc<Mutex<Samples>>,
     snapshot: RwLock<Arc<Snapshot>>,
+    /// Held while the live views are rebuilt, so that readers who find them old at the same
+    /// time wait for one rebuild instead of each making their own.
+    rebuilding: Arc<tokio::sync::Mutex<()>>,
     bus: Option<Bus>,
     teams: Option<TeamsConfig>,
 }
@@ -123,6 +135,7 @@ impl AppState {
                 mirror,
                 samples: Arc::default(),
                 snapshot: RwLock::new(Arc::new(Snapshot::default())),
+                rebuilding: Arc::default(),
                 bus,
                 teams,
             }),
@@ -208,7 +221,46 @@ impl AppState {
         Ok(())
     }
 
-    fn snapshot(&self) -> Arc<Snapshot> {
+    /// The live views, built when someone reads them rather than every second whether anyone
+    /// does or not (at 2,000 nodes a rebuild reads every node and serializes each twice).
+    /// Views older than [`VIEW_MAX_AGE`] are served as they are while one rebuild runs in the
+    /// background, so a steady reader never waits for one; views older than
+    /// [`VIEW_STALE_LIMIT`] (nobody read them for a while) are rebuilt before answering.
+    /// Should a rebuild fail, the last views are served; their `as_of` says how old they are.
+    async fn snapshot(&self) -> Arc<Snapshot> {
+        let age = |s: &Snapshot| s.built.map(|b| Utc::now() - b);
+        let current = self.last_snapshot();
+        match age(&current) {
+            Some(age) if age < VIEW_MAX_AGE => return current,
+            Some(age) if age < VIEW_STALE_LIMIT => {
+                if let Ok(rebuilding) = self.inner.rebuilding.clone().try_lock_owned() {
+                    let state = self.clone();
+                    tokio::spawn(async move {
+                        state.rebuild().await;
+                        drop(rebuilding);
+                    });
+                }
+                return current;
+            }
+            _ => {}
+        }
+        let _rebuilding = self.inner.rebuilding.lock().await;
+        // Whoever held the lock may have just rebuilt them.
+        let current = self.last_snapshot();
+        if age(&current).is_some_and(|age| age < VIEW_MAX_AGE) {
+            return current;
+        }
+        self.rebuild().await;
+        self.last_snapshot()
+    }
+
+    async fn rebuild(&self) {
+        if let Err(e) = self.refresh().await {
+            tracing::warn!(error = %e, "rebuilding the live views");
+        }
+    }
+
+    fn last_snapshot(&self) -> Arc<Snapshot> {
         self.inner.snapshot.read().expect("snapshot lock").clone()
     }
 
@@ -1357,6 +1409,7 @@ async fn explain_task(
     }
     let waiting = state
         .snapshot()
+        .await
         .queue
         .iter()
         .find(|q| q.task_id == task_id)
@@ -1379,7 +1432,7 @@ async fn get_queue(
     State(state): State<AppState>,
     ApiQuery(q): ApiQuery<QueueQuery>,
 ) -> Result<Json<QueuePage>, Problem> {
-    let snapshot = state.snapshot();
+    let snapshot = state.snapshot().await;
     let team = caller.scope(q.team.as_deref());
     let (limit, cursor) = page(q.limit, q.cursor.as_deref())?;
     let skip = cursor.unwrap_or(0).max(0) as usize;
@@ -1405,7 +1458,7 @@ async fn get_nodes(
     State(state): State<AppState>,
     ApiQuery(q): ApiQuery<NodeQuery>,
 ) -> Result<Response, Problem> {
-    let snapshot = state.snapshot();
+    let snapshot = state.snapshot().await;
     let (limit, cursor) = page(q.limit, q.cursor.as_deref())?;
     let skip = cursor.unwrap_or(0).max(0) as usize;
     let total = snapshot.nodes.len();

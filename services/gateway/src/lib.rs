@@ -269,15 +269,14 @@ pub async fn run(
     {
         let state = state.clone();
         let stopping = service.stopping();
-        service.spawn("views", async move {
+        // The live views (queue, nodes) are rebuilt when read (`AppState::snapshot`); tokens
+        // issued or revoked through another gateway are picked up here.
+        service.spawn("tokens", async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let views = async {
                 loop {
                     tick.tick().await;
-                    if let Err(e) = state.refresh().await {
-                        tracing::warn!(error = %e, "rebuilding the live views");
-                    }
                     if let Err(e) = state.reload_tokens(None).await {
                         tracing::warn!(error = %e, "reloading the tokens");
                     }

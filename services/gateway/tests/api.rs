@@ -818,3 +818,52 @@ async fn admins_list_and_revoke_tokens_and_a_revoked_token_is_refused_at_once() 
     .await;
     assert_eq!(status.as_u16(), 404);
 }
+
+/// The nodes view is built when read, with no timer behind it: a node registered since the
+/// last build shows up once a reader finds the view more than a second old, without anyone
+/// calling for a rebuild; until then readers are answered at once from the view they have.
+#[tokio::test]
+async fn the_nodes_view_is_rebuilt_when_read_and_shows_a_node_registered_since() {
+    let s = seeded().await;
+    let admin = token(TokenRole::Admin);
+    let (status, _, before) = call(&s.state, "GET", "/api/v1/nodes", Some(&admin), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(before["total"], 2, "{before}");
+
+    let conn = allot_store::open(&s.db, model::MIGRATIONS).unwrap();
+    let registered = serde_json::from_value(json!({"node": "node-3", "hostname": "node-3",
+        "pool": "default", "cpu_milli": 64_000, "memory_mib": 262_144,
+        "gpu_source": "simulated", "gpus": [{"index": 0, "uuid": "GPU-node-3",
+        "model": "H100", "memory_total_mib": 81_559}]}))
+    .unwrap();
+    model::apply_fleet(&conn, &delivery(300, NodeEvent::Registered(registered))).unwrap();
+    drop(conn);
+
+    // Within a second of its build the view is served as it is.
+    let (_, _, young) = call(&s.state, "GET", "/api/v1/nodes", Some(&admin), None).await;
+    if young["as_of"] == before["as_of"] {
+        assert_eq!(young["total"], 2, "{young}");
+    }
+    // Later, a read starts a rebuild (answered from the old view meanwhile) and a read after
+    // it sees the new node: bounded to 50 reads, 100 ms apart.
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    let mut seen = None;
+    for _ in 0..50 {
+        let (_, _, page) = call(&s.state, "GET", "/api/v1/nodes", Some(&admin), None).await;
+        if page["total"] == 3 {
+            seen = Some(page);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let page = seen.expect("the node registered since shows up once the view is read");
+    assert_ne!(page["as_of"], before["as_of"], "{page}");
+    assert!(
+        page["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n["name"] == "node-3"),
+        "{page}"
+    );
+}
