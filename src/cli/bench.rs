@@ -6,7 +6,8 @@
 //! durable consumer, decoded, applied to SQLite with the stream position in the same
 //! transaction, and acknowledged — and, in the same run on the same server, raw async-nats
 //! JetStream publish + consume of the same payloads (pull consumer, explicit acks, no
-//! decoding, no storage). The ratio is what Allot's guarantees cost.
+//! decoding, no storage). The ratio is what Allot's guarantees cost; each path's CPU per
+//! event, the bench process's and nats-server's, says where it goes.
 //!
 //! `allot bench submit` measures submit → first grant latency through the planner and the
 //! allocator, against a raw JetStream publish → consume round trip on the same server (see

@@ -32,7 +32,7 @@ use allot_workload::{ClusterShape, Format, NodeShape, TeamsConfig};
 use crate::db::Db;
 use crate::mirror::{Allocation, KpiPoint, Mirror, QueueEntry};
 use crate::problem::{Problem, SpecError};
-use crate::samples::Samples;
+use crate::samples::{Demand, Samples};
 use crate::token::{Caller, Known, Tokens};
 
 /// The `source` of the events the gateway publishes.
@@ -112,6 +112,8 @@ struct Inner {
     tokens: RwLock<Tokens>,
     mirror: Arc<Mutex<Mirror>>,
     samples: Arc<Mutex<Samples>>,
+    /// Whether the nodes view wants the samples followed.
+    demand: Arc<Demand>,
     snapshot: RwLock<Arc<Snapshot>>,
     /// Held while the live views are rebuilt, so that readers who find them old at the same
     /// time wait for one rebuild instead of each making their own.
@@ -134,6 +136,7 @@ impl AppState {
                 tokens: RwLock::new(Tokens::default()),
                 mirror,
                 samples: Arc::default(),
+                demand: Arc::default(),
                 snapshot: RwLock::new(Arc::new(Snapshot::default())),
                 rebuilding: Arc::default(),
                 bus,
@@ -145,6 +148,11 @@ impl AppState {
     /// Every node's latest GPU readings, which [`crate::samples::follow`] keeps current.
     pub fn samples(&self) -> Arc<Mutex<Samples>> {
         self.inner.samples.clone()
+    }
+
+    /// Whether the nodes view wants the readings followed (see [`crate::samples`]).
+    pub fn sample_demand(&self) -> Arc<Demand> {
+        self.inner.demand.clone()
     }
 
     /// Accepts a token known by its hash (the bootstrap admin's, or tests').
@@ -169,6 +177,9 @@ impl AppState {
 
     /// Rebuilds the live views from the read model and the mirror.
     pub async fn refresh(&self) -> Result<(), String> {
+        // The GPU readings are followed while views are built (a follower that was idle
+        // starts, and this waits for every node's last sample).
+        self.inner.demand.want().await;
         let now = Utc::now();
         let (queue, allocations, schedulable) = {
             let mirror = self.inner.mirror.lock().expect("mirror lock");

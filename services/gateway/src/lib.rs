@@ -242,11 +242,11 @@ pub async fn run(
         {
             tracing::info!(consumer = %old, "removed the durable TELEMETRY consumer of an earlier version");
         }
-        let samples = state.samples();
+        let (samples, demand) = (state.samples(), state.sample_demand());
         let stopping = service.stopping();
         service.spawn("telemetry samples", async move {
             tokio::select! {
-                () = samples::follow(js, samples) => Ok(()),
+                () = samples::follow(js, samples, demand) => Ok(()),
                 () = stopping => Ok(()),
             }
         });
