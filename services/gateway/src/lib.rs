@@ -8,7 +8,8 @@
 //!   to the change log.
 //! - [`mirror`]: every pool's scheduler rebuilt in memory from the allocators' journals: the
 //!   queue with reasons and ETAs, what runs where, KPIs per minute, and looking back.
-//! - [`samples`]: every node's latest GPU readings, in memory, from TELEMETRY.
+//! - [`samples`]: every node's latest GPU readings, in memory, from TELEMETRY while views are
+//!   read.
 //! - [`token`]: bearer tokens (random, stored and published as SHA-256 only) and what each
 //!   role may do.
 //! - [`api`]: the router ([`api::app`]), the handlers and the generated OpenAPI document.
