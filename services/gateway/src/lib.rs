@@ -275,7 +275,7 @@ pub async fn run(
         service.spawn("tokens", async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let views = async {
+            let reload = async {
                 loop {
                     tick.tick().await;
                     if let Err(e) = state.reload_tokens(None).await {
@@ -284,7 +284,7 @@ pub async fn run(
                 }
             };
             tokio::select! {
-                () = views => Ok(()),
+                () = reload => Ok(()),
                 () = stopping => Ok(()),
             }
         });

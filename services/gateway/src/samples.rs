@@ -193,11 +193,16 @@ async fn follow_while_wanted(
         demand.current.send_replace(true);
     }
     let mut messages = consumer.messages().await.map_err(|e| failed(&e))?;
+    // One timer for the whole read, moved on only when it fires before a later want's end.
+    let idle = tokio::time::sleep_until(demand.until());
+    tokio::pin!(idle);
     loop {
         let message = tokio::select! {
             message = messages.next() => message,
-            () = tokio::time::sleep_until(demand.until()) => {
-                if demand.until() > Instant::now() {
+            () = idle.as_mut() => {
+                let until = demand.until();
+                if until > Instant::now() {
+                    idle.as_mut().reset(until);
                     continue;
                 }
                 demand.current.send_replace(false);
@@ -215,7 +220,9 @@ async fn follow_while_wanted(
             samples.lock().expect("samples lock").apply(sample, at);
         }
         if info.pending == 0 {
-            demand.current.send_replace(true);
+            demand
+                .current
+                .send_if_modified(|current| !std::mem::replace(current, true));
         }
     }
 }
