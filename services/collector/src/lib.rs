@@ -365,6 +365,8 @@ impl Collector {
                                 .unwrap_or_else(|e| e.into_inner())
                                 .clone();
                             let event = GpusSampled { node: node.clone(), samples, held };
+                            // Sent once: a failed sample is dropped and the next supersedes
+                            // it, which is why samples carry no `Nats-Msg-Id`.
                             telemetry_failures.record(self.publisher.publish(event).await);
                         }
                         Err(e) => telemetry_failures.sample_failed(&e),

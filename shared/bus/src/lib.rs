@@ -6,8 +6,9 @@
 //!   the server is unreachable, and reconnect logging afterwards.
 //! - [`streams`]: the declarative stream catalogue ([`StreamSpec`], [`catalog`]) and
 //!   [`ensure_streams`], which creates or updates streams idempotently at start-up.
-//! - [`publish`]: [`Publisher`], which publishes CloudEvents with `Nats-Msg-Id` = event id and
-//!   awaits the PubAck within a timeout. A publish that was not acknowledged did not happen.
+//! - [`publish`]: [`Publisher`], which publishes CloudEvents with `Nats-Msg-Id` = event id (but
+//!   telemetry samples, which are sent once) and awaits the PubAck within a timeout. A publish
+//!   that was not acknowledged did not happen.
 //! - [`consumer`]: [`ConsumerRunner`], which drives a [`Handler`] from a durable pull consumer
 //!   with explicit acks, retries with backoff, and dead-letters what cannot be handled —
 //!   undecodable messages and permanent handler failures — with the reason attached; each

@@ -7,7 +7,7 @@ use async_nats::header;
 use async_nats::jetstream::{self, context::PublishAckFuture, message::PublishMessage};
 use bytes::Bytes;
 
-use allot_events::{AnyEvent, Envelope};
+use allot_events::{AnyEvent, Envelope, EventKind};
 
 use crate::error::PublishError;
 
@@ -100,7 +100,8 @@ impl Publisher {
     }
 
     /// Publishes an existing envelope (its id is the de-duplication key) and waits for the
-    /// acknowledgement. Publishing the same envelope again is safe.
+    /// acknowledgement. Publishing the same envelope again is safe — but for a telemetry
+    /// sample, which is stored again ([`EventKind::deduplicated`]): a sample is sent once.
     pub async fn publish_envelope(&self, envelope: &Envelope) -> Result<Published, PublishError> {
         self.send(envelope).await?.wait().await
     }
@@ -118,7 +119,7 @@ impl Publisher {
         envelope: &Envelope,
         patience: Duration,
     ) -> Result<Patient, PublishError> {
-        self.publish_patiently(&envelope.nats_subject(), message(envelope), patience)
+        self.publish_patiently(&envelope.nats_subject(), with_id(envelope), patience)
             .await
     }
 
@@ -255,8 +256,19 @@ impl Publisher {
     }
 }
 
-/// An envelope as a message: its JSON, with its id as `Nats-Msg-Id`.
+/// An envelope as a message: its JSON, with its id as `Nats-Msg-Id` if its kind is
+/// de-duplicated ([`EventKind::deduplicated`]: all but telemetry samples, which are sent once).
 fn message(envelope: &Envelope) -> PublishMessage {
+    if envelope.data.deduplicated() {
+        with_id(envelope)
+    } else {
+        PublishMessage::build().payload(Bytes::from(envelope.to_json()))
+    }
+}
+
+/// An envelope as a message with its id as `Nats-Msg-Id`, whatever its kind: for a message
+/// that may be sent more than once.
+fn with_id(envelope: &Envelope) -> PublishMessage {
     PublishMessage::build()
         .message_id(envelope.id.to_string())
         .payload(Bytes::from(envelope.to_json()))

@@ -155,6 +155,40 @@ async fn the_same_event_published_twice_is_stored_once() {
 }
 
 #[tokio::test]
+async fn a_telemetry_sample_carries_no_message_id_and_every_other_event_does() {
+    let server = NatsServer::start();
+    let (client, publisher) = setup(&server).await;
+    let sample = publisher.envelope(node("node-1").sampled(40));
+    let beat = publisher.envelope(heartbeat(1));
+    publisher.publish_envelope(&sample).await.unwrap();
+    publisher.publish_envelope(&beat).await.unwrap();
+    let id = |m: &jetstream::Message| {
+        m.headers
+            .as_ref()
+            .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+            .map(|v| v.as_str().to_owned())
+    };
+    // A sample is sent once: the server keeps no duplicate-window entry for it.
+    let samples = read_all(&client, names::TELEMETRY).await;
+    assert_eq!(samples.len(), 1);
+    assert_eq!(id(&samples[0]), None);
+    assert_eq!(
+        allot_events::decode(&samples[0].payload).unwrap().id,
+        sample.id
+    );
+    let beats = read_all(&client, names::FLEET).await;
+    assert_eq!(id(&beats[0]), Some(beat.id.to_string()));
+    // Sent patiently (which may send it more than once), even a sample carries its id.
+    let again = publisher.envelope(node("node-1").sampled(41));
+    publisher
+        .publish_envelope_patiently(&again, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let samples = read_all(&client, names::TELEMETRY).await;
+    assert_eq!(id(&samples[1]), Some(again.id.to_string()));
+}
+
+#[tokio::test]
 async fn publishing_where_no_stream_listens_is_an_error_not_a_silent_loss() {
     let server = NatsServer::start();
     let client = async_nats::connect(server.url()).await.unwrap();

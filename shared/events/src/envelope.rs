@@ -16,7 +16,8 @@ pub const SPEC_VERSION: &str = "1.0";
 /// A CloudEvents 1.0 event in structured JSON mode, with Allot's extension attributes.
 ///
 /// `id` is a UUIDv7 (time-ordered) and is also sent as the `Nats-Msg-Id` header, so JetStream
-/// stores an event published twice only once.
+/// stores an event published twice only once — except a telemetry sample, which is never
+/// published twice ([`EventKind::deduplicated`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Envelope<T = AnyEvent> {
     /// Always `"1.0"`.
@@ -56,6 +57,14 @@ pub trait EventKind {
     /// The team the event belongs to, if any.
     fn team(&self) -> Option<&str> {
         None
+    }
+    /// Whether the event is published with its id as `Nats-Msg-Id`, so that the stream stores
+    /// it once however often it is sent (within the stream's duplicate window). Every event
+    /// but a telemetry sample: those are sent once and never again (see
+    /// [`TelemetryEvent`](crate::TelemetryEvent)), and an id the server remembers for each of
+    /// them would cost it a duplicate-window entry per sample that nothing can ever match.
+    fn deduplicated(&self) -> bool {
+        true
     }
 }
 
@@ -180,6 +189,19 @@ impl EventKind for AnyEvent {
             Self::Cost(e) => e.team(),
             Self::Remediation(e) => e.team(),
             Self::Access(e) => e.team(),
+        }
+    }
+    fn deduplicated(&self) -> bool {
+        match self {
+            Self::Node(e) => e.deduplicated(),
+            Self::Telemetry(e) => e.deduplicated(),
+            Self::Inventory(e) => e.deduplicated(),
+            Self::Workload(e) => e.deduplicated(),
+            Self::Task(e) => e.deduplicated(),
+            Self::Alloc(e) => e.deduplicated(),
+            Self::Cost(e) => e.deduplicated(),
+            Self::Remediation(e) => e.deduplicated(),
+            Self::Access(e) => e.deduplicated(),
         }
     }
 }
