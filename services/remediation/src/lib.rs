@@ -19,9 +19,11 @@
 //!
 //! # Exactly once
 //!
-//! The rules' state ([`watch::State`]) and the actions it decided are written with the
-//! consumer's stream position in one SQLite transaction ([`store`]); a redelivered batch is
-//! skipped by its position, so no reading is weighed twice. The relay publishes the outbox
+//! What the rules know ([`watch`]: a record per node, a row per grant watched) and the actions
+//! they decided are written with the consumer's stream position in one SQLite transaction
+//! ([`store`]) — only the records a batch changed, so a commit costs what the batch did, not the
+//! size of the fleet; a redelivered batch is skipped by its position, so no reading is weighed
+//! twice. The relay publishes the outbox
 //! afterwards under each action's stored id (JetStream drops a second copy within the
 //! REMEDIATION stream's duplicate window) and forgets an action only once it is acknowledged.
 //! A ticker lets time pass (lost heartbeats, healthy spells) under the same rule.
@@ -131,10 +133,27 @@ struct Core {
     watch: Watch,
     rules: RuleSet,
     breaker: BreakerPolicy,
+    /// The pool's row as the last commit stored it (`None`: not known, written next time).
+    last_pool: Option<String>,
+    /// A commit failed and the watch could not be read back yet.
+    stale: bool,
 }
 
 impl Core {
-    /// Commits the watch as it now is with the `actions` it decided (and the consumer's new
+    /// A core over `conn`, with the watch as the last commit stored it.
+    fn open(conn: Connection, rules: RuleSet, breaker: BreakerPolicy) -> Result<Self, Error> {
+        let watch = restore(&rules, breaker, store::load(&conn)?);
+        Ok(Self {
+            conn,
+            watch,
+            rules,
+            breaker,
+            last_pool: None,
+            stale: false,
+        })
+    }
+
+    /// Commits what the watch changed with the `actions` it decided (and the consumer's new
     /// position). The watch is changed in place, not copied per batch: if the commit fails, it
     /// is read back as the last commit left it, and the batch is retried.
     fn commit(
@@ -143,8 +162,10 @@ impl Core {
         position: Option<(&str, u64)>,
     ) -> Result<(), store::Error> {
         let result = self.write(actions, position);
-        if result.is_err() {
-            self.reload();
+        if result.is_err()
+            && let Err(e) = self.reload()
+        {
+            tracing::warn!(error = %e, "reading remediation's state back failed");
         }
         result
     }
@@ -154,10 +175,22 @@ impl Core {
         actions: &[ActionTaken],
         position: Option<(&str, u64)>,
     ) -> Result<(), store::Error> {
+        let changes = self.watch.take_changes();
+        if changes.is_empty()
+            && actions.is_empty()
+            && position.is_none()
+            && self.last_pool.is_some()
+        {
+            // A tick that changed nothing of a node: only the pool's row could differ.
+            let pool = serde_json::to_string(&changes.pool)?;
+            if self.last_pool.as_deref() == Some(pool.as_str()) {
+                return Ok(());
+            }
+        }
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        store::save(&tx, &self.watch.state())?;
+        store::save(&tx, &changes, &mut self.last_pool)?;
         for action in actions {
             let envelope = Envelope::new(SOURCE, RemediationEvent::ActionTaken(action.clone()));
             store::enqueue(
@@ -175,17 +208,37 @@ impl Core {
         Ok(())
     }
 
-    /// The watch as the last commit stored it.
-    fn reload(&mut self) {
+    /// The watch as the last commit stored it. Until that has been read, the watch is stale:
+    /// nothing is weighed or committed ([`Core::ready`]), because it holds what a failed commit
+    /// did not store and no longer knows what changed.
+    fn reload(&mut self) -> Result<(), store::Error> {
+        // What the last commit stored is not known now: the next one writes the pool's row.
+        self.last_pool = None;
         match store::load(&self.conn) {
-            Ok(Some(state)) => {
-                self.watch = Watch::restore(self.rules.clone(), self.breaker, state);
+            Ok(loaded) => {
+                self.watch = restore(&self.rules, self.breaker, loaded);
+                self.stale = false;
+                Ok(())
             }
-            Ok(None) => self.watch = Watch::new(self.rules.clone(), self.breaker),
-            // The next batch's commit fails the same way and is retried; nothing is decided
-            // from a state that was not stored.
-            Err(e) => tracing::warn!(error = %e, "reading remediation's state back failed"),
+            Err(e) => {
+                self.stale = true;
+                Err(e)
+            }
         }
+    }
+
+    /// Reads the watch back if a failed commit left it stale; an error: try again later.
+    fn ready(&mut self) -> Result<(), store::Error> {
+        if self.stale { self.reload() } else { Ok(()) }
+    }
+}
+
+/// The watch that `loaded` describes (a fresh one for nothing).
+fn restore(rules: &RuleSet, breaker: BreakerPolicy, loaded: Option<store::Loaded>) -> Watch {
+    match loaded {
+        Some(store::Loaded::Rows(stored)) => Watch::restore(rules.clone(), breaker, stored),
+        Some(store::Loaded::Whole(state)) => Watch::restore_whole(rules.clone(), breaker, *state),
+        None => Watch::new(rules.clone(), breaker),
     }
 }
 
@@ -205,22 +258,14 @@ pub async fn run(
     let open = || allot_store::open(&config.db_path(), store::MIGRATIONS);
     let conn = open()?;
     let relay_conn = open()?;
-    let watch = match store::load(&conn)? {
-        Some(state) => Watch::restore(config.rules.clone(), config.breaker, state),
-        None => Watch::new(config.rules.clone(), config.breaker),
-    };
+    let core = Core::open(conn, config.rules.clone(), config.breaker)?;
     tracing::info!(
         db = %config.db_path().display(),
         rules = config.rules.rules.len(),
-        held = watch.held().len(),
+        held = core.watch.held().len(),
         "remediation started"
     );
-    let core = Arc::new(Mutex::new(Core {
-        conn,
-        watch,
-        rules: config.rules.clone(),
-        breaker: config.breaker,
-    }));
+    let core = Arc::new(Mutex::new(core));
     let wake = Arc::new(Notify::new());
 
     let feeds = [
@@ -237,9 +282,10 @@ pub async fn run(
         let mut spec = ConsumerSpec::new(stream, durable.clone());
         spec.ack_wait = config.ack_wait;
         spec.filter_subjects = filter;
-        // Each commit writes the whole rule state: lingering up to 50 ms for more of a batch
-        // keeps commits few under a fleet's telemetry (docs/benchmarks.md), at tens of
-        // milliseconds on a detection that a hold-down measures in seconds.
+        // Each commit rewrites every database page its batch's rows touched: lingering up to
+        // 50 ms for more of a batch keeps commits few under a fleet's telemetry
+        // (docs/benchmarks.md), at tens of milliseconds on a detection that a hold-down
+        // measures in seconds.
         spec.linger = LINGER;
         let runner = ConsumerRunner::new(
             client.clone(),
@@ -291,6 +337,7 @@ impl Handler for Feed {
 
     async fn handle(&mut self, batch: &[Delivery]) -> Result<Vec<Outcome>, HandlerError> {
         let mut core = self.core.lock().await;
+        core.ready().map_err(db)?;
         let done = allot_store::position(&core.conn, &self.consumer)
             .map_err(db)?
             .unwrap_or(0);
@@ -382,6 +429,10 @@ impl Ticker {
                 _ = interval.tick() => {}
             }
             let mut core = self.core.lock().await;
+            if let Err(e) = core.ready() {
+                tracing::warn!(error = %e, "reading remediation's state back failed; retrying");
+                continue;
+            }
             let actions = core.watch.tick(now_ms());
             if let Err(e) = core.commit(&actions, None) {
                 tracing::warn!(error = %e, "storing remediation's state failed; retrying");

@@ -1,15 +1,21 @@
-//! Remediation's SQLite tables: its [`State`] (one row) and the outbox of actions to publish.
-//! Both change in the transaction that records the stream position they follow from, so an
-//! action is never decided twice and never lost: the relay publishes the outbox afterwards,
-//! under the message id stored with each action, and deletes an action only once the server
-//! acknowledged it.
+//! Remediation's SQLite tables: what it knows — one row for the pool (`state`), one per node
+//! (`node`) and one per grant idle reclaim watches (`idle_grant`) — and the outbox of actions to
+//! publish. A commit writes only the rows its batch changed ([`save`]), the actions it decided
+//! and the stream position it follows from, in one transaction, so an action is never decided
+//! twice and never lost: the relay publishes the outbox afterwards, under the message id
+//! stored with each action, and deletes an action only once the server acknowledged it.
+//!
+//! Versions before 2026-11-26 kept everything in the `state` row, rewritten whole on every
+//! commit; such a row is read once ([`Loaded::Whole`]) and the first commit after it stores
+//! every node in its own row.
 
 use allot_store::rusqlite::{self, Connection, OptionalExtension, params};
 
-use crate::watch::State;
+use crate::watch::{Changes, NodeRecord, Pool, State, Stored};
 
 /// Remediation's migrations, after the store's own.
-pub const MIGRATIONS: &[&str] = &["
+pub const MIGRATIONS: &[&str] = &[
+    "
 CREATE TABLE state (
     id   INTEGER PRIMARY KEY CHECK (id = 1),
     json TEXT NOT NULL
@@ -20,7 +26,18 @@ CREATE TABLE outbox (
     msg_id  TEXT NOT NULL UNIQUE,
     payload BLOB NOT NULL
 );
-"];
+",
+    "
+CREATE TABLE node (
+    name TEXT PRIMARY KEY,
+    json TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE idle_grant (
+    lease INTEGER PRIMARY KEY,
+    json  TEXT NOT NULL
+);
+",
+];
 
 /// Why the store could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -33,22 +50,109 @@ pub enum Error {
     State(#[from] serde_json::Error),
 }
 
-/// The stored state, if any.
-pub fn load(conn: &Connection) -> Result<Option<State>, Error> {
+/// What was stored.
+#[derive(Debug, Clone)]
+pub enum Loaded {
+    /// Row by row, as this version stores it.
+    Rows(Stored),
+    /// Whole, in one row, as versions before 2026-11-26 stored it.
+    Whole(Box<State>),
+}
+
+/// What was stored, if anything.
+pub fn load(conn: &Connection) -> Result<Option<Loaded>, Error> {
     let json: Option<String> = conn
         .query_row("SELECT json FROM state WHERE id = 1", [], |r| r.get(0))
         .optional()?;
-    Ok(json.map(|j| serde_json::from_str(&j)).transpose()?)
+    let Some(json) = json else {
+        return Ok(None);
+    };
+    let pool: Pool = match serde_json::from_str(&json) {
+        Ok(pool) => pool,
+        Err(e) => {
+            return match serde_json::from_str::<State>(&json) {
+                Ok(whole) => Ok(Some(Loaded::Whole(Box::new(whole)))),
+                Err(_) => Err(e.into()),
+            };
+        }
+    };
+    let mut nodes = Vec::new();
+    let mut stmt = conn.prepare("SELECT name, json FROM node ORDER BY name")?;
+    let mut rows = stmt.query([])?;
+    while let Some(row) = rows.next()? {
+        let record: NodeRecord = serde_json::from_str(&row.get::<_, String>(1)?)?;
+        nodes.push((row.get(0)?, record));
+    }
+    let mut grants = Vec::new();
+    let mut stmt = conn.prepare("SELECT lease, json FROM idle_grant ORDER BY lease")?;
+    let mut rows = stmt.query([])?;
+    while let Some(row) = rows.next()? {
+        grants.push((
+            row.get::<_, i64>(0)? as u64,
+            serde_json::from_str(&row.get::<_, String>(1)?)?,
+        ));
+    }
+    Ok(Some(Loaded::Rows(Stored {
+        pool,
+        nodes,
+        grants,
+    })))
 }
 
-/// Stores `state` (inside the caller's transaction).
-pub fn save(conn: &Connection, state: &State) -> Result<(), Error> {
-    let json = serde_json::to_string(state)?;
-    conn.execute(
-        "INSERT INTO state (id, json) VALUES (1, ?1)
-         ON CONFLICT (id) DO UPDATE SET json = excluded.json",
-        [json],
-    )?;
+/// Stores what changed (inside the caller's transaction): each changed node's record and
+/// grant, and the pool's row unless it is `last_pool`, the JSON the last commit stored
+/// (updated here).
+pub fn save(
+    conn: &Connection,
+    changes: &Changes,
+    last_pool: &mut Option<String>,
+) -> Result<(), Error> {
+    for (node, record) in &changes.nodes {
+        put(
+            conn,
+            "INSERT INTO node (name, json) VALUES (?1, ?2)
+             ON CONFLICT (name) DO UPDATE SET json = excluded.json",
+            "DELETE FROM node WHERE name = ?1",
+            node,
+            record.as_ref(),
+        )?;
+    }
+    for (lease, grant) in &changes.grants {
+        put(
+            conn,
+            "INSERT INTO idle_grant (lease, json) VALUES (?1, ?2)
+             ON CONFLICT (lease) DO UPDATE SET json = excluded.json",
+            "DELETE FROM idle_grant WHERE lease = ?1",
+            *lease as i64,
+            grant.as_ref(),
+        )?;
+    }
+    let pool = serde_json::to_string(&changes.pool)?;
+    if last_pool.as_deref() != Some(pool.as_str()) {
+        conn.prepare_cached(
+            "INSERT INTO state (id, json) VALUES (1, ?1)
+             ON CONFLICT (id) DO UPDATE SET json = excluded.json",
+        )?
+        .execute([&pool])?;
+        *last_pool = Some(pool);
+    }
+    Ok(())
+}
+
+/// Writes `value` as `key`'s row, as JSON (`upsert`), or deletes the row (`delete`) for `None`.
+fn put(
+    conn: &Connection,
+    upsert: &str,
+    delete: &str,
+    key: impl rusqlite::ToSql,
+    value: Option<&impl serde::Serialize>,
+) -> Result<(), Error> {
+    match value {
+        Some(value) => conn
+            .prepare_cached(upsert)?
+            .execute(params![key, serde_json::to_string(value)?])?,
+        None => conn.prepare_cached(delete)?.execute([key])?,
+    };
     Ok(())
 }
 

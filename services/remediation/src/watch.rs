@@ -9,8 +9,11 @@
 //!   to service when the last one clears; a GPU likewise;
 //! - requests to an actuator (reset the GPU, reboot the node) as actions of their own.
 //!
-//! Everything it knows is one serializable [`State`], stored with the stream positions in
-//! one transaction, so a restart resumes exactly where the last commit left it.
+//! What it knows is stored with the stream positions in one transaction, so a restart resumes
+//! exactly where the last commit left it — split as a fleet needs it: a [`NodeRecord`] per
+//! node, a row per grant idle reclaim watches, and one small [`Pool`] row. A batch stores only
+//! the nodes and grants it changed ([`Watch::take_changes`]), so a commit costs what the batch
+//! did, not the size of the fleet.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -20,8 +23,8 @@ use serde::{Deserialize, Serialize};
 use allot_events::remediation::{Action, ActionTaken, Affected, Evidence};
 use allot_events::telemetry::{GpuSample, GpusSampled};
 use allot_health::{
-    Action as RuleAction, Audience, Breaker, Change, Engine, Idle, IdleWatch, Millis, Reading,
-    Request, RuleKind, RuleSet, Signal, Snapshot, Verdict,
+    Action as RuleAction, Audience, Breaker, Change, Engine, Grant, Idle, IdleWatch, Millis,
+    NodeHealth, Reading, Request, RuleKind, RuleSet, Signal, Snapshot, Verdict,
 };
 
 /// The rule name idle reclaim's actions carry.
@@ -49,7 +52,8 @@ impl Default for BreakerPolicy {
     }
 }
 
-/// Everything remediation knows, as stored.
+/// Everything remediation knew, as versions before 2026-11-26 stored it: one row, written
+/// whole on every commit. Read once and stored again node by node.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct State {
     engine: Snapshot,
@@ -67,6 +71,73 @@ pub struct State {
     idle: Option<IdleWatch>,
 }
 
+/// What remediation knows of one node, as stored: whether it registered, the runs its last
+/// telemetry showed, what remediation holds out of service there, and the rules' state of it.
+/// A node with none of these has no record.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    registered: bool,
+    /// (GPU, run).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    runs: Vec<(u32, Affected)>,
+    /// Remediation's rules holding the node out of service.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    held: BTreeSet<String>,
+    /// Per GPU, the rules holding it out of service.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    gpus_out: BTreeMap<u32, BTreeSet<String>>,
+    #[serde(default, skip_serializing_if = "NodeHealth::is_empty")]
+    health: NodeHealth,
+}
+
+impl NodeRecord {
+    /// Whether there is nothing to keep.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// What remediation knows of the pool as a whole, as stored (one small row).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pool {
+    /// The rules the records' rule states were kept under, by name, in order.
+    rules: Vec<String>,
+    breaker: Breaker,
+}
+
+/// Everything remediation knows, as stored: the pool, every node's record and every grant
+/// idle reclaim watches.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Stored {
+    /// The pool.
+    pub pool: Pool,
+    /// Each node's record, by node.
+    pub nodes: Vec<(String, NodeRecord)>,
+    /// Each watched grant, by lease.
+    pub grants: Vec<(u64, Grant)>,
+}
+
+/// What changed since [`Watch::take_changes`] was last called: the pool (always; it is small),
+/// and the records and grants to write again or, where `None`, to forget.
+#[derive(Debug, Clone)]
+pub struct Changes {
+    /// The pool as it is now.
+    pub pool: Pool,
+    /// Nodes whose record changed, with the record (`None`: nothing left to keep).
+    pub nodes: Vec<(String, Option<NodeRecord>)>,
+    /// Leases whose grant changed, with the grant (`None`: no longer watched).
+    pub grants: Vec<(u64, Option<Grant>)>,
+}
+
+impl Changes {
+    /// Whether no node or grant changed.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty() && self.grants.is_empty()
+    }
+}
+
 /// The rules' engine and what remediation did with its verdicts.
 #[derive(Debug, Clone)]
 pub struct Watch {
@@ -79,6 +150,11 @@ pub struct Watch {
     held: BTreeMap<String, BTreeSet<String>>,
     gpus_out: BTreeMap<String, BTreeMap<u32, BTreeSet<String>>>,
     idle: Option<IdleWatch>,
+    /// Nodes whose record (but for the engine's part, which it tracks itself) changed since
+    /// the last [`Watch::take_changes`].
+    dirty_nodes: BTreeSet<String>,
+    /// Leases whose grant changed since then.
+    dirty_grants: BTreeSet<u64>,
 }
 
 impl Watch {
@@ -94,11 +170,46 @@ impl Watch {
             runs: BTreeMap::new(),
             held: BTreeMap::new(),
             gpus_out: BTreeMap::new(),
+            dirty_nodes: BTreeSet::new(),
+            dirty_grants: BTreeSet::new(),
         }
     }
 
-    /// A watch under `rules` that has seen what `state` says.
-    pub fn restore(rules: RuleSet, policy: BreakerPolicy, state: State) -> Self {
+    /// A watch under `rules` that has seen what `stored` says.
+    pub fn restore(rules: RuleSet, policy: BreakerPolicy, stored: Stored) -> Self {
+        let mut watch = Self::new(rules.clone(), policy);
+        let mut health = Vec::with_capacity(stored.nodes.len());
+        for (node, record) in stored.nodes {
+            if record.registered {
+                watch.nodes.insert(node.clone());
+            }
+            if !record.runs.is_empty() {
+                watch.runs.insert(node.clone(), record.runs);
+            }
+            if !record.held.is_empty() {
+                watch.held.insert(node.clone(), record.held);
+            }
+            if !record.gpus_out.is_empty() {
+                watch.gpus_out.insert(node.clone(), record.gpus_out);
+            }
+            health.push((node, record.health));
+        }
+        watch.engine = Engine::restore_nodes(rules, &stored.pool.rules, health);
+        watch.breaker = stored.pool.breaker;
+        watch.breaker.window = policy.window;
+        watch.breaker.resize(policy.share, watch.nodes.len());
+        // The grants watched are kept; the policy is the one configured now.
+        if let Some(idle) = &mut watch.idle {
+            for (lease, grant) in stored.grants {
+                idle.restore_grant(lease, grant);
+            }
+        }
+        watch
+    }
+
+    /// A watch under `rules` that has seen what a `state` stored whole (by an earlier version)
+    /// says; everything counts as changed, so the next commit stores it node by node.
+    pub fn restore_whole(rules: RuleSet, policy: BreakerPolicy, state: State) -> Self {
         let mut breaker = state.breaker;
         breaker.window = policy.window;
         breaker.resize(policy.share, state.nodes.len());
@@ -110,7 +221,7 @@ impl Watch {
             }
             watch
         });
-        Self {
+        let mut watch = Self {
             engine: Engine::restore(rules.clone(), state.engine),
             breaker,
             idle,
@@ -120,19 +231,88 @@ impl Watch {
             runs: state.runs,
             held: state.held,
             gpus_out: state.gpus_out,
+            dirty_nodes: BTreeSet::new(),
+            dirty_grants: BTreeSet::new(),
+        };
+        watch.mark_all_changed();
+        watch
+    }
+
+    /// Counts everything as changed: the next [`Watch::take_changes`] returns every record
+    /// and grant (to store the whole state, as into a fresh database).
+    pub fn mark_all_changed(&mut self) {
+        self.dirty_nodes = self.known_nodes();
+        self.dirty_grants = self.idle.iter().flat_map(IdleWatch::leases).collect();
+    }
+
+    /// Every node it knows anything of.
+    fn known_nodes(&self) -> BTreeSet<String> {
+        let mut all: BTreeSet<String> = self.nodes.iter().cloned().collect();
+        all.extend(self.runs.keys().cloned());
+        all.extend(self.held.keys().cloned());
+        all.extend(self.gpus_out.keys().cloned());
+        all.extend(self.engine.node_names());
+        all
+    }
+
+    /// What it knows of `node`, as stored.
+    fn record(&self, node: &str) -> NodeRecord {
+        NodeRecord {
+            registered: self.nodes.contains(node),
+            runs: self.runs.get(node).cloned().unwrap_or_default(),
+            held: self.held.get(node).cloned().unwrap_or_default(),
+            gpus_out: self.gpus_out.get(node).cloned().unwrap_or_default(),
+            health: self.engine.node(node).cloned().unwrap_or_default(),
         }
     }
 
-    /// What it knows, to store.
-    pub fn state(&self) -> State {
-        State {
-            engine: self.engine.snapshot(),
+    fn pool(&self) -> Pool {
+        Pool {
+            rules: self.engine.rule_names(),
             breaker: self.breaker.clone(),
-            nodes: self.nodes.clone(),
-            runs: self.runs.clone(),
-            held: self.held.clone(),
-            gpus_out: self.gpus_out.clone(),
-            idle: self.idle.clone(),
+        }
+    }
+
+    /// Everything it knows, as stored.
+    pub fn stored(&self) -> Stored {
+        Stored {
+            pool: self.pool(),
+            nodes: self
+                .known_nodes()
+                .into_iter()
+                .map(|n| {
+                    let record = self.record(&n);
+                    (n, record)
+                })
+                .filter(|(_, r)| !r.is_empty())
+                .collect(),
+            grants: self
+                .idle
+                .iter()
+                .flat_map(|idle| idle.leases().filter_map(|l| Some((l, idle.grant(l)?))))
+                .collect(),
+        }
+    }
+
+    /// What changed since the last call (the first call after [`Watch::restore_whole`]:
+    /// everything), forgotten as it is returned: the caller stores it.
+    pub fn take_changes(&mut self) -> Changes {
+        let mut nodes = std::mem::take(&mut self.dirty_nodes);
+        nodes.extend(self.engine.take_touched());
+        let grants = std::mem::take(&mut self.dirty_grants);
+        Changes {
+            pool: self.pool(),
+            nodes: nodes
+                .into_iter()
+                .map(|n| {
+                    let record = self.record(&n);
+                    (n, (!record.is_empty()).then_some(record))
+                })
+                .collect(),
+            grants: grants
+                .into_iter()
+                .map(|l| (l, self.idle.as_ref().and_then(|idle| idle.grant(l))))
+                .collect(),
         }
     }
 
@@ -145,6 +325,7 @@ impl Watch {
     pub fn registered(&mut self, node: &str) {
         if self.nodes.insert(node.to_owned()) {
             self.breaker.resize(self.policy.share, self.nodes.len());
+            self.dirty_nodes.insert(node.to_owned());
         }
     }
 
@@ -161,32 +342,58 @@ impl Watch {
 
     /// A node's GPU samples, stored by the bus at `at`.
     pub fn sampled(&mut self, sampled: &GpusSampled, at: Millis) -> Vec<ActionTaken> {
-        let runs: Vec<(u32, Affected)> = sampled
-            .held
-            .iter()
-            .map(|h| {
-                (
-                    h.index,
-                    Affected {
-                        lease: h.lease,
-                        workload: h.workload.clone(),
-                        task: h.task.clone(),
-                        team: h.team.clone(),
-                    },
-                )
-            })
-            .collect();
-        let before = self.runs.insert(sampled.node.clone(), runs);
-        let mut out = self.idle_reclaim(sampled, before.unwrap_or_default(), at);
+        let before = self.runs.get(&sampled.node).map_or(&[][..], Vec::as_slice);
+        let same = before.len() == sampled.held.len()
+            && before.iter().zip(&sampled.held).all(|((gpu, run), h)| {
+                *gpu == h.index
+                    && run.lease == h.lease
+                    && run.workload == h.workload
+                    && run.task == h.task
+                    && run.team == h.team
+            });
+        // The leases its last samples showed and these do not: ended or moved.
+        let mut gone = Vec::new();
+        if !same {
+            gone = before
+                .iter()
+                .filter(|(_, run)| !sampled.held.iter().any(|h| h.lease == run.lease))
+                .map(|(_, run)| run.lease.0)
+                .collect();
+            let runs: Vec<(u32, Affected)> = sampled
+                .held
+                .iter()
+                .map(|h| {
+                    (
+                        h.index,
+                        Affected {
+                            lease: h.lease,
+                            workload: h.workload.clone(),
+                            task: h.task.clone(),
+                            team: h.team.clone(),
+                        },
+                    )
+                })
+                .collect();
+            if runs.is_empty() {
+                self.runs.remove(&sampled.node);
+            } else {
+                self.runs.insert(sampled.node.clone(), runs);
+            }
+            self.dirty_nodes.insert(sampled.node.clone());
+        }
+        let mut out = self.idle_reclaim(sampled, gone, at);
         let mut verdicts = Vec::new();
+        let mut reading = Reading {
+            node: sampled.node.clone(),
+            gpu: None,
+            at,
+            signal: Signal::Heartbeat,
+        };
         for sample in &sampled.samples {
+            reading.gpu = Some(sample.index);
             for signal in signals(sample) {
-                verdicts.extend(self.engine.observe(&Reading {
-                    node: sampled.node.clone(),
-                    gpu: Some(sample.index),
-                    at,
-                    signal,
-                }));
+                reading.signal = signal;
+                verdicts.extend(self.engine.observe(&reading));
             }
         }
         out.extend(self.act(verdicts));
@@ -194,11 +401,11 @@ impl Watch {
     }
 
     /// Idle reclaim over one node's samples: each run's mean utilization over its GPUs here;
-    /// `before` were the runs its previous samples showed (those gone are forgotten).
+    /// `gone` are the leases its previous samples showed and these do not (forgotten).
     fn idle_reclaim(
         &mut self,
         sampled: &GpusSampled,
-        before: Vec<(u32, Affected)>,
+        gone: Vec<u64>,
         at: Millis,
     ) -> Vec<ActionTaken> {
         let Some(idle) = &mut self.idle else {
@@ -227,18 +434,24 @@ impl Watch {
             run.0 += f64::from(util) / 100.0;
             run.1 += 1;
         }
-        for (_, gone) in before {
-            if !sampled.held.iter().any(|h| h.lease == gone.lease) {
-                idle.released(gone.lease.0);
+        for lease in gone {
+            if idle.watches(lease) {
+                idle.released(lease);
+                self.dirty_grants.insert(lease);
             }
         }
         let mut out = Vec::new();
         for (lease, (sum, n, opted_out, run)) in runs {
-            if !idle.watches(lease) {
+            let before = idle.grant(lease);
+            if before.is_none() {
                 idle.granted(lease, at, opted_out);
             }
             let mean = sum / f64::from(n);
-            let Some(decided) = idle.observe(lease, mean, at) else {
+            let decided = idle.observe(lease, mean, at);
+            if idle.grant(lease) != before {
+                self.dirty_grants.insert(lease);
+            }
+            let Some(decided) = decided else {
                 continue;
             };
             let (action, r, what) = match decided {
@@ -308,6 +521,12 @@ impl Watch {
     }
 
     fn act_on(&mut self, v: &Verdict, out: &mut Vec<ActionTaken>) {
+        // What remediation holds there may change. Every verdict comes from a change the
+        // engine already counts as touching the node; marked here too so that what is stored
+        // does not rest on that (the breaker is the pool's, stored always).
+        if !self.dirty_nodes.contains(&v.node) {
+            self.dirty_nodes.insert(v.node.clone());
+        }
         let node = v.node.clone();
         match (v.change, v.action) {
             (Change::Fire, RuleAction::Alert) => out.push(self.action(v, Action::Alert, None)),

@@ -96,19 +96,81 @@ struct XidHold {
     last_code: u64,
 }
 
+/// What the rules know of one node: its last heartbeat, each rule's state on it and on each of
+/// its GPUs, and what an operator or an XID holds there. Healthy GPUs and rules have no entry,
+/// so a node the rules are quiet about holds its heartbeat and nothing else. Kept per node so
+/// that remediation can store what a batch changed, node by node ([`Engine::take_touched`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeHealth {
+    /// Its last heartbeat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    heartbeat: Option<Millis>,
+    /// (rule, GPU or `None` for the node) → state: breaching or firing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    rules: Vec<(usize, Option<u32>, State)>,
+    /// Rules escalated from its GPUs to the node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    escalated: Vec<usize>,
+    /// An operator cordoned it: remediation leaves it alone.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    operator: bool,
+    /// Its GPUs (or itself, `None`) out of service because of an XID, by GPU.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    xid_held: Vec<(Option<u32>, XidHold)>,
+}
+
+impl NodeHealth {
+    /// Whether it holds nothing (a node never seen).
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+
+    fn rule(&self, idx: usize, gpu: Option<u32>) -> Option<State> {
+        self.rules
+            .iter()
+            .find(|(i, g, _)| *i == idx && *g == gpu)
+            .map(|(_, _, s)| *s)
+    }
+
+    /// Sets (or, with `None`, removes) a rule's state; whether anything changed.
+    fn set_rule(&mut self, idx: usize, gpu: Option<u32>, state: Option<State>) -> bool {
+        let at = self
+            .rules
+            .iter()
+            .position(|(i, g, _)| *i == idx && *g == gpu);
+        match (at, state) {
+            (Some(at), Some(s)) if self.rules[at].2 == s => false,
+            (Some(at), Some(s)) => {
+                self.rules[at].2 = s;
+                true
+            }
+            (Some(at), None) => {
+                self.rules.remove(at);
+                true
+            }
+            (None, Some(s)) => {
+                self.rules.push((idx, gpu, s));
+                true
+            }
+            (None, None) => false,
+        }
+    }
+
+    fn xid_hold(&self, gpu: Option<u32>) -> Option<&XidHold> {
+        self.xid_held
+            .iter()
+            .find(|(g, _)| *g == gpu)
+            .map(|(_, h)| h)
+    }
+}
+
 /// The rules' state over every node and GPU seen.
 #[derive(Debug, Clone)]
 pub struct Engine {
     rules: RuleSet,
-    state: BTreeMap<Key, State>,
-    /// Per node, its last heartbeat.
-    heartbeats: BTreeMap<String, Millis>,
-    /// (rule, node) escalated from GPUs to the node.
-    escalated: BTreeSet<(usize, String)>,
-    /// Nodes an operator cordoned: remediation leaves them alone.
-    operator: BTreeSet<String>,
-    /// GPUs and nodes out of service because of an XID.
-    xid_held: BTreeMap<XidKey, XidHold>,
+    nodes: BTreeMap<String, NodeHealth>,
+    /// Nodes whose [`NodeHealth`] changed since [`Engine::take_touched`] last asked.
+    touched: BTreeSet<String>,
 }
 
 /// What an [`Engine`] has seen, to be stored and restored (its rules are configuration, not
@@ -125,40 +187,88 @@ pub struct Snapshot {
 }
 
 impl Engine {
-    /// What it has seen, to store.
+    /// What it has seen, to store whole (remediation stores it node by node instead:
+    /// [`Engine::rule_names`], [`Engine::node`]).
     pub fn snapshot(&self) -> Snapshot {
-        Snapshot {
-            rules: self.rules.rules.iter().map(|r| r.name.clone()).collect(),
-            state: self.state.iter().map(|(k, v)| (k.clone(), *v)).collect(),
-            heartbeats: self
-                .heartbeats
-                .iter()
-                .map(|(k, v)| (k.clone(), *v))
-                .collect(),
-            escalated: self.escalated.iter().cloned().collect(),
-            operator: self.operator.iter().cloned().collect(),
-            xid_held: self.xid_held.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+        let mut snapshot = Snapshot {
+            rules: self.rule_names(),
+            state: Vec::new(),
+            heartbeats: Vec::new(),
+            escalated: Vec::new(),
+            operator: Vec::new(),
+            xid_held: Vec::new(),
+        };
+        for (node, health) in &self.nodes {
+            let mut rules = health.rules.clone();
+            rules.sort_by_key(|(i, g, _)| (*i, *g));
+            snapshot
+                .state
+                .extend(rules.into_iter().map(|(i, g, s)| ((i, node.clone(), g), s)));
+            if let Some(at) = health.heartbeat {
+                snapshot.heartbeats.push((node.clone(), at));
+            }
+            snapshot
+                .escalated
+                .extend(health.escalated.iter().map(|i| (*i, node.clone())));
+            if health.operator {
+                snapshot.operator.push(node.clone());
+            }
+            snapshot.xid_held.extend(
+                health
+                    .xid_held
+                    .iter()
+                    .map(|(g, h)| ((node.clone(), *g), *h)),
+            );
         }
+        snapshot.state.sort_by(|a, b| a.0.cmp(&b.0));
+        snapshot.escalated.sort();
+        snapshot
     }
 
     /// An engine under `rules` that has seen what `snapshot` says. Rule states are kept only
     /// if the rules are the same ones, in the same order; otherwise they start over (the
     /// heartbeats, operators' cordons and XID holds are kept either way).
     pub fn restore(rules: RuleSet, snapshot: Snapshot) -> Self {
-        let same = snapshot.rules.len() == rules.rules.len()
-            && snapshot
-                .rules
-                .iter()
-                .zip(&rules.rules)
-                .all(|(a, b)| *a == b.name);
-        let mut engine = Self::new(rules);
-        if same {
-            engine.state = snapshot.state.into_iter().collect();
-            engine.escalated = snapshot.escalated.into_iter().collect();
+        let mut nodes: BTreeMap<String, NodeHealth> = BTreeMap::new();
+        for ((idx, node, gpu), state) in snapshot.state {
+            nodes.entry(node).or_default().rules.push((idx, gpu, state));
         }
-        engine.heartbeats = snapshot.heartbeats.into_iter().collect();
-        engine.operator = snapshot.operator.into_iter().collect();
-        engine.xid_held = snapshot.xid_held.into_iter().collect();
+        for (node, at) in snapshot.heartbeats {
+            nodes.entry(node).or_default().heartbeat = Some(at);
+        }
+        for (idx, node) in snapshot.escalated {
+            nodes.entry(node).or_default().escalated.push(idx);
+        }
+        for node in snapshot.operator {
+            nodes.entry(node).or_default().operator = true;
+        }
+        for ((node, gpu), hold) in snapshot.xid_held {
+            nodes.entry(node).or_default().xid_held.push((gpu, hold));
+        }
+        Self::restore_nodes(rules, &snapshot.rules, nodes)
+    }
+
+    /// An engine under `rules` that has seen what `nodes` say, their rule indices referring
+    /// to `names` (the [`Engine::rule_names`] they were stored under). As with
+    /// [`Engine::restore`], rule states are kept only if the rules are the same ones.
+    pub fn restore_nodes(
+        rules: RuleSet,
+        names: &[String],
+        nodes: impl IntoIterator<Item = (String, NodeHealth)>,
+    ) -> Self {
+        let same = names.len() == rules.rules.len()
+            && names.iter().zip(&rules.rules).all(|(a, b)| *a == b.name);
+        let mut engine = Self::new(rules);
+        for (node, mut health) in nodes {
+            if !same {
+                health.rules.clear();
+                health.escalated.clear();
+            }
+            health.xid_held.sort_by_key(|(g, _)| *g);
+            if !health.is_empty() {
+                engine.nodes.insert(node, health);
+            }
+        }
         engine
     }
 
@@ -166,21 +276,73 @@ impl Engine {
     pub fn new(rules: RuleSet) -> Self {
         Self {
             rules,
-            state: BTreeMap::new(),
-            heartbeats: BTreeMap::new(),
-            escalated: BTreeSet::new(),
-            operator: BTreeSet::new(),
-            xid_held: BTreeMap::new(),
+            nodes: BTreeMap::new(),
+            touched: BTreeSet::new(),
         }
+    }
+
+    /// The names of its rules, in order: what the rule indices of a [`NodeHealth`] refer to.
+    pub fn rule_names(&self) -> Vec<String> {
+        self.rules.rules.iter().map(|r| r.name.clone()).collect()
+    }
+
+    /// The nodes it knows anything of, in order.
+    pub fn node_names(&self) -> impl Iterator<Item = String> + '_ {
+        self.nodes.keys().cloned()
+    }
+
+    /// What it knows of `node` (`None`: nothing, not even a heartbeat).
+    pub fn node(&self, node: &str) -> Option<&NodeHealth> {
+        self.nodes.get(node)
+    }
+
+    /// The nodes whose [`NodeHealth`] changed since the last call, forgotten as they are
+    /// returned.
+    pub fn take_touched(&mut self) -> BTreeSet<String> {
+        std::mem::take(&mut self.touched)
+    }
+
+    /// `node`'s health, to change: it counts as touched.
+    fn node_mut(&mut self, node: &str) -> &mut NodeHealth {
+        if !self.touched.contains(node) {
+            self.touched.insert(node.to_owned());
+        }
+        if !self.nodes.contains_key(node) {
+            self.nodes.insert(node.to_owned(), NodeHealth::default());
+        }
+        self.nodes.get_mut(node).expect("inserted above")
+    }
+
+    /// Drops `node`'s entry if nothing is left in it.
+    fn tidy(&mut self, node: &str) {
+        if self.nodes.get(node).is_some_and(NodeHealth::is_empty) {
+            self.nodes.remove(node);
+        }
+    }
+
+    fn operator(&self, node: &str) -> bool {
+        self.nodes.get(node).is_some_and(|h| h.operator)
+    }
+
+    fn rule_state(&self, idx: usize, node: &str, gpu: Option<u32>) -> Option<State> {
+        self.nodes.get(node).and_then(|h| h.rule(idx, gpu))
+    }
+
+    /// Sets (or removes) a rule's state on `node`, touching the node only if it changed.
+    fn set_rule(&mut self, idx: usize, node: &str, gpu: Option<u32>, state: Option<State>) {
+        if self.rule_state(idx, node, gpu) == state {
+            return;
+        }
+        self.node_mut(node).set_rule(idx, gpu, state);
+        self.tidy(node);
     }
 
     /// An operator cordoned (`true`) or uncordoned `node`: while cordoned, remediation takes
     /// no action of its own there (its verdicts become alerts) and returns nothing to service.
     pub fn operator_cordon(&mut self, node: &str, cordoned: bool) {
-        if cordoned {
-            self.operator.insert(node.to_owned());
-        } else {
-            self.operator.remove(node);
+        if self.operator(node) != cordoned {
+            self.node_mut(node).operator = cordoned;
+            self.tidy(node);
         }
     }
 
@@ -193,8 +355,11 @@ impl Engine {
             return out;
         }
         if r.signal == Signal::Heartbeat {
-            self.heartbeats.insert(r.node.clone(), r.at);
+            self.node_mut(&r.node).heartbeat = Some(r.at);
         }
+        // A node no rule holds any state of, the common case: a healthy reading changes
+        // nothing there, so it is not stepped through each rule.
+        let mut quiet = self.quiet(&r.node);
         for idx in 0..self.rules.rules.len() {
             let rule = &self.rules.rules[idx];
             let (breach, value) = if rule.kind == RuleKind::HeartbeatLost {
@@ -208,14 +373,26 @@ impl Engine {
                 };
                 (rule.kind.breaches(value, rule.threshold), value)
             };
+            if quiet && !breach {
+                continue;
+            }
             let gpu = if rule.kind == RuleKind::HeartbeatLost {
                 None
             } else {
                 r.gpu
             };
             self.step(idx, &r.node, gpu, breach, value, r.at, &mut out);
+            quiet = self.quiet(&r.node);
         }
         out
+    }
+
+    /// Whether no rule holds any state of `node` (a healthy reading there steps nothing: no
+    /// state to move, nothing escalated to clear).
+    fn quiet(&self, node: &str) -> bool {
+        self.nodes
+            .get(node)
+            .is_none_or(|h| h.rules.is_empty() && h.escalated.is_empty())
     }
 
     /// Lets time pass to `now` with no reading: nodes silent for a heartbeat rule's hold-down
@@ -223,38 +400,32 @@ impl Engine {
     pub fn tick(&mut self, now: Millis) -> Vec<Verdict> {
         let mut out = Vec::new();
         self.xid_return(now, None, &mut out);
-        let silent: Vec<(String, Millis)> = self
-            .heartbeats
-            .iter()
-            .map(|(n, at)| (n.clone(), now.saturating_sub(*at)))
-            .collect();
         for idx in 0..self.rules.rules.len() {
             let rule = &self.rules.rules[idx];
             if rule.kind != RuleKind::HeartbeatLost {
                 continue;
             }
             let hold = rule.hold_down;
-            for (node, silence) in &silent {
-                if *silence < hold {
-                    continue;
-                }
-                let key = (idx, node.clone(), None);
-                if let Some(State::Firing { .. }) = self.state.get(&key) {
+            let silent: Vec<(String, Millis)> = self
+                .nodes
+                .iter()
+                .filter_map(|(n, h)| Some((n, now.saturating_sub(h.heartbeat?))))
+                .filter(|(_, silence)| *silence >= hold)
+                .map(|(n, silence)| (n.clone(), silence))
+                .collect();
+            for (node, silence) in silent {
+                if let Some(State::Firing { .. }) = self.rule_state(idx, &node, None) {
                     // Silent again while recovering: the healthy spell starts over.
-                    self.state.insert(
-                        key,
-                        State::Firing {
-                            healthy_since: None,
-                        },
-                    );
+                    let firing = State::Firing {
+                        healthy_since: None,
+                    };
+                    self.set_rule(idx, &node, None, Some(firing));
                 } else {
-                    self.state.insert(
-                        key,
-                        State::Breaching {
-                            since: now - silence,
-                        },
-                    );
-                    self.step(idx, node, None, true, *silence as f64, now, &mut out);
+                    let breaching = State::Breaching {
+                        since: now - silence,
+                    };
+                    self.set_rule(idx, &node, None, Some(breaching));
+                    self.step(idx, &node, None, true, silence as f64, now, &mut out);
                 }
             }
         }
@@ -265,9 +436,17 @@ impl Engine {
     /// XID is not taken again; the new XID restarts its healthy spell.
     fn xid(&mut self, r: &Reading, code: u64, out: &mut Vec<Verdict>) {
         for gpu in [r.gpu, None] {
-            if let Some(hold) = self.xid_held.get_mut(&(r.node.clone(), gpu)) {
-                hold.last_at = r.at;
-                hold.last_code = code;
+            if self
+                .nodes
+                .get(&r.node)
+                .and_then(|h| h.xid_hold(gpu))
+                .is_some()
+            {
+                let health = self.node_mut(&r.node);
+                if let Some((_, hold)) = health.xid_held.iter_mut().find(|(g, _)| *g == gpu) {
+                    hold.last_at = r.at;
+                    hold.last_code = code;
+                }
             }
         }
         let remedy = xid::remedy(code);
@@ -306,21 +485,25 @@ impl Engine {
             out.push(v);
             return;
         }
-        let key = (v.node.clone(), v.gpu);
-        if self.xid_held.contains_key(&key) {
+        if self
+            .nodes
+            .get(&v.node)
+            .and_then(|h| h.xid_hold(v.gpu))
+            .is_some()
+        {
             return;
         }
         self.hold_back(&mut v);
         // Held back by an operator's cordon: nothing was taken, so nothing is to come back.
         if v.action != Action::Alert {
-            self.xid_held.insert(
-                key,
-                XidHold {
-                    action: v.action,
-                    last_at: r.at,
-                    last_code: code,
-                },
-            );
+            let hold = XidHold {
+                action: v.action,
+                last_at: r.at,
+                last_code: code,
+            };
+            let held = &mut self.node_mut(&v.node).xid_held;
+            held.push((v.gpu, hold));
+            held.sort_by_key(|(g, _)| *g);
         }
         out.push(v);
     }
@@ -329,18 +512,27 @@ impl Engine {
     /// XID (only on `node`, if given) — but nothing on a node an operator holds.
     fn xid_return(&mut self, now: Millis, node: Option<&str>, out: &mut Vec<Verdict>) {
         let clear = self.rules.xid.clear_after;
-        let due: Vec<(XidKey, XidHold)> = self
-            .xid_held
-            .iter()
-            .filter(|((n, _), hold)| {
-                node.is_none_or(|want| want == n)
-                    && now.saturating_sub(hold.last_at) >= clear
-                    && !self.operator.contains(n)
-            })
-            .map(|(k, h)| (k.clone(), *h))
-            .collect();
+        let due = |n: &String, h: &NodeHealth| -> Vec<(XidKey, XidHold)> {
+            if h.operator {
+                return Vec::new();
+            }
+            h.xid_held
+                .iter()
+                .filter(|(_, hold)| now.saturating_sub(hold.last_at) >= clear)
+                .map(|(g, hold)| ((n.clone(), *g), *hold))
+                .collect()
+        };
+        let due: Vec<(XidKey, XidHold)> = match node {
+            Some(node) => self
+                .nodes
+                .get_key_value(node)
+                .map(|(n, h)| due(n, h))
+                .unwrap_or_default(),
+            None => self.nodes.iter().flat_map(|(n, h)| due(n, h)).collect(),
+        };
         for ((node, gpu), hold) in due {
-            self.xid_held.remove(&(node.clone(), gpu));
+            self.node_mut(&node).xid_held.retain(|(g, _)| *g != gpu);
+            self.tidy(&node);
             out.push(Verdict {
                 rule: XID_RULE.to_owned(),
                 node,
@@ -370,9 +562,8 @@ impl Engine {
         out: &mut Vec<Verdict>,
     ) {
         let rule = &self.rules.rules[idx];
-        let key = (idx, node.to_owned(), gpu);
         let (hold, clear) = (rule.hold_down, rule.clear_after);
-        let next = match (self.state.get(&key).copied(), breach) {
+        let next = match (self.rule_state(idx, node, gpu), breach) {
             (None, false) => None,
             (None, true) if hold == 0 => {
                 out.push(self.verdict(idx, node, gpu, Change::Fire, value, at, at));
@@ -395,7 +586,7 @@ impl Engine {
             }),
             (Some(State::Firing { healthy_since }), false) => {
                 let since = healthy_since.unwrap_or(at);
-                if at.saturating_sub(since) >= clear && !self.operator.contains(node) {
+                if at.saturating_sub(since) >= clear && !self.operator(node) {
                     out.push(self.verdict(idx, node, gpu, Change::Clear, value, since, at));
                     None
                 } else {
@@ -405,10 +596,7 @@ impl Engine {
                 }
             }
         };
-        match next {
-            Some(s) => self.state.insert(key, s),
-            None => self.state.remove(&key),
-        };
+        self.set_rule(idx, node, gpu, next);
         if gpu.is_some() {
             self.escalate(idx, node, value, at, out);
         }
@@ -419,23 +607,28 @@ impl Engine {
         let Some(needed) = self.rules.rules[idx].node_when_gpus else {
             return;
         };
-        let firing = self
-            .state
-            .iter()
-            .filter(|((i, n, g), s)| {
-                *i == idx && n == node && g.is_some() && matches!(s, State::Firing { .. })
-            })
-            .count() as u32;
-        let key = (idx, node.to_owned());
-        let escalated = self.escalated.contains(&key);
+        let (firing, escalated, operator) = match self.nodes.get(node) {
+            Some(h) => (
+                h.rules
+                    .iter()
+                    .filter(|(i, g, s)| {
+                        *i == idx && g.is_some() && matches!(s, State::Firing { .. })
+                    })
+                    .count() as u32,
+                h.escalated.contains(&idx),
+                h.operator,
+            ),
+            None => (0, false, false),
+        };
         if firing >= needed && !escalated {
-            self.escalated.insert(key);
+            self.node_mut(node).escalated.push(idx);
             let mut v = self.verdict(idx, node, None, Change::Fire, value, at, at);
             v.action = self.rules.rules[idx].node_action;
             self.hold_back(&mut v);
             out.push(v);
-        } else if firing < needed && escalated && !self.operator.contains(node) {
-            self.escalated.remove(&key);
+        } else if firing < needed && escalated && !operator {
+            self.node_mut(node).escalated.retain(|i| *i != idx);
+            self.tidy(node);
             let mut v = self.verdict(idx, node, None, Change::Clear, value, at, at);
             v.action = self.rules.rules[idx].node_action;
             out.push(v);
@@ -477,7 +670,7 @@ impl Engine {
     /// An operator's cordon is theirs: on such a node, remediation only alerts (and asks no
     /// actuator for anything).
     fn hold_back(&self, v: &mut Verdict) {
-        if v.action != Action::Alert && self.operator.contains(&v.node) {
+        if v.action != Action::Alert && self.operator(&v.node) {
             let request = v
                 .request
                 .take()

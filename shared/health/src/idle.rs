@@ -33,7 +33,7 @@ impl Default for IdlePolicy {
 
 /// A grant as idle reclaim sees it.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-struct Grant {
+pub struct Grant {
     started: Millis,
     opted_out: bool,
     /// Since when every reading has been idle (`None`: the last one was busy).
@@ -147,5 +147,20 @@ impl IdleWatch {
     /// Takes over the grants `other` watched (a restart under a new policy).
     pub fn adopt(&mut self, other: IdleWatch) {
         self.grants = other.grants;
+    }
+
+    /// What it knows of lease `lease`'s grant, to store (`None`: not watched).
+    pub fn grant(&self, lease: u64) -> Option<Grant> {
+        self.grants.get(&lease).copied()
+    }
+
+    /// Takes over a stored grant (a restart).
+    pub fn restore_grant(&mut self, lease: u64, grant: Grant) {
+        self.grants.insert(lease, grant);
+    }
+
+    /// The leases it watches, in order.
+    pub fn leases(&self) -> impl Iterator<Item = u64> + '_ {
+        self.grants.keys().copied()
     }
 }

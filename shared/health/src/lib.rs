@@ -28,8 +28,8 @@ pub mod rules;
 pub mod xid;
 
 pub use breaker::Breaker;
-pub use engine::{Audience, Change, Engine, Request, Snapshot, Verdict};
-pub use idle::{Idle, IdlePolicy, IdleWatch, Reclaim};
+pub use engine::{Audience, Change, Engine, NodeHealth, Request, Snapshot, Verdict};
+pub use idle::{Grant, Idle, IdlePolicy, IdleWatch, Reclaim};
 pub use rules::{Action, Rule, RuleKind, RuleSet, XidPolicy};
 pub use xid::{Remedy, XidClass};
 

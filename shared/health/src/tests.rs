@@ -491,3 +491,49 @@ fn the_idle_section_sets_the_policy_and_reports_every_problem() {
         "{problems:#?}"
     );
 }
+
+#[test]
+fn only_nodes_whose_health_changed_are_touched_and_a_node_stored_alone_restores_exactly() {
+    let mut e = Engine::new(RuleSet::default());
+    run(
+        &mut e,
+        &[beat("n1", 0), beat("n2", 0), temp("n1", 0, 0, 89.0)],
+    );
+    assert_eq!(
+        e.take_touched().into_iter().collect::<Vec<_>>(),
+        ["n1", "n2"],
+        "a heartbeat and a breach each change a node"
+    );
+    // Cool readings on a node the rules are quiet about change nothing of it.
+    run(&mut e, &[temp("n2", 0, S, 60.0), temp("n2", 1, S, 61.0)]);
+    assert!(e.take_touched().is_empty());
+    // The breach goes on, unchanged: n1 is not touched either; silence past the hold-down is.
+    run(&mut e, &[temp("n1", 0, 2 * S, 89.0)]);
+    assert!(e.take_touched().is_empty());
+    assert!(e.tick(31 * S).len() == 2, "both nodes went silent");
+    assert_eq!(e.take_touched().len(), 2);
+
+    // Stored node by node, restored: the same verdicts from then on.
+    let names = e.rule_names();
+    let nodes = ["n1", "n2"].map(|n| (n.to_owned(), e.node(n).unwrap().clone()));
+    let mut restored = Engine::restore_nodes(RuleSet::default(), &names, nodes);
+    assert_eq!(restored.snapshot(), e.snapshot());
+    let next = [temp("n1", 0, 32 * S, 89.0), beat("n2", 33 * S)];
+    assert_eq!(
+        brief(&run(&mut restored, &next)),
+        brief(&run(&mut e, &next))
+    );
+    // Under other rules, only what does not depend on them is kept.
+    let other = RuleSet::parse(
+        "rules:\n  - {name: hot, signal: thermal-margin, threshold: 3, for: 5s, action: alert}\n",
+    )
+    .unwrap();
+    let n1 = e.node("n1").unwrap().clone();
+    let mut moved = Engine::restore_nodes(other, &names, [("n1".to_owned(), n1)]);
+    assert!(moved.node("n1").is_some(), "its heartbeat is kept");
+    assert!(
+        moved.observe(&temp("n1", 0, 40 * S, 89.0)).is_empty(),
+        "the breach since 0 s was not kept under rules that are gone"
+    );
+    assert_eq!(moved.observe(&temp("n1", 0, 45 * S, 89.0)).len(), 1);
+}

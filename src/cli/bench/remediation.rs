@@ -47,6 +47,7 @@ use allot_events::node::{GpuInfo, GpuSourceKind, HeartbeatSent, NodeRegistered};
 use allot_events::remediation::Action;
 use allot_events::telemetry::{GpuSample, GpusSampled};
 use allot_events::{AnyEvent, Envelope, NodeEvent, RemediationEvent, subject};
+use allot_remediation::store::Loaded;
 use allot_remediation::{BreakerPolicy, Watch};
 
 use super::super::local;
@@ -297,9 +298,12 @@ struct Sample {
 /// state: the same steps `Core::commit` and its callers take per batch.
 #[derive(Debug, Clone, Serialize)]
 struct CommitCost {
+    /// The whole state as stored (the pool's row and every node's and grant's), JSON bytes.
     state_json_bytes: usize,
-    clone_ms: f64,
-    snapshot_ms: f64,
+    /// What the batch changed, JSON bytes (what a commit writes).
+    changed_json_bytes: usize,
+    /// Collecting the records the batch changed (`Watch::take_changes`).
+    changes_ms: f64,
     json_ms: f64,
     sqlite_ms: f64,
     wal_bytes_per_commit: f64,
@@ -436,11 +440,11 @@ fn print(args: &RemediationArgs, r: &Report) {
     );
     if let Some(c) = &r.commit {
         println!(
-            "| one commit at the final state ({} B of JSON): clone / snapshot / JSON / SQLite | \
-             {:.3} / {:.3} / {:.3} / {:.3} ms ({:.0} B to the WAL) |",
+            "| one commit at the final state ({} B of JSON stored, {} B changed): changes / \
+             JSON / SQLite | {:.3} / {:.3} / {:.3} ms ({:.0} B to the WAL) |",
             c.state_json_bytes,
-            c.clone_ms,
-            c.snapshot_ms,
+            c.changed_json_bytes,
+            c.changes_ms,
             c.json_ms,
             c.sqlite_ms,
             c.wal_bytes_per_commit
@@ -1176,9 +1180,9 @@ impl Batches {
 }
 
 /// What one of the service's commits costs at the state it stored last, replayed the way
-/// `Feed::handle` and `Core::commit` do it — clone the rules' state, weigh the batch (here one
-/// heartbeat and one cool sample, not timed), snapshot it (`Watch::state`), JSON, and the
-/// SQLite transaction — on a scratch database opened as the service opens its own.
+/// `Feed::handle` and `Core::commit` do it — weigh the batch (here one heartbeat and one cool
+/// sample, not timed), collect what it changed (`Watch::take_changes`), JSON, and the SQLite
+/// transaction — on a scratch database opened as the service opens its own.
 fn commit_cost(
     db: &Path,
     scratch: &Path,
@@ -1187,13 +1191,19 @@ fn commit_cost(
 ) -> anyhow::Result<CommitCost> {
     const ROUNDS: u32 = 200;
     let conn = allot_store::rusqlite::Connection::open(db)?;
-    let state = allot_remediation::store::load(&conn)?.context("no state was stored")?;
-    let state_json_bytes = serde_json::to_string(&state)?.len();
-    let mut watch = Watch::restore(
-        allot_health::RuleSet::default(),
-        BreakerPolicy::default(),
-        state,
-    );
+    let mut watch = match allot_remediation::store::load(&conn)?.context("no state was stored")? {
+        Loaded::Rows(stored) => Watch::restore(
+            allot_health::RuleSet::default(),
+            BreakerPolicy::default(),
+            stored,
+        ),
+        Loaded::Whole(state) => Watch::restore_whole(
+            allot_health::RuleSet::default(),
+            BreakerPolicy::default(),
+            *state,
+        ),
+    };
+    let state_json_bytes = serde_json::to_string(&watch.stored())?.len();
     let mut probe = allot_store::open(
         &scratch.join("probe.db"),
         allot_remediation::store::MIGRATIONS,
@@ -1202,46 +1212,50 @@ fn commit_cost(
     probe.pragma_update(None, "wal_autocheckpoint", 0)?;
     let wal = || std::fs::metadata(scratch.join("probe.db-wal")).map_or(0, |m| m.len());
     let now = allot_remediation::watch::millis(chrono::Utc::now());
-    let mut spent = [Duration::ZERO; 4];
+    let mut spent = [Duration::ZERO; 3];
+    let mut changed_bytes = 0;
     let mut wal_before = 0;
-    // Round 0 writes the whole state into the fresh database, and is not counted.
+    let mut last_pool = None;
+    // Round 0 writes every node into the fresh database, and is not counted.
     for round in 0..=ROUNDS {
         let i = round as usize % names.len();
         let at = now + u64::from(round) * 5;
+        if round == 0 {
+            watch.mark_all_changed();
+            let tx = probe.transaction()?;
+            allot_remediation::store::save(&tx, &watch.take_changes(), &mut last_pool)?;
+            tx.commit()?;
+            wal_before = wal();
+            continue;
+        }
+        watch.heartbeat(&names[i], at);
+        watch.sampled(&sample(&names[i], i, gpus, u64::from(round), None), at);
         let started = Instant::now();
-        let mut next = watch.clone();
-        let cloned = started.elapsed();
-        next.heartbeat(&names[i], at);
-        next.sampled(&sample(&names[i], i, gpus, u64::from(round), None), at);
+        let changes = watch.take_changes();
+        let collected = started.elapsed();
         let started = Instant::now();
-        let snapshot = next.state();
-        let snapshotted = started.elapsed();
-        let started = Instant::now();
-        std::hint::black_box(serde_json::to_string(&snapshot)?);
+        for (_, record) in &changes.nodes {
+            changed_bytes += std::hint::black_box(serde_json::to_string(record)?).len();
+        }
         let encoded = started.elapsed();
         let started = Instant::now();
         let tx = probe
             .transaction_with_behavior(allot_store::rusqlite::TransactionBehavior::Immediate)?;
-        allot_remediation::store::save(&tx, &snapshot)?;
+        allot_remediation::store::save(&tx, &changes, &mut last_pool)?;
         tx.commit()?;
         // `save` makes the JSON again: take it out to leave the SQLite write alone.
         let stored = started.elapsed().saturating_sub(encoded);
-        watch = next;
-        if round == 0 {
-            wal_before = wal();
-            continue;
-        }
-        for (total, d) in spent.iter_mut().zip([cloned, snapshotted, encoded, stored]) {
+        for (total, d) in spent.iter_mut().zip([collected, encoded, stored]) {
             *total += d;
         }
     }
     let per = |d: Duration| d.as_secs_f64() * 1000.0 / f64::from(ROUNDS);
     Ok(CommitCost {
         state_json_bytes,
-        clone_ms: per(spent[0]),
-        snapshot_ms: per(spent[1]),
-        json_ms: per(spent[2]),
-        sqlite_ms: per(spent[3]),
+        changed_json_bytes: changed_bytes / ROUNDS as usize,
+        changes_ms: per(spent[0]),
+        json_ms: per(spent[1]),
+        sqlite_ms: per(spent[2]),
         wal_bytes_per_commit: wal().saturating_sub(wal_before) as f64 / f64::from(ROUNDS),
     })
 }

@@ -163,7 +163,7 @@ fn a_restored_watch_goes_on_where_the_stored_one_stopped() {
     // The breach began before the restart: the first reading after it, 5 s in, fires.
     let before = feed(&mut w, "n1", &[89, 88], 0, 0);
     assert!(before.is_empty());
-    let stored = serde_json::to_string(&w.state()).unwrap();
+    let stored = serde_json::to_string(&w.stored()).unwrap();
     let mut restored = Watch::restore(
         RuleSet::default(),
         BreakerPolicy::default(),
@@ -268,17 +268,23 @@ fn idle_sample(utils: [u8; 4], late: bool) -> GpusSampled {
     serde_json::from_value(json!({"node": "n1", "samples": samples, "held": held})).unwrap()
 }
 
-#[test]
-fn idle_reclaim_warns_then_frees_an_idle_grant_and_leaves_a_busy_an_opted_out_and_a_warming_one() {
-    let rules = RuleSet {
+/// The built-in rules with idle reclaim under 1% for `window`, after `warm_up`, told `notice`
+/// ahead.
+fn idle_rules(window: Millis, warm_up: Millis, notice: Millis) -> RuleSet {
+    RuleSet {
         idle: Some(allot_health::IdlePolicy {
             below: 0.01,
-            window: 30 * S,
-            warm_up: 10 * S,
-            notice: 10 * S,
+            window,
+            warm_up,
+            notice,
         }),
         ..RuleSet::default()
-    };
+    }
+}
+
+#[test]
+fn idle_reclaim_warns_then_frees_an_idle_grant_and_leaves_a_busy_an_opted_out_and_a_warming_one() {
+    let rules = idle_rules(30 * S, 10 * S, 10 * S);
     let mut w = Watch::new(rules, BreakerPolicy::default());
     w.registered("n1");
     let mut got = Vec::new();
@@ -293,5 +299,203 @@ fn idle_reclaim_warns_then_frees_an_idle_grant_and_leaves_a_busy_an_opted_out_an
         got,
         [(Action::Alert, 7, 20), (Action::IdleReclaim, 7, 30)],
         "told 10 s ahead, reclaimed after 30 idle seconds; only lease 7"
+    );
+}
+
+/// A database with remediation's tables, in memory.
+fn database() -> allot_store::rusqlite::Connection {
+    allot_store::open_in_memory(crate::store::MIGRATIONS).unwrap()
+}
+
+/// Stores what `w` changed, as the service's commit does.
+fn commit(conn: &allot_store::rusqlite::Connection, w: &mut Watch, last_pool: &mut Option<String>) {
+    let tx = conn.unchecked_transaction().unwrap();
+    crate::store::save(&tx, &w.take_changes(), last_pool).unwrap();
+    tx.commit().unwrap();
+}
+
+/// A breaker that lets every node be taken out.
+const ALL_NODES: BreakerPolicy = BreakerPolicy {
+    share: 1.0,
+    window: 60_000,
+};
+
+/// The watch `conn` holds, under `rules` (and [`ALL_NODES`], if `all`).
+fn reloaded(conn: &allot_store::rusqlite::Connection, rules: &RuleSet, all: bool) -> Watch {
+    let policy = if all {
+        ALL_NODES
+    } else {
+        BreakerPolicy::default()
+    };
+    match crate::store::load(conn).unwrap().unwrap() {
+        crate::store::Loaded::Rows(stored) => Watch::restore(rules.clone(), policy, stored),
+        crate::store::Loaded::Whole(_) => panic!("stored whole"),
+    }
+}
+
+fn as_json(w: &Watch) -> serde_json::Value {
+    serde_json::to_value(w.stored()).unwrap()
+}
+
+/// `node`'s GPUs at `temps` °C, GPU `gpu` held by `lease` (none: nothing held), at
+/// `util` % busy.
+fn node_sample(node: &str, temps: &[u32], lease: Option<u64>, util: u8) -> GpusSampled {
+    let mut s = sampled(node, 8, temps);
+    for g in &mut s.samples {
+        g.utilization_pct = Some(util);
+    }
+    match lease {
+        Some(lease) => s.held[0].lease = allot_sched::LeaseId(lease),
+        None => s.held.clear(),
+    }
+    s
+}
+
+#[test]
+fn what_each_commit_stores_row_by_row_restores_the_watch_exactly() {
+    // Every kind of change: registrations, heartbeats and their loss, a hot node drained and
+    // returned, XIDs taking a GPU and a node and giving them back, an operator's cordon,
+    // runs that change, idle grants noticed and reclaimed.
+    let rules = idle_rules(60 * S, 10 * S, 20 * S);
+    let mut w = Watch::new(rules.clone(), ALL_NODES);
+    let conn = database();
+    let mut last_pool = None;
+    let mut actions = Vec::new();
+    for n in ["n1", "n2", "n3", "n4"] {
+        w.registered(n);
+    }
+    w.operator("n4", true);
+    for t in (0..=900).step_by(5) {
+        let at = t * S;
+        if !(60..=300).contains(&t) {
+            for n in ["n1", "n2", "n3", "n4"] {
+                actions.extend(w.heartbeat(n, at));
+            }
+        } else {
+            // n3 falls silent from 60 s to 300 s.
+            for n in ["n1", "n2", "n4"] {
+                actions.extend(w.heartbeat(n, at));
+            }
+        }
+        let hot: &[u32] = if (20..60).contains(&t) {
+            &[89, 88]
+        } else {
+            &[]
+        };
+        actions.extend(w.sampled(&node_sample("n1", hot, Some(7), 90), at));
+        let mut n2 = node_sample("n2", &[], Some(if t < 400 { 8 } else { 9 }), 0);
+        if t == 100 {
+            n2.samples[2].xids = vec![95];
+        }
+        if t == 150 {
+            n2.samples[1].xids = vec![79];
+        }
+        actions.extend(w.sampled(&n2, at));
+        let n4 = node_sample("n4", &[89, 88], (t < 200).then_some(11), 50);
+        actions.extend(w.sampled(&n4, at));
+        actions.extend(w.tick(at + 1));
+        commit(&conn, &mut w, &mut last_pool);
+        assert_eq!(
+            as_json(&reloaded(&conn, &rules, true)),
+            as_json(&w),
+            "at {t} s"
+        );
+    }
+    let kinds: Vec<Action> = actions.iter().map(|a| a.action).collect();
+    for kind in [
+        Action::Drain,
+        Action::ReturnToService,
+        Action::GpuOutOfService,
+        Action::GpuReturnToService,
+        Action::ResetRequest,
+        Action::RebootRequest,
+        Action::Alert,
+        Action::IdleReclaim,
+    ] {
+        assert!(kinds.contains(&kind), "{kind:?} never happened: {kinds:?}");
+    }
+    // And the restored watch decides what the live one does.
+    let mut restored = reloaded(&conn, &rules, true);
+    let hot = node_sample("n1", &[89, 88], Some(7), 90);
+    for t in (905..=960).step_by(5) {
+        assert_eq!(
+            brief(&restored.sampled(&hot, t * S)),
+            brief(&w.sampled(&hot, t * S))
+        );
+    }
+}
+
+#[test]
+fn a_commit_stores_the_nodes_its_batch_changed_not_the_fleet() {
+    let mut w = watch(0);
+    let nodes: Vec<String> = (0..500).map(|i| format!("n{i}")).collect();
+    for n in &nodes {
+        w.registered(n);
+        w.heartbeat(n, 0);
+        w.sampled(&node_sample(n, &[], Some(7), 90), 0);
+    }
+    assert_eq!(w.take_changes().nodes.len(), 500);
+    // A second of healthy samples showing the same runs changes no node.
+    for n in &nodes {
+        assert!(w.sampled(&node_sample(n, &[], Some(7), 90), S).is_empty());
+    }
+    assert!(w.take_changes().is_empty());
+    // A heartbeat changes its node, a new run its node, a hot GPU its node.
+    w.heartbeat("n1", 2 * S);
+    w.sampled(&node_sample("n2", &[], Some(8), 90), 2 * S);
+    w.sampled(&node_sample("n3", &[89], Some(7), 90), 2 * S);
+    let changed: Vec<String> = w.take_changes().nodes.into_iter().map(|(n, _)| n).collect();
+    assert_eq!(changed, ["n1", "n2", "n3"]);
+}
+
+#[test]
+fn a_state_stored_whole_by_an_earlier_version_is_read_and_stored_again_node_by_node() {
+    // As versions before 2026-11-26 wrote it: n1's GPUs 0 and 1 over the overheat threshold
+    // since 0 s, both nodes beating, lease 7 on n1's GPU 0.
+    let whole = json!({
+        "engine": {
+            "rules": ["overheat", "power-over-limit", "memory-near-full", "ecc-uncorrectable",
+                      "row-remap-failure", "nvlink-errors", "heartbeat-lost"],
+            "state": [[[0, "n1", 0], {"Breaching": {"since": 0}}],
+                      [[0, "n1", 1], {"Breaching": {"since": 0}}]],
+            "heartbeats": [["n1", 0], ["n2", 0]],
+            "escalated": [],
+            "operator": [],
+            "xid_held": []
+        },
+        "breaker": {"max_nodes": 1, "window": 600000, "taken": []},
+        "nodes": ["n1", "n2"],
+        "runs": {"n1": [[0, {"lease": 7, "workload": "train-1", "task": "train",
+                              "team": "vision"}]]},
+        "held": {},
+        "gpus_out": {}
+    });
+    let conn = database();
+    conn.execute(
+        "INSERT INTO state (id, json) VALUES (1, ?1)",
+        [whole.to_string()],
+    )
+    .unwrap();
+    let crate::store::Loaded::Whole(state) = crate::store::load(&conn).unwrap().unwrap() else {
+        panic!("not read as a whole state");
+    };
+    let mut w = Watch::restore_whole(RuleSet::default(), BreakerPolicy::default(), *state);
+    let mut last_pool = None;
+    commit(&conn, &mut w, &mut last_pool);
+    let rows: i64 = conn
+        .query_row("SELECT count(*) FROM node", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(rows, 2);
+    let mut again = reloaded(&conn, &RuleSet::default(), false);
+    assert_eq!(as_json(&again), as_json(&w));
+    // The breach survived both moves: the next hot reading, 5 s in, drains n1.
+    let drained = again.sampled(&sampled("n1", 8, &[89, 88]), 5 * S);
+    assert_eq!(
+        brief(&drained),
+        [
+            ("n1".to_owned(), Some(0), Action::GpuOutOfService),
+            ("n1".to_owned(), Some(1), Action::GpuOutOfService),
+            ("n1".to_owned(), None, Action::Drain)
+        ],
     );
 }
