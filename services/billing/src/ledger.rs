@@ -21,7 +21,7 @@
 //! - Entries are applied once: each pool remembers the last journal entry it applied (`seq`),
 //!   so a journal message delivered twice, or replayed, bills nothing twice.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -107,8 +107,10 @@ pub struct OpenLease {
     pub holds: Vec<(Resource, u64)>,
 }
 
-/// One pool's ledger (persisted whole, with the consumer's position).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// One pool's ledger. Stored by key with the consumer's position: what an entry changed is
+/// kept ([`PoolLedger::take_changes`]) so that a commit writes those tasks' and leases' rows,
+/// not the whole ledger.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct PoolLedger {
     /// The last journal entry applied.
     pub last_entry: u64,
@@ -116,6 +118,40 @@ pub struct PoolLedger {
     pub teams: BTreeMap<TaskId, String>,
     /// Open leases.
     pub leases: BTreeMap<LeaseId, OpenLease>,
+    /// Tasks whose team was set or forgotten since the last [`PoolLedger::take_changes`].
+    #[serde(skip)]
+    changed_tasks: BTreeSet<TaskId>,
+    /// Leases opened, billed or closed since then.
+    #[serde(skip)]
+    changed_leases: BTreeSet<LeaseId>,
+    /// No open lease has a period ending before this (`None`: not known; computed by the next
+    /// entry's sweep over the open leases, so that entries between two period ends do not read
+    /// every open lease).
+    #[serde(skip)]
+    due: Option<u64>,
+}
+
+impl PartialEq for PoolLedger {
+    /// What is stored: not what changed since the last commit, nor the sweep's bound.
+    fn eq(&self, other: &Self) -> bool {
+        self.last_entry == other.last_entry
+            && self.teams == other.teams
+            && self.leases == other.leases
+    }
+}
+
+impl Eq for PoolLedger {}
+
+/// What entries changed in a ledger, to store: each changed task's team and lease (`None`:
+/// forget it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LedgerChanges {
+    /// The last journal entry applied.
+    pub last_entry: u64,
+    /// Tasks, with their team.
+    pub teams: Vec<(TaskId, Option<String>)>,
+    /// Leases, as they are now.
+    pub leases: Vec<(LeaseId, Option<OpenLease>)>,
 }
 
 /// What a lease holds, merged over its nodes.
@@ -143,6 +179,44 @@ fn holds(d: &Dispatch) -> Vec<(Resource, u64)> {
 }
 
 impl PoolLedger {
+    /// A ledger as stored: its last entry, the tasks' teams and the open leases.
+    pub fn restore(
+        last_entry: u64,
+        teams: BTreeMap<TaskId, String>,
+        leases: BTreeMap<LeaseId, OpenLease>,
+    ) -> Self {
+        Self {
+            last_entry,
+            teams,
+            leases,
+            ..Self::default()
+        }
+    }
+
+    /// What changed since the last call, forgotten as it is returned: the caller stores it.
+    pub fn take_changes(&mut self) -> LedgerChanges {
+        let teams = std::mem::take(&mut self.changed_tasks);
+        let leases = std::mem::take(&mut self.changed_leases);
+        LedgerChanges {
+            last_entry: self.last_entry,
+            teams: teams
+                .into_iter()
+                .map(|t| (t, self.teams.get(&t).cloned()))
+                .collect(),
+            leases: leases
+                .into_iter()
+                .map(|l| (l, self.leases.get(&l).cloned()))
+                .collect(),
+        }
+    }
+
+    /// Counts everything as changed: the next [`PoolLedger::take_changes`] returns every task
+    /// and lease (to store the whole ledger, as one stored whole by an earlier version).
+    pub fn mark_all_changed(&mut self) {
+        self.changed_tasks = self.teams.keys().copied().collect();
+        self.changed_leases = self.leases.keys().copied().collect();
+    }
+
     /// Applies one journal entry of `pool`; the cost events it closes, in order.
     pub fn apply(
         &mut self,
@@ -158,6 +232,7 @@ impl PoolLedger {
         self.last_entry = entry.seq;
         if let (Input::TaskSubmitted { task, .. }, None) = (&entry.input, &entry.rejected) {
             self.teams.insert(task.id, task.team.clone());
+            self.changed_tasks.insert(task.id);
         }
         let mut out = Vec::new();
         let mut clock = entry.input.at().unwrap_or(0);
@@ -172,6 +247,9 @@ impl PoolLedger {
                         .map(|g| g.launch.workload.clone())
                         .filter(|w| !w.is_empty())
                         .unwrap_or_else(|| UNATTRIBUTED.into());
+                    self.changed_leases.insert(*lease);
+                    let due = next_boundary(*at, interval_ms, prices);
+                    self.due = self.due.map(|d| d.min(due));
                     self.leases.insert(
                         *lease,
                         OpenLease {
@@ -196,6 +274,7 @@ impl PoolLedger {
                 } => {
                     clock = clock.max(*at);
                     if let Some(mut open) = self.leases.remove(lease) {
+                        self.changed_leases.insert(*lease);
                         out.extend(accrue(
                             pool,
                             *lease,
@@ -206,32 +285,34 @@ impl PoolLedger {
                             interval_ms,
                         ));
                     }
-                    if matches!(d, Decision::Released { .. }) {
-                        self.teams.remove(task);
+                    if matches!(d, Decision::Released { .. }) && self.teams.remove(task).is_some() {
+                        self.changed_tasks.insert(*task);
                     }
                 }
                 Decision::Withdrawn { task, at, .. } => {
                     // Withdrawn while queued: it holds no lease and will not run again.
                     clock = clock.max(*at);
-                    self.teams.remove(task);
+                    if self.teams.remove(task).is_some() {
+                        self.changed_tasks.insert(*task);
+                    }
                 }
                 Decision::Waiting { at, .. } | Decision::Reserved { at, .. } => {
                     clock = clock.max(*at);
                 }
             }
         }
-        if clock > 0 {
+        // A sweep over the open leases only once a period may have ended.
+        if clock > 0 && self.due.is_none_or(|due| clock >= due) {
+            let mut due = u64::MAX;
             for (lease, open) in &mut self.leases {
-                out.extend(accrue(
-                    pool,
-                    *lease,
-                    open,
-                    clock,
-                    false,
-                    prices,
-                    interval_ms,
-                ));
+                let billed = accrue(pool, *lease, open, clock, false, prices, interval_ms);
+                if !billed.is_empty() {
+                    self.changed_leases.insert(*lease);
+                    out.extend(billed);
+                }
+                due = due.min(next_boundary(open.billed_ms, interval_ms, prices));
             }
+            self.due = Some(due);
         }
         out
     }
@@ -286,6 +367,9 @@ fn accrue(
     }
     if last && (from < until || periods.is_empty()) {
         periods.push((from, until.max(from)));
+    }
+    if periods.is_empty() {
+        return Vec::new();
     }
     let count = periods.len();
     // The lease's whole GPU cost, for the idle share its last period reports.

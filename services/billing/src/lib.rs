@@ -11,9 +11,11 @@
 //!   down once per lease so periods add up exactly.
 //! - This file: the service. One durable consumer reads every pool's journal
 //!   (`allot.alloc.*.journal` in DECISIONS). For each batch of entries it computes the events
-//!   on copies of the pools' ledgers, publishes them, each under an id derived from (pool,
-//!   lease, period start), and only then commits the ledgers and the consumer's position in
-//!   one SQLite transaction. A crash in between re-publishes the same events under the same ids:
+//!   on the pools' ledgers, publishes them, each under an id derived from (pool, lease, period
+//!   start), and only then commits what the batch changed of the ledgers (their rows by task
+//!   and lease) and the consumer's position in one SQLite transaction; if anything fails on
+//!   the way, the ledgers are read back as the last commit left them. A crash in between
+//!   re-publishes the same events under the same ids:
 //!   JetStream drops them within COSTS' one-hour duplicate window, and `allot costs` counts an
 //!   event id once in any case. A journal entry delivered twice bills nothing twice (each
 //!   pool's ledger remembers the last entry it applied).
@@ -49,7 +51,7 @@ use allot_bus::{BusError, ConnectConfig, Publisher};
 use allot_events::cost::{BudgetCrossed, BudgetLevel, CostAccrued};
 use allot_events::{AllocEvent, AnyEvent, CostEvent, Envelope, TelemetryEvent};
 use allot_runtime::Service;
-use allot_sched::Decision;
+use allot_sched::{Decision, LeaseId, TaskId};
 use allot_store::rusqlite::{Connection, OptionalExtension, params};
 
 pub use ledger::PoolLedger;
@@ -62,7 +64,8 @@ pub const SOURCE: &str = "/allot/billing";
 /// The namespace of cost event ids (UUIDv5 of `<pool>/<lease>/<period start>`).
 pub const EVENT_ID_NAMESPACE: Uuid = Uuid::from_u128(0x9d3a_5c1e_84f2_4b07_a6e9_1f0c_72d4_b853);
 
-const MIGRATIONS: &[&str] = &["
+const MIGRATIONS: &[&str] = &[
+    "
 -- Each pool's ledger (JSON): open leases, tasks' teams, the last journal entry applied.
 CREATE TABLE ledgers (
     pool   TEXT PRIMARY KEY,
@@ -90,7 +93,30 @@ CREATE TABLE holdings (
     PRIMARY KEY (pool, lease, node, gpu)
 ) STRICT;
 CREATE INDEX holdings_gpu ON holdings (node, gpu);
-"];
+",
+    "
+-- Each pool's ledger by key, so that a commit writes what its batch changed, not every open
+-- lease: the last journal entry applied, the team of every task submitted and not yet
+-- released, and every open lease (JSON). A pool's ledger stored whole in `ledgers` by an
+-- earlier version is read once and moved here by the next commit.
+CREATE TABLE ledger_head (
+    pool       TEXT PRIMARY KEY,
+    last_entry INTEGER NOT NULL
+) STRICT;
+CREATE TABLE ledger_team (
+    pool TEXT NOT NULL,
+    task INTEGER NOT NULL,
+    team TEXT NOT NULL,
+    PRIMARY KEY (pool, task)
+) STRICT;
+CREATE TABLE ledger_lease (
+    pool  TEXT NOT NULL,
+    lease INTEGER NOT NULL,
+    json  TEXT NOT NULL,
+    PRIMARY KEY (pool, lease)
+) STRICT;
+",
+];
 
 /// Billing's settings.
 #[derive(Debug, Clone)]
@@ -179,6 +205,7 @@ pub async fn run(
         prices: config.prices.clone(),
         interval_ms: config.interval.as_millis().max(1) as u64,
         ledgers: HashMap::new(),
+        whole: Vec::new(),
         budgets: config.budgets.clone(),
     };
     let telemetry = allot_store::Projection::new(
@@ -213,7 +240,11 @@ struct Billing {
     publisher: Publisher,
     prices: PriceTable,
     interval_ms: u64,
+    /// Each pool's ledger as the last commit left it, plus what the batch being billed did.
     ledgers: HashMap<String, PoolLedger>,
+    /// Pools whose ledger was read from `ledgers` (stored whole by an earlier version): the
+    /// next commit deletes that row.
+    whole: Vec<String>,
     budgets: budget::Budgets,
 }
 
@@ -318,24 +349,120 @@ impl Billing {
             block_below: b.block_below,
         }
     }
-    fn ledger(&mut self, pool: &str) -> Result<PoolLedger, HandlerError> {
-        if let Some(l) = self.ledgers.get(pool) {
-            return Ok(l.clone());
+    /// Reads `pool`'s ledger from the database unless it is in memory.
+    fn ledger(&mut self, pool: &str) -> Result<(), HandlerError> {
+        if !self.ledgers.contains_key(pool) {
+            let ledger = match load_ledger(&self.conn, pool).map_err(db)? {
+                Some(ledger) => ledger,
+                None => match load_whole_ledger(&self.conn, pool)? {
+                    Some(mut ledger) => {
+                        ledger.mark_all_changed();
+                        self.whole.push(pool.to_owned());
+                        ledger
+                    }
+                    None => PoolLedger::default(),
+                },
+            };
+            self.ledgers.insert(pool.to_owned(), ledger);
         }
-        let stored: Option<String> = self
-            .conn
-            .query_row("SELECT ledger FROM ledgers WHERE pool = ?1", [pool], |r| {
-                r.get(0)
-            })
-            .optional()
-            .map_err(|e| HandlerError::transient(format!("billing database: {e}")))?;
-        match stored {
-            Some(text) => serde_json::from_str(&text).map_err(|e| {
-                HandlerError::transient(format!("billing database: ledger of {pool}: {e}"))
-            }),
-            None => Ok(PoolLedger::default()),
-        }
+        Ok(())
     }
+}
+
+/// `pool`'s ledger as stored by key, if it was.
+fn load_ledger(conn: &Connection, pool: &str) -> allot_store::rusqlite::Result<Option<PoolLedger>> {
+    let Some(last_entry) = conn
+        .query_row(
+            "SELECT last_entry FROM ledger_head WHERE pool = ?1",
+            [pool],
+            |r| r.get::<_, i64>(0),
+        )
+        .optional()?
+    else {
+        return Ok(None);
+    };
+    let mut teams = BTreeMap::new();
+    let mut stmt = conn.prepare("SELECT task, team FROM ledger_team WHERE pool = ?1")?;
+    let mut rows = stmt.query([pool])?;
+    while let Some(row) = rows.next()? {
+        teams.insert(TaskId(row.get::<_, i64>(0)? as u64), row.get(1)?);
+    }
+    let mut leases = BTreeMap::new();
+    let mut stmt = conn.prepare("SELECT lease, json FROM ledger_lease WHERE pool = ?1")?;
+    let mut rows = stmt.query([pool])?;
+    while let Some(row) = rows.next()? {
+        let json: String = row.get(1)?;
+        let open = serde_json::from_str(&json).map_err(|e| {
+            allot_store::rusqlite::Error::FromSqlConversionFailure(
+                1,
+                allot_store::rusqlite::types::Type::Text,
+                Box::new(e),
+            )
+        })?;
+        leases.insert(LeaseId(row.get::<_, i64>(0)? as u64), open);
+    }
+    Ok(Some(PoolLedger::restore(last_entry as u64, teams, leases)))
+}
+
+/// `pool`'s ledger as an earlier version stored it, whole in one row, if it did.
+fn load_whole_ledger(conn: &Connection, pool: &str) -> Result<Option<PoolLedger>, HandlerError> {
+    let stored: Option<String> = conn
+        .query_row("SELECT ledger FROM ledgers WHERE pool = ?1", [pool], |r| {
+            r.get(0)
+        })
+        .optional()
+        .map_err(db)?;
+    stored
+        .map(|text| {
+            serde_json::from_str(&text).map_err(|e| {
+                HandlerError::transient(format!("billing database: ledger of {pool}: {e}"))
+            })
+        })
+        .transpose()
+}
+
+/// Stores what a batch changed of `pool`'s ledger (inside the caller's transaction).
+fn store_ledger(
+    tx: &Connection,
+    pool: &str,
+    changes: &ledger::LedgerChanges,
+) -> allot_store::rusqlite::Result<()> {
+    tx.prepare_cached(
+        "INSERT INTO ledger_head (pool, last_entry) VALUES (?1, ?2)
+         ON CONFLICT (pool) DO UPDATE SET last_entry = excluded.last_entry",
+    )?
+    .execute(params![pool, changes.last_entry as i64])?;
+    for (task, team) in &changes.teams {
+        match team {
+            Some(team) => tx
+                .prepare_cached(
+                    "INSERT INTO ledger_team (pool, task, team) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (pool, task) DO UPDATE SET team = excluded.team",
+                )?
+                .execute(params![pool, task.0 as i64, team])?,
+            None => tx
+                .prepare_cached("DELETE FROM ledger_team WHERE pool = ?1 AND task = ?2")?
+                .execute(params![pool, task.0 as i64])?,
+        };
+    }
+    for (lease, open) in &changes.leases {
+        match open {
+            Some(open) => tx
+                .prepare_cached(
+                    "INSERT INTO ledger_lease (pool, lease, json) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (pool, lease) DO UPDATE SET json = excluded.json",
+                )?
+                .execute(params![
+                    pool,
+                    lease.0 as i64,
+                    serde_json::to_string(open).expect("a lease serializes")
+                ])?,
+            None => tx
+                .prepare_cached("DELETE FROM ledger_lease WHERE pool = ?1 AND lease = ?2")?
+                .execute(params![pool, lease.0 as i64])?,
+        };
+    }
+    Ok(())
 }
 
 impl Handler for Billing {
@@ -345,18 +472,38 @@ impl Handler for Billing {
         Ok(Some(position.unwrap_or(0)))
     }
 
-    /// A batch is billed as one: every entry's cost events are computed in order on copies of
-    /// the pools' ledgers, all of them published, and only then the ledgers, the spending, the
-    /// GPUs held and the position committed in one transaction. A crash in between bills the
-    /// whole batch again from the ledgers as they were, under the same event ids. Committing
-    /// once per batch instead of once per entry matters at scale: a pool's ledger holds every
-    /// open lease, and writing it after each entry made billing fall behind a 2,000-node fleet
-    /// (`allot bench scale`, docs/benchmarks.md).
+    /// A batch is billed as one: every entry's cost events are computed in order on the pools'
+    /// ledgers, all of them published, and only then what the batch changed of the ledgers
+    /// (the rows of the tasks and leases it touched), the spending, the GPUs held and the
+    /// position committed in one transaction. If anything fails on the way, the ledgers it
+    /// touched are forgotten and read back as the last commit stored them, so the retry, or a
+    /// crash's redelivery, bills the whole batch again under the same event ids. Committing once
+    /// per batch, and only what it changed, matters at scale: a pool's ledger holds every open
+    /// lease (thousands at 2,000 nodes), and writing it after each entry made billing fall
+    /// behind a 2,000-node fleet (`allot bench scale`, docs/benchmarks.md).
     async fn handle(&mut self, batch: &[Delivery]) -> Result<Vec<Outcome>, HandlerError> {
+        let mut touched: Vec<String> = Vec::new();
+        let result = self.bill(batch, &mut touched).await;
+        if result.is_err() {
+            for pool in &touched {
+                self.ledgers.remove(pool);
+            }
+            self.whole.retain(|p| !touched.contains(p));
+        }
+        result
+    }
+}
+
+impl Billing {
+    /// [`Handler::handle`]'s work; `touched`: the pools whose ledgers it changed.
+    async fn bill(
+        &mut self,
+        batch: &[Delivery],
+        touched: &mut Vec<String>,
+    ) -> Result<Vec<Outcome>, HandlerError> {
         let Some(last) = batch.last() else {
             return Ok(Vec::new());
         };
-        let mut ledgers: HashMap<String, PoolLedger> = HashMap::new();
         let mut events: Vec<CostAccrued> = Vec::new();
         let mut applied_in_order = Vec::new();
         for d in batch {
@@ -364,24 +511,28 @@ impl Handler for Billing {
             let AnyEvent::Alloc(AllocEvent::Applied(applied)) = &d.event.data else {
                 continue;
             };
-            let pool = applied.pool.clone();
-            let ledger = match ledgers.entry(pool.clone()) {
-                std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-                std::collections::hash_map::Entry::Vacant(v) => v.insert(self.ledger(&pool)?),
-            };
-            let mut costs = ledger.apply(&pool, applied, &self.prices, self.interval_ms);
+            let pool = applied.pool.as_str();
+            if !touched.iter().any(|p| p == pool) {
+                touched.push(pool.to_owned());
+            }
+            self.ledger(pool)?;
+            let ledger = self.ledgers.get_mut(pool).expect("read above");
+            let mut costs = ledger.apply(pool, applied, &self.prices, self.interval_ms);
             for e in costs.iter_mut().filter(|e| e.last) {
                 if let Some(idle) = &mut e.idle {
                     // The samples counted while the lease was held; a lease granted in this
                     // batch has none yet.
                     let (samples, idle_samples): (i64, i64) = self
                         .conn
-                        .query_row(
+                        .prepare_cached(
                             "SELECT coalesce(sum(samples), 0), coalesce(sum(idle_samples), 0)
                              FROM holdings WHERE pool = ?1 AND lease = ?2",
-                            params![pool, e.lease.0 as i64],
-                            |r| Ok((r.get(0)?, r.get(1)?)),
                         )
+                        .and_then(|mut stmt| {
+                            stmt.query_row(params![pool, e.lease.0 as i64], |r| {
+                                Ok((r.get(0)?, r.get(1)?))
+                            })
+                        })
                         .map_err(db)?;
                     idle.samples = samples as u64;
                     idle.idle_samples = idle_samples as u64;
@@ -429,14 +580,17 @@ impl Handler for Billing {
                 .map_err(|e| HandlerError::transient(format!("publishing a cost event: {e}")))?;
         }
         let tx = self.conn.transaction().map_err(db)?;
-        for (pool, ledger) in &ledgers {
-            let text = serde_json::to_string(ledger).expect("a ledger serializes");
-            tx.execute(
-                "INSERT INTO ledgers (pool, ledger) VALUES (?1, ?2)
-                 ON CONFLICT (pool) DO UPDATE SET ledger = excluded.ledger",
-                params![pool, text],
-            )
-            .map_err(db)?;
+        for pool in touched.iter() {
+            let changes = self
+                .ledgers
+                .get_mut(pool)
+                .expect("a touched ledger is in memory")
+                .take_changes();
+            store_ledger(&tx, pool, &changes).map_err(db)?;
+        }
+        for pool in &self.whole {
+            tx.execute("DELETE FROM ledgers WHERE pool = ?1", [pool])
+                .map_err(db)?;
         }
         for ((team, period), s) in &budgets.spend {
             tx.execute(
@@ -452,8 +606,8 @@ impl Handler for Billing {
         }
         allot_store::record_position(&tx, &self.consumer, last.stream_sequence).map_err(db)?;
         tx.commit().map_err(db)?;
+        self.whole.clear();
         metrics::billed(&events, budgets.events.iter().map(|(_, b)| b));
-        self.ledgers.extend(ledgers);
         Ok(vec![Outcome::Handled; batch.len()])
     }
 }
@@ -513,4 +667,93 @@ fn apply_sample(tx: &Connection, d: &Delivery) -> allot_store::rusqlite::Result<
 
 fn db(e: impl std::fmt::Display) -> HandlerError {
     HandlerError::transient(format!("billing database: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use allot_events::alloc::Applied;
+    use allot_sched::journal::Entry;
+    use allot_sched::{Input, TaskSpec};
+
+    fn entry(seq: u64, input: Input, decisions: Vec<Decision>) -> Applied {
+        Applied {
+            pool: "p".into(),
+            source: None,
+            entry: Entry {
+                seq,
+                input,
+                decisions,
+                rejected: None,
+            },
+            launch: None,
+            dispatch: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_ledger_stored_whole_by_an_earlier_version_is_stored_again_by_key_and_read_back_the_same() {
+        let prices = PriceTable::parse(
+            "currency: EUR\ntables:\n  - effectiveFrom: \"1970-01-01T00:00:00Z\"\n    gpuHour: {H100: \"2.50\"}\n    cpuCoreHour: \"0.04\"\n    memoryGiBHour: \"0.005\"\n",
+        )
+        .unwrap();
+        let mut ledger = PoolLedger::default();
+        for (seq, task) in [(1, 1), (2, 2), (3, 3)] {
+            let submitted = Input::TaskSubmitted {
+                task: TaskSpec::new(task, "vision", 1),
+                at: seq * 1_000,
+            };
+            ledger.apply("p", &entry(seq, submitted, Vec::new()), &prices, 60_000);
+        }
+        let granted = |task: u64| Decision::Granted {
+            task: TaskId(task),
+            lease: LeaseId(task),
+            placement: Default::default(),
+            at: 4_000,
+            reason: "r".into(),
+        };
+        let schedule = Input::Schedule { at: 4_000 };
+        ledger.apply(
+            "p",
+            &entry(4, schedule, vec![granted(1), granted(2)]),
+            &prices,
+            60_000,
+        );
+        let conn = allot_store::open_in_memory(MIGRATIONS).unwrap();
+        conn.execute(
+            "INSERT INTO ledgers (pool, ledger) VALUES ('p', ?1)",
+            [serde_json::to_string(&ledger).unwrap()],
+        )
+        .unwrap();
+
+        assert!(load_ledger(&conn, "p").unwrap().is_none());
+        let mut whole = load_whole_ledger(&conn, "p").unwrap().unwrap();
+        assert_eq!(whole, ledger);
+        whole.mark_all_changed();
+        store_ledger(&conn, "p", &whole.take_changes()).unwrap();
+        let by_key = load_ledger(&conn, "p").unwrap().unwrap();
+        assert_eq!(by_key, ledger);
+
+        // A release: its lease's row and its task's row go; the rest stay.
+        let released = Decision::Released {
+            task: TaskId(1),
+            lease: LeaseId(1),
+            at: 90_000,
+        };
+        let finished = Input::TaskFinished {
+            task: TaskId(1),
+            at: 90_000,
+        };
+        let mut live = by_key;
+        let costs = live.apply("p", &entry(5, finished, vec![released]), &prices, 60_000);
+        assert!(costs.iter().any(|c| c.last && c.lease == LeaseId(1)));
+        store_ledger(&conn, "p", &live.take_changes()).unwrap();
+        let read = load_ledger(&conn, "p").unwrap().unwrap();
+        assert_eq!(read, live);
+        assert_eq!(
+            read.leases.keys().copied().collect::<Vec<_>>(),
+            [LeaseId(2)]
+        );
+        assert!(!read.teams.contains_key(&TaskId(1)));
+    }
 }

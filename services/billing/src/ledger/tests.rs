@@ -276,3 +276,116 @@ fn a_resource_without_a_price_is_flagged_not_hidden() {
     // Submitted without a team on record: charged to "unattributed", never dropped.
     assert_eq!(events[0].team, UNATTRIBUTED);
 }
+
+/// A journal of many leases over a day: grants, releases, preemptions, a withdrawal, ticks
+/// across period ends and the price change at midnight.
+fn busy_day() -> Vec<Applied> {
+    let mut j = Journal(0);
+    let mut out = Vec::new();
+    for task in 1..=40u64 {
+        let at = task * 7 * MINUTE + task * 1_013;
+        out.push(j.submitted(task, if task % 3 == 0 { "nlp" } else { "vision" }, at));
+        if task % 11 == 0 {
+            let d = Decision::Withdrawn {
+                task: TaskId(task),
+                at: at + 5,
+                reason: "r".into(),
+            };
+            out.push(j.entry(Input::Schedule { at: at + 5 }, vec![d], vec![]));
+            continue;
+        }
+        out.push(j.granted(
+            task,
+            task,
+            250 * (1 + task as u32 % 4),
+            task % 2 == 0,
+            at + 10,
+        ));
+        if task % 5 == 0 {
+            out.push(j.preempted(task, task, at + 20 * MINUTE));
+            out.push(j.granted(task, 100 + task, 1000, false, at + 25 * MINUTE));
+        }
+        if task > 3 && task % 4 != 1 {
+            let ends = task - 3;
+            let lease = if ends % 5 == 0 { 100 + ends } else { ends };
+            out.push(j.released(ends, lease, at + 30));
+        }
+        out.push(j.tick(at + 3 * MINUTE + 17));
+    }
+    out.push(j.tick(30 * HOUR));
+    out
+}
+
+#[test]
+fn the_sweep_skipped_between_period_ends_bills_exactly_what_sweeping_every_entry_bills() {
+    let p = prices();
+    let mut ledger = PoolLedger::default();
+    let mut swept = PoolLedger::default();
+    let mut events = Vec::new();
+    for e in busy_day() {
+        events.extend(ledger.apply(POOL, &e, &p, MINUTE));
+        // Restored, it knows no bound: every entry sweeps every open lease.
+        let mut fresh =
+            PoolLedger::restore(swept.last_entry, swept.teams.clone(), swept.leases.clone());
+        let expected = fresh.apply(POOL, &e, &p, MINUTE);
+        swept = fresh;
+        assert_eq!(events[events.len() - expected.len()..], expected[..]);
+        assert_eq!(ledger, swept);
+    }
+    assert!(events.len() > 1_000, "{} events", events.len());
+    assert!(ledger.leases.is_empty() || events.iter().any(|e| e.last));
+}
+
+#[test]
+fn what_each_entry_changed_stored_row_by_row_is_the_whole_ledger() {
+    let p = prices();
+    let mut ledger = PoolLedger::default();
+    let mut teams: BTreeMap<TaskId, String> = BTreeMap::new();
+    let mut leases: BTreeMap<LeaseId, OpenLease> = BTreeMap::new();
+    let mut rows_written = 0;
+    for e in busy_day() {
+        ledger.apply(POOL, &e, &p, MINUTE);
+        let changes = ledger.take_changes();
+        rows_written += changes.teams.len() + changes.leases.len();
+        for (task, team) in changes.teams {
+            match team {
+                Some(team) => teams.insert(task, team),
+                None => teams.remove(&task),
+            };
+        }
+        for (lease, open) in changes.leases {
+            match open {
+                Some(open) => leases.insert(lease, open),
+                None => leases.remove(&lease),
+            };
+        }
+        assert_eq!(
+            PoolLedger::restore(changes.last_entry, teams.clone(), leases.clone()),
+            ledger
+        );
+    }
+    assert!(rows_written > 0);
+    // An entry within a period that has not ended changes no lease.
+    let mut j = Journal(ledger.last_entry);
+    ledger.apply(POOL, &j.submitted(500, "vision", 31 * HOUR), &p, MINUTE);
+    ledger.apply(
+        POOL,
+        &j.granted(500, 500, 1000, false, 31 * HOUR),
+        &p,
+        MINUTE,
+    );
+    ledger.take_changes();
+    ledger.apply(POOL, &j.tick(31 * HOUR + MINUTE / 2), &p, MINUTE);
+    assert!(ledger.take_changes().leases.is_empty());
+    ledger.apply(POOL, &j.tick(31 * HOUR + MINUTE), &p, MINUTE);
+    assert_eq!(
+        ledger.take_changes().leases.len(),
+        ledger.leases.len(),
+        "every open lease is billed at the period's end"
+    );
+    // Everything, when asked for.
+    ledger.mark_all_changed();
+    let all = ledger.take_changes();
+    assert_eq!(all.teams.len(), ledger.teams.len());
+    assert_eq!(all.leases.len(), ledger.leases.len());
+}
