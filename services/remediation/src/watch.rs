@@ -198,10 +198,14 @@ impl Watch {
         watch.breaker = stored.pool.breaker;
         watch.breaker.window = policy.window;
         watch.breaker.resize(policy.share, watch.nodes.len());
-        // The grants watched are kept; the policy is the one configured now.
-        if let Some(idle) = &mut watch.idle {
-            for (lease, grant) in stored.grants {
-                idle.restore_grant(lease, grant);
+        // The grants watched are kept; the policy is the one configured now. With idle reclaim
+        // switched off, they are forgotten by the next commit.
+        for (lease, grant) in stored.grants {
+            match &mut watch.idle {
+                Some(idle) => idle.restore_grant(lease, grant),
+                None => {
+                    watch.dirty_grants.insert(lease);
+                }
             }
         }
         watch

@@ -132,27 +132,19 @@ impl NodeHealth {
             .map(|(_, _, s)| *s)
     }
 
-    /// Sets (or, with `None`, removes) a rule's state; whether anything changed.
-    fn set_rule(&mut self, idx: usize, gpu: Option<u32>, state: Option<State>) -> bool {
+    /// Sets (or, with `None`, removes) a rule's state.
+    fn set_rule(&mut self, idx: usize, gpu: Option<u32>, state: Option<State>) {
         let at = self
             .rules
             .iter()
             .position(|(i, g, _)| *i == idx && *g == gpu);
         match (at, state) {
-            (Some(at), Some(s)) if self.rules[at].2 == s => false,
-            (Some(at), Some(s)) => {
-                self.rules[at].2 = s;
-                true
-            }
+            (Some(at), Some(s)) => self.rules[at].2 = s,
             (Some(at), None) => {
                 self.rules.remove(at);
-                true
             }
-            (None, Some(s)) => {
-                self.rules.push((idx, gpu, s));
-                true
-            }
-            (None, None) => false,
+            (None, Some(s)) => self.rules.push((idx, gpu, s)),
+            (None, None) => {}
         }
     }
 

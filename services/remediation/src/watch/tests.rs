@@ -423,6 +423,15 @@ fn what_each_commit_stores_row_by_row_restores_the_watch_exactly() {
             brief(&w.sampled(&hot, t * S))
         );
     }
+    // Idle reclaim switched off: the grants it watched are forgotten by the next commit.
+    let grants = |conn: &allot_store::rusqlite::Connection| -> i64 {
+        conn.query_row("SELECT count(*) FROM idle_grant", [], |r| r.get(0))
+            .unwrap()
+    };
+    assert!(grants(&conn) > 0);
+    let mut off = reloaded(&conn, &RuleSet::default(), true);
+    commit(&conn, &mut off, &mut None);
+    assert_eq!(grants(&conn), 0, "grants kept with idle reclaim off");
 }
 
 #[test]
