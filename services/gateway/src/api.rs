@@ -1532,10 +1532,10 @@ async fn get_costs(
         .inner
         .db
         .read(move |c| {
+            // The running totals (`cost_totals`): a row per workload, not per cost event.
             let mut stmt = c.prepare(
-                "SELECT team, currency, workload, SUM(amount) FROM costs \
-                 WHERE (?1 IS NULL OR team = ?1) GROUP BY team, currency, workload \
-                 ORDER BY team, workload",
+                "SELECT team, currency, workload, amount FROM cost_totals \
+                 WHERE (?1 IS NULL OR team = ?1) ORDER BY team, currency, workload",
             )?;
             stmt.query_map(params![team], |r| {
                 Ok((

@@ -180,6 +180,19 @@ ALTER TABLE gpus DROP COLUMN sampled_at;
 -- Events about an attempt name its task id: without an index, each update by task id read
 -- the whole table (at fleet scale, a quarter of the gateway's time by the end of the run).
 CREATE INDEX tasks_task_id ON tasks (task_id);
+", "
+-- What each team's workloads have cost so far, per currency: added to as each cost event is
+-- stored (once, by its id), so `GET /costs` reads a row per workload instead of adding up every
+-- event (one per open lease per billing period: millions a day at fleet scale).
+CREATE TABLE cost_totals (
+    team     TEXT NOT NULL,
+    currency TEXT NOT NULL,
+    workload TEXT NOT NULL,
+    amount   INTEGER NOT NULL,              -- micro-units
+    PRIMARY KEY (team, currency, workload)
+) STRICT;
+INSERT INTO cost_totals (team, currency, workload, amount)
+    SELECT team, currency, workload, SUM(amount) FROM costs GROUP BY team, currency, workload;
 "];
 
 /// How many changes the log keeps (older ones are trimmed; a client resuming from before the
@@ -753,6 +766,13 @@ pub fn apply_costs(tx: &Connection, d: &Delivery) -> Result<()> {
             if inserted == 0 {
                 return Ok(());
             }
+            exec(
+                tx,
+                "INSERT INTO cost_totals (team, currency, workload, amount) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (team, currency, workload) DO UPDATE SET
+                    amount = amount + excluded.amount",
+                params![c.team, c.currency, c.workload, c.amount],
+            )?;
             change(
                 tx,
                 d,

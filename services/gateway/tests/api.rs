@@ -539,6 +539,39 @@ async fn listings_show_a_member_only_its_team_and_operators_every_team() {
     )
     .await;
     assert_eq!(v["teams"][0]["amount_micros"], 2_500_000, "{v}");
+    // Another workload's cost, stored twice (a redelivery): counted once, beside the first.
+    let conn = allot_store::open(&s.db, model::MIGRATIONS).unwrap();
+    let later = CostAccrued {
+        team: "nlp".into(),
+        workload: "later".into(),
+        task_name: "eval".into(),
+        task: TaskId(300),
+        pool: "default".into(),
+        lease: LeaseId(30),
+        from_ms: 0,
+        to_ms: 60_000,
+        last: true,
+        currency: "EUR".into(),
+        lines: vec![],
+        amount: 333,
+        idle: None,
+    };
+    let once = delivery(900, CostEvent::Accrued(later));
+    model::apply_costs(&conn, &once).unwrap();
+    let mut again = once.clone();
+    again.stream_sequence = 901;
+    model::apply_costs(&conn, &again).unwrap();
+    drop(conn);
+    let (_, _, v) = call(
+        &s.state,
+        "GET",
+        "/api/v1/costs?team=nlp",
+        Some(&token(TokenRole::Admin)),
+        None,
+    )
+    .await;
+    assert_eq!(v["teams"][0]["amount_micros"], 2_500_000 + 333, "{v}");
+    assert_eq!(v["teams"][0]["workloads"]["later"], 333, "{v}");
 }
 
 #[tokio::test]
