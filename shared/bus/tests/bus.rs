@@ -140,7 +140,7 @@ async fn streams_are_created_once_and_updated_when_their_spec_changes() {
 async fn the_same_event_published_twice_is_stored_once() {
     let server = NatsServer::start();
     let (client, publisher) = setup(&server).await;
-    let event = publisher.envelope(node("node-1").registered());
+    let event = publisher.envelope(heartbeat(1));
     let first = publisher.publish_envelope(&event).await.unwrap();
     let again = publisher.publish_envelope(&event).await.unwrap();
     assert!(!first.duplicate);
@@ -155,14 +155,12 @@ async fn the_same_event_published_twice_is_stored_once() {
 }
 
 #[tokio::test]
-async fn a_telemetry_sample_and_a_heartbeat_carry_no_message_id_and_every_other_event_does() {
+async fn a_telemetry_sample_carries_no_message_id_and_every_other_event_does() {
     let server = NatsServer::start();
     let (client, publisher) = setup(&server).await;
     let sample = publisher.envelope(node("node-1").sampled(40));
-    let registered = publisher.envelope(node("node-1").registered());
     let beat = publisher.envelope(heartbeat(1));
     publisher.publish_envelope(&sample).await.unwrap();
-    publisher.publish_envelope(&registered).await.unwrap();
     publisher.publish_envelope(&beat).await.unwrap();
     let id = |m: &jetstream::Message| {
         m.headers
@@ -178,11 +176,8 @@ async fn a_telemetry_sample_and_a_heartbeat_carry_no_message_id_and_every_other_
         allot_events::decode(&samples[0].payload).unwrap().id,
         sample.id
     );
-    // So is a heartbeat; a registration, retried until stored, keeps its id.
-    let fleet = read_all(&client, names::FLEET).await;
-    assert_eq!(fleet.len(), 2);
-    assert_eq!(id(&fleet[0]), Some(registered.id.to_string()));
-    assert_eq!(id(&fleet[1]), None);
+    let beats = read_all(&client, names::FLEET).await;
+    assert_eq!(id(&beats[0]), Some(beat.id.to_string()));
     // Sent patiently (which may send it more than once), even a sample carries its id.
     let again = publisher.envelope(node("node-1").sampled(41));
     publisher

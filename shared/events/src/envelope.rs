@@ -60,10 +60,9 @@ pub trait EventKind {
     }
     /// Whether the event is published with its id as `Nats-Msg-Id`, so that the stream stores
     /// it once however often it is sent (within the stream's duplicate window). Every event
-    /// but a telemetry sample and a heartbeat: those are sent once and never again (see
-    /// [`TelemetryEvent`](crate::TelemetryEvent), [`NodeEvent`](crate::NodeEvent)), and an id
-    /// the server remembers for each of them would cost it a duplicate-window entry that
-    /// nothing can ever match.
+    /// but a telemetry sample: those are sent once and never again (see
+    /// [`TelemetryEvent`](crate::TelemetryEvent)), and an id the server remembers for each of
+    /// them would cost it a duplicate-window entry per sample that nothing can ever match.
     fn deduplicated(&self) -> bool {
         true
     }

@@ -32,13 +32,6 @@ impl EventKind for NodeEvent {
             Self::HeartbeatSent(e) => e.node.clone(),
         }
     }
-    /// A heartbeat is sent once, like a telemetry sample: a collector whose publish fails
-    /// drops it and the next one (5 s later) supersedes it, so the stream keeps no id for it
-    /// (2,000 nodes would keep 48,000 ids in FLEET's two-minute window). A registration is
-    /// retried until it is stored, and keeps its id.
-    fn deduplicated(&self) -> bool {
-        !matches!(self, Self::HeartbeatSent(_))
-    }
 }
 
 /// Where a collector's GPU facts come from.
