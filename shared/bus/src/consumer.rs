@@ -31,7 +31,11 @@
 //!    and recreates the consumer at the handler's position. (The fault matrix,
 //!    `tests/e2e/faults.rs`, found it: billing lost a lease's costs, and the archiver's chain
 //!    stopped at the gap.)
-//! 5. On shutdown the runner stops pulling, finishes the batch in hand, and returns.
+//! 5. JetStream unavailable — no server answering, a stream or consumer leader being elected
+//!    after a server of a cluster died — is waited out: opening (or reopening) the consumer and
+//!    pulling are tried again with backoff until it answers or shutdown comes. Only a refusal
+//!    another attempt cannot change (a configuration the server rejects) stops the runner.
+//! 6. On shutdown the runner stops pulling, finishes the batch in hand, and returns.
 //!
 //! Every runner counts what it applied and dead-lettered and how far it lags ([`metrics`]),
 //! and, given a [`Gate`] ([`ConsumerRunner::with_gate`]), opens it once its durable consumer
@@ -48,8 +52,9 @@ use std::time::Duration;
 use async_nats::jetstream::{
     self, ErrorCode,
     consumer::{AckPolicy, DeliverPolicy, PullConsumer, pull},
+    context::GetStreamErrorKind,
     message::PublishMessage,
-    stream::ConsumerErrorKind,
+    stream::{ConsumerError, ConsumerErrorKind},
 };
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
@@ -374,7 +379,9 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
         let Some(resume_after) = self.position(&mut shutdown).await? else {
             return Ok(self.handler);
         };
-        let mut consumer = create_consumer(&self.js, &self.settler.spec, resume_after).await?;
+        let Some(mut consumer) = self.open_consumer(&mut shutdown, resume_after).await? else {
+            return Ok(self.handler);
+        };
         // The delivery sequence the consumer gives its next message, once known: a consumer
         // created afresh at the handler's position starts at 1.
         let mut next_delivery = resume_after.map(|_| 1);
@@ -382,16 +389,31 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
             gate.open();
         }
         'pull: loop {
-            let messages = consumer
+            let messages = match consumer
                 .stream()
                 .max_messages_per_batch(self.settler.spec.batch)
                 .heartbeat(Duration::from_secs(5))
                 .expires(Duration::from_secs(30))
                 .messages()
                 .await
-                .map_err(|e| {
-                    BusError::jetstream("pulling from consumer", &self.settler.spec.durable, e)
-                })?;
+            {
+                Ok(messages) => messages,
+                Err(e) => {
+                    // The pull request went nowhere (no server, a consumer leader being
+                    // elected): open the consumer again — at the handler's position, when it
+                    // keeps one — once JetStream answers.
+                    tracing::warn!(consumer = %self.settler.spec.durable, error = %e, "pulling from the consumer failed; opening it again");
+                    let Some(position) = self.position(&mut shutdown).await? else {
+                        break 'pull;
+                    };
+                    let Some(reopened) = self.open_consumer(&mut shutdown, position).await? else {
+                        break 'pull;
+                    };
+                    consumer = reopened;
+                    next_delivery = position.map(|_| 1);
+                    continue 'pull;
+                }
+            };
             let mut messages = Box::pin(messages);
             loop {
                 let first = tokio::select! {
@@ -436,7 +458,10 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
                         resume_after = ?position,
                         "deliveries were lost in flight; reading again from the applied position"
                     );
-                    consumer = create_consumer(&self.js, &self.settler.spec, position).await?;
+                    let Some(reopened) = self.open_consumer(&mut shutdown, position).await? else {
+                        break 'pull;
+                    };
+                    consumer = reopened;
                     next_delivery = Some(1);
                     continue 'pull;
                 }
@@ -480,6 +505,41 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
             "{what} failed; retrying"
         );
         wait
+    }
+
+    /// The durable consumer, created (at `resume_after`, when the handler keeps a position) and
+    /// tried again with backoff for as long as JetStream is unavailable — no server answering, a
+    /// stream or consumer leader being elected, which takes seconds when a server of a cluster
+    /// dies — since the service is of no use without it and the next attempt may succeed;
+    /// `None` if `shutdown` came first. A refusal that another attempt cannot change (a
+    /// configuration the server rejects, a stream that does not exist) is returned at once.
+    async fn open_consumer<S: Future<Output = ()>>(
+        &mut self,
+        shutdown: &mut std::pin::Pin<&mut S>,
+        resume_after: Option<u64>,
+    ) -> Result<Option<PullConsumer>, BusError> {
+        let mut attempt = 0;
+        loop {
+            let error = match create_consumer(&self.js, &self.settler.spec, resume_after).await {
+                Ok(consumer) => return Ok(Some(consumer)),
+                Err(Unavailable::No(error)) => return Err(error),
+                Err(Unavailable::ForNow(error)) => error,
+            };
+            attempt += 1;
+            let wait = backoff(attempt, self.settler.spec.max_backoff);
+            tracing::warn!(
+                consumer = %self.settler.spec.durable,
+                attempt,
+                retry_in_ms = wait.as_millis() as u64,
+                error = %error,
+                "JetStream is unavailable; opening the consumer again"
+            );
+            tokio::select! {
+                biased;
+                () = shutdown.as_mut() => return Ok(None),
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
     }
 
     /// The handler's position, asked again with backoff while it fails transiently; `None` if
@@ -815,15 +875,62 @@ fn skipped_delivery(
     skipped
 }
 
+/// Why a consumer could not be opened: JetStream unavailable for now (worth another attempt),
+/// or a refusal that another attempt would meet again.
+enum Unavailable {
+    ForNow(BusError),
+    No(BusError),
+}
+
+impl Unavailable {
+    /// Sorts `error` of `operation` on `name`: `transient` says whether it is worth retrying.
+    fn of(
+        operation: &'static str,
+        name: &str,
+        error: impl std::fmt::Display,
+        transient: bool,
+    ) -> Self {
+        let error = BusError::jetstream(operation, name, error);
+        if transient {
+            Self::ForNow(error)
+        } else {
+            Self::No(error)
+        }
+    }
+}
+
+/// Whether a JetStream API error says the cluster cannot answer for now (no quorum, a leader
+/// being elected, the peers catching up) rather than that the request is wrong.
+fn unavailable_for_now(error: &async_nats::jetstream::Error) -> bool {
+    error.code() == 503
+        || [
+            ErrorCode::CLUSTER_INCOMPLETE,
+            ErrorCode::CLUSTER_NO_PEERS,
+            ErrorCode::CLUSTER_NOT_AVAILABLE,
+            ErrorCode::CLUSTER_NOT_LEADER,
+            ErrorCode::RAFT_GENERAL,
+        ]
+        .contains(&error.error_code())
+}
+
 async fn create_consumer(
     js: &jetstream::Context,
     spec: &ConsumerSpec,
     resume_after: Option<u64>,
-) -> Result<PullConsumer, BusError> {
-    let stream = js
-        .get_stream(&spec.stream)
-        .await
-        .map_err(|e| BusError::jetstream("opening stream", &spec.stream, e))?;
+) -> Result<PullConsumer, Unavailable> {
+    let stream = js.get_stream(&spec.stream).await.map_err(|e| {
+        let transient = match e.kind() {
+            GetStreamErrorKind::Request => true,
+            GetStreamErrorKind::JetStream(ref js) => unavailable_for_now(js),
+            _ => false,
+        };
+        Unavailable::of("opening stream", &spec.stream, e, transient)
+    })?;
+    let transient = |e: &ConsumerError| match e.kind() {
+        ConsumerErrorKind::TimedOut | ConsumerErrorKind::Request => true,
+        ConsumerErrorKind::JetStream(ref js) => unavailable_for_now(js),
+        _ => false,
+    };
     if let Some(seq) = resume_after {
         // A consumer's start cannot be changed in place: recreate it at the handler's position.
         match stream.delete_consumer(&spec.durable).await {
@@ -831,14 +938,25 @@ async fn create_consumer(
             Err(e)
                 if matches!(e.kind(), ConsumerErrorKind::JetStream(ref js)
                     if js.error_code() == ErrorCode::CONSUMER_NOT_FOUND) => {}
-            Err(e) => return Err(BusError::jetstream("recreating consumer", &spec.durable, e)),
+            Err(e) => {
+                let transient = transient(&e);
+                return Err(Unavailable::of(
+                    "recreating consumer",
+                    &spec.durable,
+                    e,
+                    transient,
+                ));
+            }
         }
         tracing::info!(consumer = %spec.durable, resume_after = seq, "consumer positioned after the last applied sequence");
     }
     stream
         .create_consumer(spec.config(resume_after))
         .await
-        .map_err(|e| BusError::jetstream("creating consumer", &spec.durable, e))
+        .map_err(|e| {
+            let transient = transient(&e);
+            Unavailable::of("creating consumer", &spec.durable, e, transient)
+        })
 }
 
 fn truncate(s: &str, max: usize) -> &str {

@@ -589,10 +589,23 @@ struct Positional {
     applied: Arc<Mutex<Vec<u64>>>,
     release: Arc<tokio::sync::Notify>,
     held: bool,
+    /// How often the runner asked for the position.
+    asked: u32,
+    /// When the runner asks for the position again (to reopen the consumer), this server
+    /// process is paused (SIGSTOP) for this long: JetStream unavailable just then.
+    pause_when_asked_again: Option<(u32, Duration)>,
 }
 
 impl Handler for Positional {
     fn resume_after(&mut self) -> Result<Option<u64>, HandlerError> {
+        self.asked += 1;
+        if let (2, Some((pid, pause))) = (self.asked, self.pause_when_asked_again) {
+            signal(pid, "STOP");
+            std::thread::spawn(move || {
+                std::thread::sleep(pause);
+                signal(pid, "CONT");
+            });
+        }
         Ok(Some(
             self.applied.lock().unwrap().last().copied().unwrap_or(0),
         ))
@@ -613,12 +626,31 @@ impl Handler for Positional {
     }
 }
 
-#[tokio::test]
-async fn deliveries_lost_in_flight_are_applied_in_order_not_skipped_after_newer_ones() {
+fn signal(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+/// Heartbeats 1–10 through a positional runner, with deliveries 2–4 made to a pull whose
+/// answer never reaches it; `pause` pauses the server for that long as the runner reopens its
+/// consumer. Every heartbeat must be applied once, in order.
+async fn deliveries_lost_in_flight(pause: Option<Duration>) {
     use futures::StreamExt as _;
     let server = NatsServer::start();
-    let (client, publisher) = setup(&server).await;
-    let handler = Positional::default();
+    let (_, publisher) = setup(&server).await;
+    // JetStream requests that time out after a second, not the default ten.
+    let client = async_nats::ConnectOptions::new()
+        .request_timeout(Some(Duration::from_secs(1)))
+        .connect(server.url())
+        .await
+        .unwrap();
+    let handler = Positional {
+        pause_when_asked_again: pause.map(|pause| (server.pid(), pause)),
+        ..Positional::default()
+    };
     let (applied, release) = (handler.applied.clone(), handler.release.clone());
     let mut spec = ConsumerSpec::new(names::FLEET, "positional");
     spec.batch = 1;
@@ -660,7 +692,8 @@ async fn deliveries_lost_in_flight_are_applied_in_order_not_skipped_after_newer_
     release.notify_one();
 
     // Past the ack wait, so the lost deliveries would have come back by then.
-    for _ in 0..100 {
+    for _ in 0..100 + pause.map_or(0, |p| p.as_millis() / 50) {
+        assert!(!task.is_finished(), "the runner stopped: {:?}", task.await);
         if applied.lock().unwrap().len() == 10 {
             break;
         }
@@ -674,4 +707,18 @@ async fn deliveries_lost_in_flight_are_applied_in_order_not_skipped_after_newer_
     );
     stop.send(()).unwrap();
     task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn deliveries_lost_in_flight_are_applied_in_order_not_skipped_after_newer_ones() {
+    deliveries_lost_in_flight(None).await;
+}
+
+/// Reopening the consumer when a server of a cluster died can meet JetStream still electing
+/// leaders: its requests time out. The fault matrix found the planner stopping there; the runner
+/// must try again until JetStream answers.
+#[tokio::test]
+async fn a_consumer_reopened_while_jetstream_does_not_answer_is_opened_again_once_it_does() {
+    // Longer than a JetStream request's timeout (1 s here), so the first attempts fail.
+    deliveries_lost_in_flight(Some(Duration::from_secs(3))).await;
 }
