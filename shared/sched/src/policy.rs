@@ -159,6 +159,13 @@ pub trait Policy: Send + std::fmt::Debug {
     fn victim_floor(&self, _preemptor: Contender<'_>) -> Option<QueueKey> {
         None
     }
+    /// The first part of every key `task` will ever have, if its spec alone fixes it (a
+    /// priority class). With a [`Policy::victim_floor`], the classes past the floor then
+    /// bound a search's victims, and a search no node could end is ruled out before any running
+    /// task is weighed. `None` (the default): keys have no such class.
+    fn class(&self, _task: &TaskSpec) -> Option<i64> {
+        None
+    }
     /// Why `preemptor` preempts `victim`, for the decision log (called when
     /// [`Policy::may_preempt`] holds, before anything changes).
     fn preemption_reason(

@@ -452,9 +452,18 @@ pub struct Scheduler {
     running: Running,
     /// The running tasks a relocation could move, by node, kept as tasks start and stop.
     movable: Movable,
+    /// What running tasks hold on each node by class ([`Policy::class`]), kept as tasks start
+    /// and stop, for policies whose keys have one.
+    reclaimable: Reclaimable,
     /// How many searches sorted their victims out.
     #[cfg(test)]
     sorted_out: usize,
+    /// Whether searches no node could end are ruled out before ranking (tests compare).
+    #[cfg(test)]
+    rule_out: bool,
+    /// How many searches were ruled out so.
+    #[cfg(test)]
+    ruled_out: usize,
 }
 
 /// How many moments (running tasks' ends) an ETA looks through before it gives up.
@@ -552,8 +561,13 @@ impl Scheduler {
             teams: HashMap::default(),
             running: Running::of(order, std::iter::empty()),
             movable: Movable::default(),
+            reclaimable: Reclaimable::default(),
             #[cfg(test)]
             sorted_out: 0,
+            #[cfg(test)]
+            rule_out: true,
+            #[cfg(test)]
+            ruled_out: 0,
         }
     }
 
@@ -1450,6 +1464,9 @@ impl Scheduler {
         {
             self.cluster.release(&placement);
             self.movable.remove(&placement, id);
+            if let Some(class) = self.policy.class(&task.spec) {
+                self.reclaimable.remove(class, &placement);
+            }
             self.no_room.freed(placement.shares.iter().map(|s| s.node));
             self.quotas
                 .refund(&task.spec.team, quota::demand(&task.spec));
@@ -1566,6 +1583,9 @@ impl Scheduler {
         self.running
             .remove(task.team, id, task.spec.max_runtime.is_some());
         self.movable.remove(&placement, id);
+        if let Some(class) = self.policy.class(&task.spec) {
+            self.reclaimable.remove(class, &placement);
+        }
         if for_task.is_none() {
             // A requeue by the caller: the resources are still held.
             self.cluster.release(&placement);
@@ -1813,6 +1833,11 @@ impl Scheduler {
                     if let Some((node, entry)) = task.movable() {
                         self.movable.enter(node, entry);
                     }
+                    if let (Some(class), State::Running { placement, .. }) =
+                        (self.policy.class(&task.spec), &task.state)
+                    {
+                        self.reclaimable.enter(class, placement);
+                    }
                 }
                 if let Some(cache) = running.as_mut()
                     && let Some(task) = self.tasks.get(member)
@@ -1821,7 +1846,10 @@ impl Scheduler {
                         task.team,
                         &task.spec.team,
                         *member,
-                        task.spec.max_runtime.is_some(),
+                        (
+                            task.spec.max_runtime.is_some(),
+                            self.policy.class(&task.spec),
+                        ),
                         |_| self.runner(task, now),
                     );
                 }
@@ -1915,6 +1943,9 @@ impl Scheduler {
         // policy is asked about a task only when the search gets to it, of the quotas as they
         // are now (the search refunds its victims' as it goes).
         let floor = self.policy.victim_floor(preemptor);
+        if self.no_victims_could_make_room(unit, preemptor, floor) {
+            return None;
+        }
         let mark = self.cluster.changes().len();
         let (mut victims, most) = running.search(
             |team| match self
@@ -1930,6 +1961,7 @@ impl Scheduler {
                     floor: floor.filter(|_| team.limited == 0),
                 }),
             },
+            |id| self.policy.class(&self.tasks[&id].spec),
             |id| self.runner(&self.tasks[&id], now),
         );
         let quotas = self.quotas.clone();
@@ -2148,6 +2180,66 @@ impl Scheduler {
         // Victims may have freed more than the preemptor took.
         self.no_room.freed(stopped);
         Some((found, preempted))
+    }
+
+    /// Whether no node could hold `unit` — one its policy places on one node — were every
+    /// task the search for `preemptor` may take gone: the victims are bounded by the key
+    /// `floor` (no team is taken whole, none has a usage limit) and keys have classes
+    /// ([`Policy::class`]), so what the classes past the floor hold on each node
+    /// ([`Reclaimable`]) is the most a search could free there. Answered from the nodes alone,
+    /// before any running task is weighed; `false` when it cannot be.
+    fn no_victims_could_make_room(
+        &mut self,
+        unit: &Unit,
+        preemptor: Contender<'_>,
+        floor: Option<QueueKey>,
+    ) -> bool {
+        #[cfg(test)]
+        if !self.rule_out {
+            return false;
+        }
+        let task = &unit.specs[0];
+        let Some(floor) = floor.filter(|_| self.policy.class(task).is_some()) else {
+            return false;
+        };
+        if !unit.single
+            || !no_room::one_node(&*self.policy, &self.cluster, task)
+            || self.running.teams().any(|team| {
+                team.limited > 0
+                    || self
+                        .policy
+                        .may_preempt_team(preemptor, &team.name, &self.quotas)
+                        == Some(true)
+            })
+        {
+            return false;
+        }
+        debug_assert_eq!(
+            self.reclaimable.normalized(),
+            {
+                let mut all = Reclaimable::default();
+                for t in self.tasks.values() {
+                    if let (Some(class), State::Running { placement, .. }) =
+                        (self.policy.class(&t.spec), &t.state)
+                    {
+                        all.enter(class, placement);
+                    }
+                }
+                all.normalized()
+            },
+            "what running tasks hold by class, kept as they start and stop, is the task table's"
+        );
+        // As a search reads the classes: one wholly at or below the floor holds no victim.
+        let counts = |class: i64| !victims::below(class, floor);
+        let might = self.cluster.nodes().iter().enumerate().any(|(at, node)| {
+            self.reclaimable
+                .might_hold(node, NodeIdx(at as u32), counts, task)
+        });
+        #[cfg(test)]
+        {
+            self.ruled_out += usize::from(!might);
+        }
+        !might
     }
 
     /// The nodes on which `victims`, not yet released or refunded (a gang member whose group
@@ -2752,6 +2844,7 @@ impl Reservation {
 
 mod movable;
 mod no_room;
+mod reclaimable;
 
 /// Placements of many tasks on a cluster that changes meanwhile (a sweep, a pass's preload
 /// holds), while the cluster logs its changes: a task the policy places by FGD goes, from the
@@ -2817,6 +2910,7 @@ mod victims;
 
 use movable::Movable;
 use no_room::NoRoom;
+use reclaimable::Reclaimable;
 use victims::{Runner, Running, Terms, Victim};
 
 /// Whether `policy` lets `preemptor` (of team number `own`) take the running task `r`, asked

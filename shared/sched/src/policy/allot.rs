@@ -267,6 +267,10 @@ impl Policy for Allot {
             Some(QueueKey(key.0, i64::MAX, u64::MAX))
         }
     }
+    fn class(&self, task: &TaskSpec) -> Option<i64> {
+        // Every key starts with the priority, negated.
+        Some(-i64::from(task.priority))
+    }
     fn preemption_reason(
         &self,
         preemptor: Contender<'_>,

@@ -147,21 +147,27 @@ pub enum Measure {
 }
 
 impl Measure {
-    /// The most GPU capacity, milli-GPU, that `cpu` and `memory` free can accompany for `row`.
-    fn host_capacity(self, row: &Row, cpu: u64, memory: u64) -> u64 {
+    /// `usable` milli-GPU for `row`, capped by the most GPU capacity that `cpu` and `memory`
+    /// free can accompany at its ratio (⌊free × its GPU demand ÷ its need⌋ for each).
+    /// Divides only where the cap bites: ⌊x ÷ n⌋ < u exactly when x < u × n, and most nodes
+    /// have host room to spare (this runs for every shape of every node state FGD scores).
+    fn cap(self, row: &Row, usable: u64, cpu: u64, memory: u64) -> u64 {
         if self == Self::Reference {
-            return u64::MAX;
+            return usable;
         }
         let demand = u128::from(row.gpus) * u128::from(row.gpu_milli);
-        let feeds = |free: u64, need: u64| {
+        let mut capped = usable;
+        for (free, need) in [(cpu, row.cpu_milli), (memory, row.memory_mib)] {
             if need == 0 {
-                u128::MAX
-            } else {
-                u128::from(free) * demand / u128::from(need)
+                continue;
             }
-        };
-        let capacity = feeds(cpu, row.cpu_milli).min(feeds(memory, row.memory_mib));
-        u64::try_from(capacity).unwrap_or(u64::MAX)
+            let fed = u128::from(free) * demand;
+            if fed < u128::from(capped) * u128::from(need) {
+                // Below `capped`, so it fits in a u64.
+                capped = (fed / u128::from(need)) as u64;
+            }
+        }
+        capped
     }
 }
 
@@ -263,7 +269,7 @@ impl Fgd {
                 break;
             }
             if row.gpus as usize <= holding && row.cpu_milli <= cpu && row.memory_mib <= memory {
-                usable += row.count * prefix[holding].min(measure.host_capacity(row, cpu, memory));
+                usable += row.count * measure.cap(row, prefix[holding], cpu, memory);
             }
         }
         usable
@@ -323,7 +329,7 @@ impl Fgd {
                 let holding = free.iter().filter(|f| **f >= r.gpu_milli);
                 if holding.clone().count() >= r.gpus as usize {
                     let usable = holding.map(|f| u64::from(*f)).sum::<u64>();
-                    r.count * usable.min(measure.host_capacity(r, cpu, memory))
+                    r.count * measure.cap(r, usable, cpu, memory)
                 } else {
                     0
                 }

@@ -2,7 +2,7 @@
 //! Tiresias' discretized two-dimensional least-attained-service.
 
 use super::{Contender, PendingView, Policy, QueueKey, WhenBlocked};
-use crate::model::Time;
+use crate::model::{TaskSpec, Time};
 use crate::quota::{Amounts, Quotas};
 
 /// The policies of this module by name.
@@ -183,6 +183,9 @@ impl Policy for Kueue {
         // Task by task (within its own team) only lower priorities: keys past the last of its
         // own priority's.
         Some(QueueKey(preemptor.key.0, i64::MAX, u64::MAX))
+    }
+    fn class(&self, task: &TaskSpec) -> Option<i64> {
+        Some(-i64::from(task.priority))
     }
     fn may_preempt_team(
         &self,

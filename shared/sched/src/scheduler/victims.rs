@@ -71,6 +71,12 @@ pub(super) struct Team {
 /// latency-sensitive pods read only the best-effort ones) — and the GPUs they hold.
 #[derive(Debug, Default, Clone)]
 struct Ranked {
+    /// The class's tasks whose runners are not made yet: while no search has read a class
+    /// whose tasks' class the policy names without a key ([`Policy::class`]), its tasks are
+    /// only counted in (openb's latency-sensitive pods, which no search reads, are never keyed).
+    ///
+    /// [`Policy::class`]: crate::policy::Policy::class
+    unread: Option<Vec<TaskId>>,
     /// Every runner the sweep made, by number (those that stopped are left in place).
     runners: Vec<Runner>,
     /// The ranks and numbers of those running: the first `sorted` in victim order, and
@@ -116,7 +122,40 @@ impl Ranked {
         Some((victim, &self.runners[r as usize]))
     }
 
+    /// A class whose runners are made when a search first reads it.
+    fn unread() -> Self {
+        Self {
+            unread: Some(Vec::new()),
+            ..Self::default()
+        }
+    }
+
+    /// Adds task `id` to an unread class.
+    fn defer(&mut self, id: TaskId) {
+        self.unread
+            .as_mut()
+            .expect("only an unread class defers")
+            .push(id);
+    }
+
+    /// Makes the runners of an unread class (`runner`), ranked in `order`.
+    fn read(&mut self, order: VictimOrder, runner: &mut impl FnMut(TaskId) -> Runner) {
+        let Some(ids) = self.unread.take() else {
+            return;
+        };
+        self.runners.reserve(ids.len());
+        self.list.reserve(ids.len());
+        for id in ids {
+            let r = runner(id);
+            self.push(Victim::new(&r, order), r);
+        }
+    }
+
     fn insert(&mut self, victim: Victim, r: Runner) {
+        if let Some(ids) = &mut self.unread {
+            ids.push(r.id);
+            return;
+        }
         let n = self.runners.len() as u32;
         self.runners.push(r);
         self.gpus += victim.gpus();
@@ -131,6 +170,13 @@ impl Ranked {
 
     /// Removes task `id`; whether it was there.
     fn remove(&mut self, id: TaskId) -> bool {
+        if let Some(ids) = &mut self.unread {
+            let Some(at) = ids.iter().position(|i| *i == id) else {
+                return false;
+            };
+            ids.swap_remove(at);
+            return true;
+        }
         let Some(at) = self.list.iter().position(|(v, _)| v.id() == id) else {
             return false;
         };
@@ -203,6 +249,11 @@ impl Running {
         team.ids.push(id);
     }
 
+    /// The teams with running tasks.
+    pub fn teams(&self) -> impl Iterator<Item = &Team> {
+        self.teams.iter().filter(|team| !team.ids.is_empty())
+    }
+
     /// Whether `other` holds the same tasks by team (in any order): checked in debug builds.
     pub fn same_tasks(&self, other: &Running) -> bool {
         fn by_number(r: &Running) -> Vec<(usize, &str, usize, Vec<TaskId>)> {
@@ -242,13 +293,13 @@ impl Running {
     }
 
     /// Adds task `id` of team `number` (named `name`), which started (`runner` makes its
-    /// runner if the team's are computed already).
+    /// runner if the team's are computed already, unless its `class`, if named, is unread).
     pub fn insert(
         &mut self,
         number: usize,
         name: &str,
         id: TaskId,
-        limited: bool,
+        (limited, class): (bool, Option<i64>),
         runner: impl FnOnce(TaskId) -> Runner,
     ) {
         let order = self.order;
@@ -256,6 +307,13 @@ impl Running {
         team.limited += usize::from(limited);
         team.ids.push(id);
         if let Some(classes) = &mut team.ranked {
+            if let Some(class) = class
+                && let Ok(at) = classes.binary_search_by_key(&class, |(c, _)| *c)
+                && classes[at].1.unread.is_some()
+            {
+                classes[at].1.defer(id);
+                return;
+            }
             let r = runner(id);
             let class = r.key.0;
             let at = match classes.binary_search_by_key(&class, |(c, _)| *c) {
@@ -299,10 +357,12 @@ impl Running {
 
     /// A search among the teams `terms` names terms for (`None`: the team is left out), and
     /// at most how many whole GPUs its victims hold; `runner` computes a team's runners the
-    /// first time one is looked at.
+    /// first time one is looked at — only for the classes the search reads, where `class`
+    /// names a task's class without its runner (the first part of every key it has).
     pub fn search(
         &mut self,
         mut terms: impl FnMut(&Team) -> Option<Terms>,
+        mut class: impl FnMut(TaskId) -> Option<i64>,
         mut runner: impl FnMut(TaskId) -> Runner,
     ) -> (Search, u64) {
         let mut parts = Vec::new();
@@ -315,6 +375,17 @@ impl Running {
             let classes = team.ranked.get_or_insert_with(|| {
                 let mut classes: Vec<(i64, Ranked)> = Vec::new();
                 for (i, id) in team.ids.iter().enumerate() {
+                    if let Some(c) = class(*id) {
+                        match classes.iter_mut().find(|(k, _)| *k == c) {
+                            Some((_, ranked)) => ranked.defer(*id),
+                            None => {
+                                let mut ranked = Ranked::unread();
+                                ranked.defer(*id);
+                                classes.push((c, ranked));
+                            }
+                        }
+                        continue;
+                    }
                     let r = runner(*id);
                     let at = match classes.iter().position(|(c, _)| *c == r.key.0) {
                         Some(at) => at,
@@ -329,16 +400,15 @@ impl Running {
                 classes.sort_unstable_by_key(|(c, _)| *c);
                 classes
             });
-            for (class, (first, ranked)) in classes.iter().enumerate() {
-                // Every key of a class below the floor (or of the floor's class, where the
-                // floor is that class's last key) is at most the floor.
-                let below = |floor: QueueKey| {
-                    *first < floor.0
-                        || (*first == floor.0 && (floor.1, floor.2) == (i64::MAX, u64::MAX))
-                };
-                if terms.floor.is_some_and(below) {
+            for (class, (first, ranked)) in classes.iter_mut().enumerate() {
+                if terms.floor.is_some_and(|floor| below(*first, floor)) {
                     continue;
                 }
+                ranked.read(order, &mut runner);
+                debug_assert!(
+                    ranked.runners.iter().all(|r| r.key.0 == *first),
+                    "a task's class is the first part of its key"
+                );
                 gpus += ranked.gpus;
                 parts.push(Part {
                     team: at,
@@ -361,6 +431,13 @@ impl Running {
         let classes = self.teams[part.team].ranked.as_mut();
         &mut classes.expect("a search's teams are ranked")[part.class].1
     }
+}
+
+/// Whether every key of `class` is at most `floor`: the class is below the floor, or is the
+/// floor's own class where the floor is that class's last key. A search with that floor finds
+/// no victim there.
+pub(super) fn below(class: i64, floor: QueueKey) -> bool {
+    class < floor.0 || (class == floor.0 && (floor.1, floor.2) == (i64::MAX, u64::MAX))
 }
 
 /// A task a search may take, ranked: the smallest rank goes first.
@@ -505,7 +582,7 @@ mod tests {
 
     /// Every victim of a search with `terms` for each team, in the order taken.
     fn taken(running: &mut Running, terms: Terms, make: impl FnMut(TaskId) -> Runner) -> Vec<u64> {
-        let (mut search, _) = running.search(|_| Some(terms), make);
+        let (mut search, _) = running.search(|_| Some(terms), |_| None, make);
         std::iter::from_fn(|| search.next(running, |_| true))
             .map(|v| v.id().0)
             .collect()
@@ -560,7 +637,7 @@ mod tests {
             whole: None,
             floor: None,
         };
-        let (mut search, gpus) = running.search(|_| Some(terms), make);
+        let (mut search, gpus) = running.search(|_| Some(terms), |_| None, make);
         assert_eq!(gpus, 60);
         // The policy allows only even ids; take five.
         let mut asked = 0;
@@ -599,9 +676,9 @@ mod tests {
             }
         };
         for id in 0..5 {
-            running.insert(team(id).0, team(id).1, TaskId(id), false, made);
+            running.insert(team(id).0, team(id).1, TaskId(id), (false, None), made);
         }
-        running.search(|_| Some(ALL), made);
+        running.search(|_| Some(ALL), |_| None, made);
         running.remove(0, TaskId(0), false);
         running.remove(1, TaskId(3), false);
         running.remove(1, TaskId(3), false);
@@ -614,8 +691,61 @@ mod tests {
         }
         assert!(running.get(0, TaskId(0)).is_none());
         // A task that starts once the lists are ranked takes its place in the order.
-        running.insert(1, "b", TaskId(15), false, made);
+        running.insert(1, "b", TaskId(15), (false, None), made);
         assert_eq!(taken(&mut running, ALL, made), [15, 4, 2, 1]);
+    }
+
+    #[test]
+    fn a_class_named_without_a_key_is_keyed_only_once_a_search_reads_it() {
+        // Tasks 1–4 (and 3,000, started later) of class 5 (a higher priority), 5–8 of class
+        // 7; keys carry the class.
+        let class = |id: TaskId| if id.0 <= 4 || id.0 == 3_000 { 5 } else { 7 };
+        let runner = |id: TaskId| Runner {
+            key: QueueKey(class(id), id.0 as i64, id.0),
+            ..made(id)
+        };
+        let mut running = Running::of(
+            VictimOrder::WorstFirst,
+            (1..=8).map(|id| (0, "a", TaskId(id), false)),
+        );
+        let mut keyed = Vec::new();
+        let floor = Terms {
+            whole: None,
+            floor: Some(QueueKey(5, i64::MAX, u64::MAX)),
+        };
+        let (mut search, gpus) = running.search(
+            |_| Some(floor),
+            |id| Some(class(id)),
+            |id| {
+                keyed.push(id.0);
+                runner(id)
+            },
+        );
+        assert_eq!(gpus, 4, "only class 7 counts");
+        keyed.sort_unstable();
+        assert_eq!(
+            keyed,
+            [5, 6, 7, 8],
+            "class 5 lies below the floor: never keyed"
+        );
+        let first: Vec<u64> = std::iter::from_fn(|| search.next(&mut running, |_| true))
+            .map(|v| v.id().0)
+            .collect();
+        assert_eq!(first, [8, 7, 6, 5]);
+        // Started and stopped while class 5 is unread: counted in, then out, unkeyed.
+        running.insert(0, "a", TaskId(3_000), (false, Some(5)), |_| {
+            unreachable!("class 5 is unread")
+        });
+        running.remove(0, TaskId(2), false);
+        let (mut search, _) = running.search(|_| Some(ALL), |id| Some(class(id)), runner);
+        let all: Vec<u64> = std::iter::from_fn(|| search.next(&mut running, |_| true))
+            .map(|v| v.id().0)
+            .collect();
+        assert_eq!(
+            all,
+            [8, 7, 6, 5, 3_000, 4, 3, 1],
+            "worst key first, class by class"
+        );
     }
 
     #[test]
@@ -629,13 +759,15 @@ mod tests {
             floor: Some(QueueKey(0, 2, 0)).filter(|_| limited == 0),
         };
         let ids = |running: &mut Running| {
-            let (mut search, _) = running.search(|t| Some(terms(t.limited)), made);
+            let (mut search, _) = running.search(|t| Some(terms(t.limited)), |_| None, made);
             std::iter::from_fn(|| search.next(running, |_| true))
                 .map(|v| v.id().0)
                 .collect::<Vec<_>>()
         };
         assert_eq!(ids(&mut running), [32, 23]);
-        running.insert(0, "a", TaskId(4), true, |id| runner(id.0, 0, true, 0));
+        running.insert(0, "a", TaskId(4), (true, None), |id| {
+            runner(id.0, 0, true, 0)
+        });
         assert_eq!(ids(&mut running), [4, 32, 23, 11]);
         running.remove(0, TaskId(4), true);
         assert_eq!(ids(&mut running), [32, 23]);
@@ -650,6 +782,7 @@ mod tests {
         let mut made_for = Vec::new();
         running.search(
             |t| (t.name == "b").then_some(ALL),
+            |_| None,
             |id| {
                 made_for.push(id);
                 made(id)
@@ -679,7 +812,7 @@ mod tests {
             whole: None,
             floor: Some(QueueKey(0, i64::MAX, u64::MAX)),
         };
-        let (mut search, gpus) = running.search(|_| Some(terms), make);
+        let (mut search, gpus) = running.search(|_| Some(terms), |_| None, make);
         assert_eq!(gpus, 6, "only class 1's GPUs count");
         let mut asked = Vec::new();
         let taken: Vec<u64> = std::iter::from_fn(|| {

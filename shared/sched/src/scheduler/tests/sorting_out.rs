@@ -1,6 +1,7 @@
 //! A preemption search that stops releasing the victims which cannot help its unit decides
 //! exactly as one that releases every victim in turn: same victims, same explanations, same
-//! placements, whatever the quotas say.
+//! placements, whatever the quotas say. So does a scheduler that rules out, from what each class
+//! holds per node, the searches no victims could end.
 
 use super::*;
 
@@ -26,8 +27,22 @@ fn decisions(
     seed: u64,
     sort_out_after: (usize, usize),
 ) -> (Vec<String>, usize, usize) {
+    let (log, s, gang_preempted) = run(policy, seed, sort_out_after, true, true);
+    (log, s.sorted_out, gang_preempted)
+}
+
+/// [`decisions`], with or without the teams' quotas and the searches no victims could end
+/// ruled out (`rule_out`); the scheduler at the end, and how many gang members were preempted.
+fn run(
+    policy: &str,
+    seed: u64,
+    sort_out_after: (usize, usize),
+    quotas: bool,
+    rule_out: bool,
+) -> (Vec<String>, Scheduler, usize) {
     let mut s = Scheduler::new(crate::policy::by_name(policy).unwrap());
     s.sort_out_after = sort_out_after;
+    s.rule_out = rule_out;
     for i in 0..16 {
         let mut spec = NodeSpec::new(format!("n{i}"), 8, if i % 3 == 0 { "A100" } else { "H100" });
         spec.cpu_milli = 64_000;
@@ -35,7 +50,7 @@ fn decisions(
     }
     // Nominal quotas add up to the GPUs: a team within its quota reclaims what others borrow.
     let teams = [("a", 40), ("b", 32), ("c", 24), ("d", 16), ("e", 16)];
-    for (team, gpus) in teams {
+    for (team, gpus) in teams.into_iter().filter(|_| quotas) {
         s.apply(quota(team, gpus)).unwrap();
     }
     let mut draw = Draw(seed);
@@ -94,7 +109,7 @@ fn decisions(
             log.push(serde_json::to_string(&d).unwrap());
         }
     }
-    (log, s.sorted_out, gang_preempted)
+    (log, s, gang_preempted)
 }
 
 #[test]
@@ -115,5 +130,37 @@ fn sorting_victims_out_changes_no_decision() {
         }
         assert!(sorted > 0, "{policy}: no search sorted its victims out");
         assert!(gangs > 0, "{policy}: no gang was preempted");
+    }
+}
+
+#[test]
+fn ruling_out_searches_no_victims_could_end_changes_no_decision() {
+    let each = (SORT_OUT_AFTER, SORT_OUT_SHARE);
+    for policy in ["allot", "kueue"] {
+        for quotas in [false, true] {
+            let mut ruled_out = 0;
+            for seed in 1..=6 {
+                let (all, _, _) = run(policy, seed, each, quotas, false);
+                let (some, s, _) = run(policy, seed, each, quotas, true);
+                ruled_out += s.ruled_out;
+                assert!(
+                    all.iter().any(|d| d.contains("\"preempted\"")),
+                    "{policy}, quotas {quotas}, seed {seed}: nothing was preempted"
+                );
+                let first = all.iter().zip(&some).position(|(a, b)| a != b);
+                assert_eq!(
+                    (all.len(), first),
+                    (some.len(), None),
+                    "{policy}, quotas {quotas}, seed {seed}: the first decision that differs, \
+                     without ruling out: {:?}; with: {:?}",
+                    first.map(|at| &all[at]),
+                    first.map(|at| &some[at]),
+                );
+            }
+            assert!(
+                ruled_out > 0,
+                "{policy}, quotas {quotas}: no search was ruled out"
+            );
+        }
     }
 }
