@@ -428,4 +428,4 @@ fn accrue(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

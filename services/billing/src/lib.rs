@@ -52,7 +52,7 @@ use allot_events::cost::{BudgetCrossed, BudgetLevel, CostAccrued};
 use allot_events::{AllocEvent, AnyEvent, CostEvent, Envelope, TelemetryEvent};
 use allot_runtime::Service;
 use allot_sched::{Decision, LeaseId, TaskId};
-use allot_store::rusqlite::{Connection, OptionalExtension, params};
+use allot_store::rusqlite::{Connection, OptionalExtension, ToSql, params};
 
 pub use ledger::PoolLedger;
 
@@ -433,34 +433,31 @@ fn store_ledger(
     )?
     .execute(params![pool, changes.last_entry as i64])?;
     for (task, team) in &changes.teams {
-        match team {
-            Some(team) => tx
-                .prepare_cached(
-                    "INSERT INTO ledger_team (pool, task, team) VALUES (?1, ?2, ?3)
-                     ON CONFLICT (pool, task) DO UPDATE SET team = excluded.team",
-                )?
-                .execute(params![pool, task.0 as i64, team])?,
-            None => tx
-                .prepare_cached("DELETE FROM ledger_team WHERE pool = ?1 AND task = ?2")?
-                .execute(params![pool, task.0 as i64])?,
-        };
+        allot_store::put_row(
+            tx,
+            (
+                "INSERT INTO ledger_team (pool, task, team) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (pool, task) DO UPDATE SET team = excluded.team",
+                "DELETE FROM ledger_team WHERE pool = ?1 AND task = ?2",
+            ),
+            &[&pool, &(task.0 as i64)],
+            team.as_ref().map(|team| team as &dyn ToSql),
+        )?;
     }
     for (lease, open) in &changes.leases {
-        match open {
-            Some(open) => tx
-                .prepare_cached(
-                    "INSERT INTO ledger_lease (pool, lease, json) VALUES (?1, ?2, ?3)
-                     ON CONFLICT (pool, lease) DO UPDATE SET json = excluded.json",
-                )?
-                .execute(params![
-                    pool,
-                    lease.0 as i64,
-                    serde_json::to_string(open).expect("a lease serializes")
-                ])?,
-            None => tx
-                .prepare_cached("DELETE FROM ledger_lease WHERE pool = ?1 AND lease = ?2")?
-                .execute(params![pool, lease.0 as i64])?,
-        };
+        let json = open
+            .as_ref()
+            .map(|open| serde_json::to_string(open).expect("a lease serializes"));
+        allot_store::put_row(
+            tx,
+            (
+                "INSERT INTO ledger_lease (pool, lease, json) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (pool, lease) DO UPDATE SET json = excluded.json",
+                "DELETE FROM ledger_lease WHERE pool = ?1 AND lease = ?2",
+            ),
+            &[&pool, &(lease.0 as i64)],
+            json.as_ref().map(|json| json as &dyn ToSql),
+        )?;
     }
     Ok(())
 }
@@ -672,83 +669,40 @@ fn db(e: impl std::fmt::Display) -> HandlerError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use allot_events::alloc::Applied;
-    use allot_sched::journal::Entry;
-    use allot_sched::{Input, TaskSpec};
-
-    fn entry(seq: u64, input: Input, decisions: Vec<Decision>) -> Applied {
-        Applied {
-            pool: "p".into(),
-            source: None,
-            entry: Entry {
-                seq,
-                input,
-                decisions,
-                rejected: None,
-            },
-            launch: None,
-            dispatch: Vec::new(),
-        }
-    }
+    use crate::ledger::tests::{Journal, MINUTE, POOL, prices};
 
     #[test]
     fn a_ledger_stored_whole_by_an_earlier_version_is_stored_again_by_key_and_read_back_the_same() {
-        let prices = PriceTable::parse(
-            "currency: EUR\ntables:\n  - effectiveFrom: \"1970-01-01T00:00:00Z\"\n    gpuHour: {H100: \"2.50\"}\n    cpuCoreHour: \"0.04\"\n    memoryGiBHour: \"0.005\"\n",
-        )
-        .unwrap();
+        let p = prices();
+        let mut j = Journal(0);
         let mut ledger = PoolLedger::default();
-        for (seq, task) in [(1, 1), (2, 2), (3, 3)] {
-            let submitted = Input::TaskSubmitted {
-                task: TaskSpec::new(task, "vision", 1),
-                at: seq * 1_000,
-            };
-            ledger.apply("p", &entry(seq, submitted, Vec::new()), &prices, 60_000);
+        for task in 1..=3 {
+            ledger.apply(POOL, &j.submitted(task, "vision", task * 1_000), &p, MINUTE);
         }
-        let granted = |task: u64| Decision::Granted {
-            task: TaskId(task),
-            lease: LeaseId(task),
-            placement: Default::default(),
-            at: 4_000,
-            reason: "r".into(),
-        };
-        let schedule = Input::Schedule { at: 4_000 };
-        ledger.apply(
-            "p",
-            &entry(4, schedule, vec![granted(1), granted(2)]),
-            &prices,
-            60_000,
-        );
+        for task in 1..=2 {
+            ledger.apply(POOL, &j.granted(task, task, 1000, false, 4_000), &p, MINUTE);
+        }
         let conn = allot_store::open_in_memory(MIGRATIONS).unwrap();
         conn.execute(
-            "INSERT INTO ledgers (pool, ledger) VALUES ('p', ?1)",
-            [serde_json::to_string(&ledger).unwrap()],
+            "INSERT INTO ledgers (pool, ledger) VALUES (?1, ?2)",
+            params![POOL, serde_json::to_string(&ledger).unwrap()],
         )
         .unwrap();
 
-        assert!(load_ledger(&conn, "p").unwrap().is_none());
-        let mut whole = load_whole_ledger(&conn, "p").unwrap().unwrap();
+        assert!(load_ledger(&conn, POOL).unwrap().is_none());
+        let mut whole = load_whole_ledger(&conn, POOL).unwrap().unwrap();
         assert_eq!(whole, ledger);
         whole.mark_all_changed();
-        store_ledger(&conn, "p", &whole.take_changes()).unwrap();
-        let by_key = load_ledger(&conn, "p").unwrap().unwrap();
+        store_ledger(&conn, POOL, &whole.take_changes()).unwrap();
+        let by_key = load_ledger(&conn, POOL).unwrap().unwrap();
         assert_eq!(by_key, ledger);
 
         // A release: its lease's row and its task's row go; the rest stay.
-        let released = Decision::Released {
-            task: TaskId(1),
-            lease: LeaseId(1),
-            at: 90_000,
-        };
-        let finished = Input::TaskFinished {
-            task: TaskId(1),
-            at: 90_000,
-        };
         let mut live = by_key;
-        let costs = live.apply("p", &entry(5, finished, vec![released]), &prices, 60_000);
+        let costs = live.apply(POOL, &j.released(1, 1, 90_000), &p, MINUTE);
         assert!(costs.iter().any(|c| c.last && c.lease == LeaseId(1)));
-        store_ledger(&conn, "p", &live.take_changes()).unwrap();
-        let read = load_ledger(&conn, "p").unwrap().unwrap();
+        store_ledger(&conn, POOL, &live.take_changes()).unwrap();
+        let read = load_ledger(&conn, POOL).unwrap().unwrap();
         assert_eq!(read, live);
         assert_eq!(
             read.leases.keys().copied().collect::<Vec<_>>(),

@@ -530,14 +530,19 @@ async fn listings_show_a_member_only_its_team_and_operators_every_team() {
         assert!(held.iter().all(|(_, _, milli)| *milli == 1000), "{v}");
     }
     // Costs are the sum of the events, to the micro-unit.
-    let (_, _, v) = call(
-        &s.state,
-        "GET",
-        "/api/v1/costs?team=nlp",
-        Some(&token(TokenRole::Admin)),
-        None,
-    )
-    .await;
+    let nlp_costs = || async {
+        let admin = token(TokenRole::Admin);
+        call(
+            &s.state,
+            "GET",
+            "/api/v1/costs?team=nlp",
+            Some(&admin),
+            None,
+        )
+        .await
+        .2
+    };
+    let v = nlp_costs().await;
     assert_eq!(v["teams"][0]["amount_micros"], 2_500_000, "{v}");
     // Another workload's cost, stored twice (a redelivery): counted once, beside the first.
     let conn = allot_store::open(&s.db, model::MIGRATIONS).unwrap();
@@ -562,14 +567,7 @@ async fn listings_show_a_member_only_its_team_and_operators_every_team() {
     again.stream_sequence = 901;
     model::apply_costs(&conn, &again).unwrap();
     drop(conn);
-    let (_, _, v) = call(
-        &s.state,
-        "GET",
-        "/api/v1/costs?team=nlp",
-        Some(&token(TokenRole::Admin)),
-        None,
-    )
-    .await;
+    let v = nlp_costs().await;
     assert_eq!(v["teams"][0]["amount_micros"], 2_500_000 + 333, "{v}");
     assert_eq!(v["teams"][0]["workloads"]["later"], 333, "{v}");
 }

@@ -110,9 +110,11 @@ pub fn save(
     for (node, record) in &changes.nodes {
         put(
             conn,
-            "INSERT INTO node (name, json) VALUES (?1, ?2)
-             ON CONFLICT (name) DO UPDATE SET json = excluded.json",
-            "DELETE FROM node WHERE name = ?1",
+            (
+                "INSERT INTO node (name, json) VALUES (?1, ?2)
+                 ON CONFLICT (name) DO UPDATE SET json = excluded.json",
+                "DELETE FROM node WHERE name = ?1",
+            ),
             node,
             record.as_ref(),
         )?;
@@ -120,10 +122,12 @@ pub fn save(
     for (lease, grant) in &changes.grants {
         put(
             conn,
-            "INSERT INTO idle_grant (lease, json) VALUES (?1, ?2)
-             ON CONFLICT (lease) DO UPDATE SET json = excluded.json",
-            "DELETE FROM idle_grant WHERE lease = ?1",
-            *lease as i64,
+            (
+                "INSERT INTO idle_grant (lease, json) VALUES (?1, ?2)
+                 ON CONFLICT (lease) DO UPDATE SET json = excluded.json",
+                "DELETE FROM idle_grant WHERE lease = ?1",
+            ),
+            &(*lease as i64),
             grant.as_ref(),
         )?;
     }
@@ -139,20 +143,21 @@ pub fn save(
     Ok(())
 }
 
-/// Writes `value` as `key`'s row, as JSON (`upsert`), or deletes the row (`delete`) for `None`.
+/// Writes `value` as `key`'s row, as JSON, or deletes the row for `None`
+/// ([`allot_store::put_row`]).
 fn put(
     conn: &Connection,
-    upsert: &str,
-    delete: &str,
-    key: impl rusqlite::ToSql,
+    statements: (&str, &str),
+    key: &dyn rusqlite::ToSql,
     value: Option<&impl serde::Serialize>,
 ) -> Result<(), Error> {
-    match value {
-        Some(value) => conn
-            .prepare_cached(upsert)?
-            .execute(params![key, serde_json::to_string(value)?])?,
-        None => conn.prepare_cached(delete)?.execute([key])?,
-    };
+    let json = value.map(serde_json::to_string).transpose()?;
+    allot_store::put_row(
+        conn,
+        statements,
+        &[key],
+        json.as_ref().map(|json| json as &dyn rusqlite::ToSql),
+    )?;
     Ok(())
 }
 

@@ -495,7 +495,12 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
 
     /// How long to wait before retry `attempt` after `what` failed with a transient `error`,
     /// logged.
-    fn retry_in(&self, attempt: u32, error: &HandlerError, what: &str) -> std::time::Duration {
+    fn retry_in(
+        &self,
+        attempt: u32,
+        error: &dyn std::fmt::Display,
+        what: &str,
+    ) -> std::time::Duration {
         let wait = backoff(attempt, self.settler.spec.max_backoff);
         tracing::warn!(
             consumer = %self.settler.spec.durable,
@@ -526,13 +531,10 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
                 Err(Unavailable::ForNow(error)) => error,
             };
             attempt += 1;
-            let wait = backoff(attempt, self.settler.spec.max_backoff);
-            tracing::warn!(
-                consumer = %self.settler.spec.durable,
+            let wait = self.retry_in(
                 attempt,
-                retry_in_ms = wait.as_millis() as u64,
-                error = %error,
-                "JetStream is unavailable; opening the consumer again"
+                &error,
+                "opening the consumer (JetStream unavailable)",
             );
             tokio::select! {
                 biased;

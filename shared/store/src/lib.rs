@@ -198,6 +198,26 @@ pub fn record_position(
     Ok(())
 }
 
+/// Writes one keyed row a batch changed, inside the caller's transaction: `upsert` with the
+/// `key`'s parameters followed by `value`, or, for `None` (the row's entity is gone), `delete`
+/// with the key's alone. How services that store their state by key write only what changed.
+pub fn put_row(
+    conn: &Connection,
+    (upsert, delete): (&str, &str),
+    key: &[&dyn rusqlite::ToSql],
+    value: Option<&dyn rusqlite::ToSql>,
+) -> Result<(), rusqlite::Error> {
+    match value {
+        Some(value) => {
+            let mut params = key.to_vec();
+            params.push(value);
+            conn.prepare_cached(upsert)?.execute(&*params)?
+        }
+        None => conn.prepare_cached(delete)?.execute(key)?,
+    };
+    Ok(())
+}
+
 /// Applies one event at stream sequence `seq` for `consumer`, exactly once.
 ///
 /// `change` runs inside a transaction that also records `seq`; if it fails nothing is kept.

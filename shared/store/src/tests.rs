@@ -181,3 +181,31 @@ fn a_writer_waiting_for_the_lock_tries_again_within_a_millisecond_for_five_secon
     );
     assert_eq!(sleeps[0], std::time::Duration::from_micros(50));
 }
+
+#[test]
+fn a_keyed_row_is_written_over_and_deleted_by_its_whole_key() {
+    let conn = open_in_memory(&[
+        "CREATE TABLE lease (pool TEXT NOT NULL, lease INTEGER NOT NULL, json TEXT NOT NULL,
+                             PRIMARY KEY (pool, lease)) STRICT;",
+    ])
+    .unwrap();
+    let statements = (
+        "INSERT INTO lease (pool, lease, json) VALUES (?1, ?2, ?3)
+         ON CONFLICT (pool, lease) DO UPDATE SET json = excluded.json",
+        "DELETE FROM lease WHERE pool = ?1 AND lease = ?2",
+    );
+    let rows = |conn: &Connection| -> Vec<(String, i64, String)> {
+        let mut stmt = conn
+            .prepare("SELECT pool, lease, json FROM lease ORDER BY pool, lease")
+            .unwrap();
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    for (pool, lease, json) in [("a", 1, "{}"), ("b", 1, "{}"), ("a", 1, "[]")] {
+        put_row(&conn, statements, &[&pool, &lease], Some(&json)).unwrap();
+    }
+    put_row(&conn, statements, &[&"b", &1], None).unwrap();
+    assert_eq!(rows(&conn), [("a".to_owned(), 1, "[]".to_owned())]);
+}

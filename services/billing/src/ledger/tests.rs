@@ -3,11 +3,11 @@ use allot_events::alloc::{Launch, NodeGrant};
 use allot_sched::journal::Entry;
 use allot_sched::{TaskSpec, Time};
 
-const POOL: &str = "p";
-const MINUTE: Time = 60_000;
+pub(crate) const POOL: &str = "p";
+pub(crate) const MINUTE: Time = 60_000;
 const HOUR: Time = 3_600_000;
 
-fn prices() -> PriceTable {
+pub(crate) fn prices() -> PriceTable {
     PriceTable::parse(
         r#"
 currency: EUR
@@ -25,11 +25,11 @@ tables:
     .unwrap()
 }
 
-/// Journal entries, numbered in order.
-struct Journal(u64);
+/// Journal entries, numbered in order (also for the crate's storage tests).
+pub(crate) struct Journal(pub u64);
 
 impl Journal {
-    fn entry(
+    pub(crate) fn entry(
         &mut self,
         input: Input,
         decisions: Vec<Decision>,
@@ -50,7 +50,7 @@ impl Journal {
         }
     }
 
-    fn submitted(&mut self, task: u64, team: &str, at: Time) -> Applied {
+    pub(crate) fn submitted(&mut self, task: u64, team: &str, at: Time) -> Applied {
         self.entry(
             Input::TaskSubmitted {
                 task: TaskSpec::new(task, team, 1),
@@ -62,7 +62,14 @@ impl Journal {
     }
 
     /// A grant of `milli` of one H100 plus 2 cores and 4 GiB (`gpu_only`: the GPU alone).
-    fn granted(&mut self, task: u64, lease: u64, milli: u32, gpu_only: bool, at: Time) -> Applied {
+    pub(crate) fn granted(
+        &mut self,
+        task: u64,
+        lease: u64,
+        milli: u32,
+        gpu_only: bool,
+        at: Time,
+    ) -> Applied {
         let dispatch = Dispatch {
             task: TaskId(task),
             lease: LeaseId(lease),
@@ -91,7 +98,7 @@ impl Journal {
         self.entry(Input::Schedule { at }, vec![decision], vec![dispatch])
     }
 
-    fn released(&mut self, task: u64, lease: u64, at: Time) -> Applied {
+    pub(crate) fn released(&mut self, task: u64, lease: u64, at: Time) -> Applied {
         let d = Decision::Released {
             task: TaskId(task),
             lease: LeaseId(lease),
@@ -107,7 +114,7 @@ impl Journal {
         )
     }
 
-    fn preempted(&mut self, task: u64, lease: u64, at: Time) -> Applied {
+    pub(crate) fn preempted(&mut self, task: u64, lease: u64, at: Time) -> Applied {
         let d = Decision::Preempted {
             task: TaskId(task),
             lease: LeaseId(lease),
@@ -119,7 +126,7 @@ impl Journal {
         self.entry(Input::Schedule { at }, vec![d], vec![])
     }
 
-    fn tick(&mut self, at: Time) -> Applied {
+    pub(crate) fn tick(&mut self, at: Time) -> Applied {
         self.entry(Input::Schedule { at }, vec![], vec![])
     }
 }
@@ -333,7 +340,10 @@ fn the_sweep_skipped_between_period_ends_bills_exactly_what_sweeping_every_entry
         assert_eq!(ledger, swept);
     }
     assert!(events.len() > 1_000, "{} events", events.len());
-    assert!(ledger.leases.is_empty() || events.iter().any(|e| e.last));
+    assert!(
+        events.iter().any(|e| e.last),
+        "leases released during the day bill their last periods"
+    );
 }
 
 #[test]
@@ -342,11 +352,9 @@ fn what_each_entry_changed_stored_row_by_row_is_the_whole_ledger() {
     let mut ledger = PoolLedger::default();
     let mut teams: BTreeMap<TaskId, String> = BTreeMap::new();
     let mut leases: BTreeMap<LeaseId, OpenLease> = BTreeMap::new();
-    let mut rows_written = 0;
     for e in busy_day() {
         ledger.apply(POOL, &e, &p, MINUTE);
         let changes = ledger.take_changes();
-        rows_written += changes.teams.len() + changes.leases.len();
         for (task, team) in changes.teams {
             match team {
                 Some(team) => teams.insert(task, team),
@@ -364,7 +372,6 @@ fn what_each_entry_changed_stored_row_by_row_is_the_whole_ledger() {
             ledger
         );
     }
-    assert!(rows_written > 0);
     // An entry within a period that has not ended changes no lease.
     let mut j = Journal(ledger.last_entry);
     ledger.apply(POOL, &j.submitted(500, "vision", 31 * HOUR), &p, MINUTE);
