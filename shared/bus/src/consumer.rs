@@ -400,17 +400,12 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
                 Ok(messages) => messages,
                 Err(e) => {
                     // The pull request went nowhere (no server, a consumer leader being
-                    // elected): open the consumer again — at the handler's position, when it
-                    // keeps one — once JetStream answers.
-                    tracing::warn!(consumer = %self.settler.spec.durable, error = %e, "pulling from the consumer failed; opening it again");
-                    let Some(position) = self.position(&mut shutdown).await? else {
+                    // elected): open the consumer again once JetStream answers.
+                    let why = format!("pulling from the consumer failed ({e})");
+                    let Some(reopened) = self.reopen(&mut shutdown, &why).await? else {
                         break 'pull;
                     };
-                    let Some(reopened) = self.open_consumer(&mut shutdown, position).await? else {
-                        break 'pull;
-                    };
-                    consumer = reopened;
-                    next_delivery = position.map(|_| 1);
+                    (consumer, next_delivery) = reopened;
                     continue 'pull;
                 }
             };
@@ -448,21 +443,13 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
                     && resume_after.is_some()
                 {
                     drop(messages);
-                    let Some(position) = self.position(&mut shutdown).await? else {
-                        break 'pull;
-                    };
-                    tracing::warn!(
-                        consumer = %self.settler.spec.durable,
-                        expected_delivery = expected,
-                        delivery = got,
-                        resume_after = ?position,
-                        "deliveries were lost in flight; reading again from the applied position"
+                    let why = format!(
+                        "deliveries were lost in flight (delivery {got} came where {expected} was due)"
                     );
-                    let Some(reopened) = self.open_consumer(&mut shutdown, position).await? else {
+                    let Some(reopened) = self.reopen(&mut shutdown, &why).await? else {
                         break 'pull;
                     };
-                    consumer = reopened;
-                    next_delivery = Some(1);
+                    (consumer, next_delivery) = reopened;
                     continue 'pull;
                 }
                 let Some(last) = pulled.last() else {
@@ -510,6 +497,27 @@ impl<E: Content, H: Handler<E>> ConsumerRunner<H, E> {
             "{what} failed; retrying"
         );
         wait
+    }
+
+    /// The durable consumer opened again (`why`, logged), at the handler's position when it
+    /// keeps one, and the delivery sequence it gives next once known; `None` if `shutdown`
+    /// came first.
+    async fn reopen<S: Future<Output = ()>>(
+        &mut self,
+        shutdown: &mut std::pin::Pin<&mut S>,
+        why: &str,
+    ) -> Result<Option<(PullConsumer, Option<u64>)>, BusError> {
+        let Some(position) = self.position(shutdown).await? else {
+            return Ok(None);
+        };
+        tracing::warn!(
+            consumer = %self.settler.spec.durable,
+            resume_after = ?position,
+            "{why}; opening the consumer again"
+        );
+        let consumer = self.open_consumer(shutdown, position).await?;
+        // A consumer created afresh at the handler's position starts at delivery 1.
+        Ok(consumer.map(|c| (c, position.map(|_| 1))))
     }
 
     /// The durable consumer, created (at `resume_after`, when the handler keeps a position) and
