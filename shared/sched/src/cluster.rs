@@ -163,6 +163,23 @@ impl<'c> Freeing<'c> {
         self.free_memory += share.memory_mib;
     }
 
+    /// What would then be free on the node in all: milli-GPU, CPU (millicores) and memory
+    /// (MiB), as [`NodeState::host_free`] counts them.
+    pub fn room(&self) -> (u64, u64, u64) {
+        let gpu = self.gpu_free.iter().map(|f| u64::from(*f)).sum();
+        let cpu = if self.node.spec.cpu_milli == 0 {
+            u64::MAX
+        } else {
+            self.free_cpu
+        };
+        let memory = if self.node.spec.memory_mib == 0 {
+            u64::MAX
+        } else {
+            self.free_memory
+        };
+        (gpu, cpu, memory)
+    }
+
     /// Whether the node might then hold `task` on its own: schedulable, an accepted model, the
     /// GPUs and the CPU and memory (where tracked) free. Necessary for any one-node placement,
     /// as [`NodeState::might_hold`] is.

@@ -464,6 +464,12 @@ pub struct Scheduler {
     /// How many searches were ruled out so.
     #[cfg(test)]
     ruled_out: usize,
+    /// Whether moves that cannot work are passed over before they are tried (tests compare).
+    #[cfg(test)]
+    rule_out_moves: bool,
+    /// How many moves were passed over so.
+    #[cfg(test)]
+    moves_ruled_out: usize,
 }
 
 /// How many moments (running tasks' ends) an ETA looks through before it gives up.
@@ -511,6 +517,32 @@ fn lost_work(since: Time, checkpointed: Time, every: Option<Time>, now: Time) ->
 
 /// How many nodes [`Scheduler::relocate_for`] tries, cheapest move first, before giving up.
 const RELOCATION_TRIES: usize = 4;
+
+/// The cheapest of a node's movable `entries` (by what `weigh` says a move costs, then by
+/// arrival) that with the node's `free` GPU share cover `need`: what they cost together, and
+/// how many they are — the first of `on_node`, which holds the entries in that order.
+fn cover<'e>(
+    entries: impl Iterator<Item = &'e movable::Entry>,
+    mut free: u64,
+    need: u64,
+    weigh: impl Fn(&movable::Entry) -> u128,
+    on_node: &mut Vec<(u128, u64, TaskId, u64)>,
+) -> (u128, usize) {
+    on_node.clear();
+    on_node.extend(entries.map(|e| (weigh(e), e.seq, e.id, e.milli)));
+    on_node.sort_unstable();
+    let mut cost = 0;
+    let mut n = 0;
+    for &(c, _, _, milli) in on_node.iter() {
+        if free >= need {
+            break;
+        }
+        free += milli;
+        cost += c;
+        n += 1;
+    }
+    (cost, n)
+}
 
 /// A preemption search that released this many victims in vain, and at least 1/`SORT_OUT_SHARE`
 /// of the tasks it has not read yet (those left, at most), sorts out those that cannot help:
@@ -568,6 +600,10 @@ impl Scheduler {
             rule_out: true,
             #[cfg(test)]
             ruled_out: 0,
+            #[cfg(test)]
+            rule_out_moves: true,
+            #[cfg(test)]
+            moves_ruled_out: 0,
         }
     }
 
@@ -2323,6 +2359,10 @@ impl Scheduler {
         if !unit.single || spec.mig_profile.is_some() || self.cluster.free_milli() < need {
             return None;
         }
+        debug_assert!(
+            self.place_on(&self.cluster, spec).is_none(),
+            "a move is only sought for a unit that fits nowhere"
+        );
         debug_assert_eq!(
             self.movable.all(),
             {
@@ -2334,52 +2374,79 @@ impl Scheduler {
             "the movable tasks kept as tasks start and stop are the task table's"
         );
         // Per node, the cheapest victims (cost in milli-GPU·ms, then arrival) whose GPUs with
-        // the node's free ones cover the need. A node whose movable tasks cannot cover it is
-        // passed over before any is weighed.
+        // the node's free ones cover the need; the nodes whose victims cost least are tried
+        // (ties to the earlier node). A node whose movable tasks cannot cover the need, or
+        // whose victims could not cost less than those of every node kept so far, is passed
+        // over before they are ordered.
         let movable = |e: &&movable::Entry| e.milli < need && e.priority <= spec.priority;
-        let mut candidates: Vec<(u128, NodeIdx, Vec<TaskId>)> = Vec::new();
+        let weigh =
+            |e: &movable::Entry| u128::from(e.milli) * u128::from(restart + e.lost_work(now));
+        let mut cheapest: Vec<(u128, NodeIdx)> = Vec::with_capacity(RELOCATION_TRIES + 1);
         let mut on_node: Vec<(u128, u64, TaskId, u64)> = Vec::new();
         for (node, entries) in self.movable.nodes() {
             let state = self.cluster.node(node);
             if !state.schedulable {
                 continue;
             }
-            let mut free: u64 = state.gpu_free.iter().map(|f| u64::from(*f)).sum();
-            if free >= need
-                || free + entries.iter().filter(movable).map(|e| e.milli).sum::<u64>() < need
-            {
+            let free: u64 = state.gpu_free.iter().map(|f| u64::from(*f)).sum();
+            if free >= need {
                 continue;
             }
-            on_node.clear();
-            on_node.extend(entries.iter().filter(movable).map(|e| {
-                let cost = u128::from(e.milli) * u128::from(restart + e.lost_work(now));
-                (cost, e.seq, e.id, e.milli)
-            }));
-            on_node.sort_unstable();
-            let mut cost = 0;
-            let mut victims = Vec::new();
-            for &(c, _, id, milli) in &on_node {
-                if free >= need {
-                    break;
-                }
-                free += milli;
-                cost += c;
-                victims.push(id);
+            let (mut could_free, mut least, mut least_lost) = (0, u128::MAX, Time::MAX);
+            for e in entries.iter().filter(movable) {
+                could_free += e.milli;
+                least = least.min(weigh(e));
+                least_lost = least_lost.min(e.lost_work(now));
             }
-            candidates.push((cost, node, victims));
+            if free + could_free < need {
+                continue;
+            }
+            // The victims cost at least the cheapest of them, and at least the GPU share
+            // missing times the least any of them would lose.
+            let floor = least.max(u128::from(need - free) * u128::from(restart + least_lost));
+            #[cfg(test)]
+            let floor = if self.rule_out_moves { floor } else { 0 };
+            if cheapest.len() == RELOCATION_TRIES && floor >= cheapest[RELOCATION_TRIES - 1].0 {
+                continue;
+            }
+            let (total, _) = cover(
+                entries.iter().filter(movable),
+                free,
+                need,
+                weigh,
+                &mut on_node,
+            );
+            let at = cheapest.partition_point(|c| *c <= (total, node));
+            cheapest.insert(at, (total, node));
+            cheapest.truncate(RELOCATION_TRIES);
         }
-        if candidates.is_empty() {
+        if cheapest.is_empty() {
             return None;
         }
-        candidates.sort_unstable();
         // What waiting would cost the unit, asked only once a move is possible: most tries
         // fail because a victim fits nowhere else, and the question reads every running task.
         // Candidates come cheapest first, so the first possible move too costly ends the search.
         let mut fits_at: Option<Time> = None;
         let saved = |fits_at: Time| u128::from(need) * u128::from(fits_at.saturating_sub(now));
-        for (cost, _, victims) in candidates.into_iter().take(RELOCATION_TRIES) {
-            if fits_at.is_some_and(|at| cost >= saved(at)) {
+        let one_node = no_room::one_node(&*self.policy, &self.cluster, spec);
+        for (cost_here, node) in cheapest {
+            if fits_at.is_some_and(|at| cost_here >= saved(at)) {
                 break;
+            }
+            let state = self.cluster.node(node);
+            let free: u64 = state.gpu_free.iter().map(|f| u64::from(*f)).sum();
+            let entries = self.movable.on(node);
+            let (cost, n) = cover(
+                entries.iter().filter(movable),
+                free,
+                need,
+                weigh,
+                &mut on_node,
+            );
+            debug_assert_eq!(cost, cost_here);
+            let victims: Vec<TaskId> = on_node[..n].iter().map(|(_, _, id, _)| *id).collect();
+            if one_node && self.relocation_cannot_work(unit, node, &victims) {
+                continue;
             }
             let mark = self.cluster.changes().len();
             let originals: Vec<Placement> = victims
@@ -2461,6 +2528,59 @@ impl Scheduler {
             return Some(((vec![placement], None), victims.len()));
         }
         None
+    }
+
+    /// Whether moving `victims` off `node` surely fails to make room for `unit`: one task, bound
+    /// to one node, that fits nowhere as the cluster is. Only `node` changes, so the unit could
+    /// only go there, and must fit once they are gone; and a victim of a shape that fits
+    /// nowhere now could only go back on `node`, so must fit in what the unit leaves there
+    /// (the last victim never does: it took the node past the need). Answered from the node
+    /// and the shapes that found no room, before a move is tried in full — most tries fail one
+    /// way or the other, and a full try places the unit and each victim on the whole cluster.
+    fn relocation_cannot_work(&mut self, unit: &Unit, node: NodeIdx, victims: &[TaskId]) -> bool {
+        #[cfg(test)]
+        if !self.rule_out_moves {
+            return false;
+        }
+        let spec = &unit.specs[0];
+        let mut freeing = Freeing::new(self.cluster.node(node));
+        for id in victims {
+            if let State::Running { placement, .. } = &self.tasks[id].state {
+                for share in placement.shares.iter().filter(|s| s.node == node) {
+                    freeing.release(share);
+                }
+            }
+        }
+        if !freeing.might_hold(spec) {
+            #[cfg(test)]
+            {
+                self.moves_ruled_out += 1;
+            }
+            return true;
+        }
+        let (gpu, cpu, memory) = freeing.room();
+        let left = (
+            gpu.saturating_sub(unit.demand[quota::GPU]),
+            cpu.saturating_sub(spec.cpu_milli),
+            memory.saturating_sub(spec.memory_mib),
+        );
+        let doomed = victims.iter().any(|id| {
+            let task = &self.tasks[id];
+            let victim = &task.spec;
+            let misses = quota::demand(victim)[quota::GPU] > left.0
+                || victim.cpu_milli > left.1
+                || victim.memory_mib > left.2;
+            misses
+                && no_room::one_node(&*self.policy, &self.cluster, victim)
+                && self
+                    .no_room
+                    .excludes(&task.shape, victim, &self.cluster, &*self.policy)
+        });
+        #[cfg(test)]
+        {
+            self.moves_ruled_out += usize::from(doomed);
+        }
+        doomed
     }
 
     /// A running task as preemption searches weigh it during a pass at `now`.

@@ -73,6 +73,11 @@ impl Movable {
             .map(|(node, entries)| (NodeIdx(node as u32), entries.as_slice()))
     }
 
+    /// The movable tasks on `node`, in no order.
+    pub fn on(&self, node: NodeIdx) -> &[Entry] {
+        self.nodes.get(node.0 as usize).map_or(&[], Vec::as_slice)
+    }
+
     /// Task `id`, which runs at `placement`, reported a checkpoint: it has been saved up to
     /// `checkpointed`.
     pub fn checkpointed(&mut self, placement: &Placement, id: TaskId, checkpointed: Time) {

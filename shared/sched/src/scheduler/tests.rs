@@ -696,6 +696,7 @@ fn nothing_new_lands_on_a_cordoned_node_until_it_returns_to_service() {
 
 mod deadlines;
 mod mechanisms;
+mod moving;
 mod sorting_out;
 
 #[test]
