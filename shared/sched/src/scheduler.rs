@@ -2375,14 +2375,16 @@ impl Scheduler {
         );
         // Per node, the cheapest victims (cost in milli-GPU·ms, then arrival) whose GPUs with
         // the node's free ones cover the need; the nodes whose victims cost least are tried
-        // (ties to the earlier node). A node whose movable tasks cannot cover the need, or
-        // whose victims could not cost less than those of every node kept so far, is passed
-        // over before they are ordered.
+        // (ties to the earlier node). A node whose movable tasks cannot cover the need is
+        // passed over before any is weighed, and one whose victims could not cost less than
+        // those of every node kept so far before they are ordered.
         let movable = |e: &&movable::Entry| e.milli < need && e.priority <= spec.priority;
         let weigh =
             |e: &movable::Entry| u128::from(e.milli) * u128::from(restart + e.lost_work(now));
-        let mut cheapest: Vec<(u128, NodeIdx)> = Vec::with_capacity(RELOCATION_TRIES + 1);
-        let mut on_node: Vec<(u128, u64, TaskId, u64)> = Vec::new();
+        // Each node that could make room, with what its victims cost at least, cheapest
+        // first: the victims cost no less than the cheapest of them, nor than the GPU share
+        // missing times the least any of them would lose.
+        let mut floors: Vec<Reverse<(u128, NodeIdx, u64)>> = Vec::new();
         for (node, entries) in self.movable.nodes() {
             let state = self.cluster.node(node);
             if !state.schedulable {
@@ -2401,14 +2403,20 @@ impl Scheduler {
             if free + could_free < need {
                 continue;
             }
-            // The victims cost at least the cheapest of them, and at least the GPU share
-            // missing times the least any of them would lose.
             let floor = least.max(u128::from(need - free) * u128::from(restart + least_lost));
             #[cfg(test)]
             let floor = if self.rule_out_moves { floor } else { 0 };
-            if cheapest.len() == RELOCATION_TRIES && floor >= cheapest[RELOCATION_TRIES - 1].0 {
-                continue;
+            floors.push(Reverse((floor, node, free)));
+        }
+        let mut floors = BinaryHeap::from(floors);
+        let mut cheapest: Vec<(u128, NodeIdx)> = Vec::with_capacity(RELOCATION_TRIES + 1);
+        let mut on_node: Vec<(u128, u64, TaskId, u64)> = Vec::new();
+        while let Some(Reverse((floor, node, free))) = floors.pop() {
+            // Every node left costs more than each of those kept.
+            if cheapest.len() == RELOCATION_TRIES && floor > cheapest[RELOCATION_TRIES - 1].0 {
+                break;
             }
+            let entries = self.movable.on(node);
             let (total, _) = cover(
                 entries.iter().filter(movable),
                 free,
