@@ -1864,7 +1864,10 @@ impl Scheduler {
                         task.team,
                         &task.spec.team,
                         *member,
-                        task.spec.max_runtime.is_some(),
+                        (
+                            task.spec.max_runtime.is_some(),
+                            self.policy.class(&task.spec),
+                        ),
                     );
                     if let Some((node, entry)) = task.movable() {
                         self.movable.enter(node, entry);
@@ -1955,7 +1958,7 @@ impl Scheduler {
                             t.team,
                             t.spec.team.as_str(),
                             t.spec.id,
-                            t.spec.max_runtime.is_some(),
+                            (t.spec.max_runtime.is_some(), self.policy.class(&t.spec)),
                         )
                     }),
                 )),
@@ -1997,7 +2000,6 @@ impl Scheduler {
                     floor: floor.filter(|_| team.limited == 0),
                 }),
             },
-            |id| self.policy.class(&self.tasks[&id].spec),
             |id| self.runner(&self.tasks[&id], now),
         );
         let quotas = self.quotas.clone();

@@ -55,8 +55,12 @@ pub(super) struct Running {
 #[derive(Debug, Clone)]
 pub(super) struct Team {
     pub name: String,
-    /// Its running tasks, in no order.
-    ids: Vec<TaskId>,
+    /// Its running tasks, in no order, each with its class where the policy names it without
+    /// a key ([`Policy::class`]: kept as tasks start, so a sweep splits the team by class
+    /// without looking a task up).
+    ///
+    /// [`Policy::class`]: crate::policy::Policy::class
+    ids: Vec<(TaskId, Option<i64>)>,
     /// How many of them have a usage limit.
     pub limited: usize,
     /// Computed the first time a search looks at the team (most searches settle most teams
@@ -223,30 +227,37 @@ impl Terms {
 }
 
 impl Running {
-    /// The index of `all` running tasks: (team's number, team, task, whether it has a usage
-    /// limit), to be taken in `order`.
+    /// The index of `all` running tasks: (team's number, team, task, (whether it has a usage
+    /// limit, its class if the policy names one)), to be taken in `order`.
     pub fn of<'a>(
         order: VictimOrder,
-        all: impl IntoIterator<Item = (usize, &'a str, TaskId, bool)>,
+        all: impl IntoIterator<Item = (usize, &'a str, TaskId, (bool, Option<i64>))>,
     ) -> Self {
         let mut running = Self {
             order,
             teams: Vec::new(),
             slots: Vec::new(),
         };
-        for (number, team, id, limited) in all {
-            running.enter(number, team, id, limited);
+        for (number, team, id, terms) in all {
+            running.enter(number, team, id, terms);
         }
         running
     }
 
-    /// Adds task `id` of team `number` (named `name`), which started, to an index whose teams
-    /// are not ranked yet (as kept between sweeps).
-    pub fn enter(&mut self, number: usize, name: &str, id: TaskId, limited: bool) {
+    /// Adds task `id` of team `number` (named `name`), which started (and has a usage limit,
+    /// and a class, as `limited` and `class` say), to an index whose teams are not ranked yet
+    /// (as kept between sweeps).
+    pub fn enter(
+        &mut self,
+        number: usize,
+        name: &str,
+        id: TaskId,
+        (limited, class): (bool, Option<i64>),
+    ) {
         let team = self.team(number, name);
         debug_assert!(team.ranked.is_none(), "a ranked team is kept by `insert`");
         team.limited += usize::from(limited);
-        team.ids.push(id);
+        team.ids.push((id, class));
     }
 
     /// The teams with running tasks.
@@ -256,8 +267,9 @@ impl Running {
 
     /// Whether `other` holds the same tasks by team (in any order): checked in debug builds.
     pub fn same_tasks(&self, other: &Running) -> bool {
-        fn by_number(r: &Running) -> Vec<(usize, &str, usize, Vec<TaskId>)> {
-            let mut teams: Vec<(usize, &str, usize, Vec<TaskId>)> = r
+        type Ids = Vec<(TaskId, Option<i64>)>;
+        fn by_number(r: &Running) -> Vec<(usize, &str, usize, Ids)> {
+            let mut teams: Vec<(usize, &str, usize, Ids)> = r
                 .slots
                 .iter()
                 .enumerate()
@@ -305,7 +317,7 @@ impl Running {
         let order = self.order;
         let team = self.team(number, name);
         team.limited += usize::from(limited);
-        team.ids.push(id);
+        team.ids.push((id, class));
         if let Some(classes) = &mut team.ranked {
             if let Some(class) = class
                 && let Ok(at) = classes.binary_search_by_key(&class, |(c, _)| *c)
@@ -333,7 +345,7 @@ impl Running {
             return;
         };
         let team = &mut self.teams[slot];
-        let Some(at) = team.ids.iter().position(|i| *i == id) else {
+        let Some(at) = team.ids.iter().position(|(i, _)| *i == id) else {
             return;
         };
         team.ids.swap_remove(at);
@@ -357,12 +369,11 @@ impl Running {
 
     /// A search among the teams `terms` names terms for (`None`: the team is left out), and
     /// at most how many whole GPUs its victims hold; `runner` computes a team's runners the
-    /// first time one is looked at — only for the classes the search reads, where `class`
-    /// names a task's class without its runner (the first part of every key it has).
+    /// first time one is looked at — only for the classes the search reads, where a task's
+    /// class was named as it started (the first part of every key it has).
     pub fn search(
         &mut self,
         mut terms: impl FnMut(&Team) -> Option<Terms>,
-        mut class: impl FnMut(TaskId) -> Option<i64>,
         mut runner: impl FnMut(TaskId) -> Runner,
     ) -> (Search, u64) {
         let mut parts = Vec::new();
@@ -374,8 +385,8 @@ impl Running {
             let order = self.order;
             let classes = team.ranked.get_or_insert_with(|| {
                 let mut classes: Vec<(i64, Ranked)> = Vec::new();
-                for (i, id) in team.ids.iter().enumerate() {
-                    if let Some(c) = class(*id) {
+                for (i, (id, class)) in team.ids.iter().enumerate() {
+                    if let Some(c) = *class {
                         match classes.iter_mut().find(|(k, _)| *k == c) {
                             Some((_, ranked)) => ranked.defer(*id),
                             None => {
@@ -582,7 +593,7 @@ mod tests {
 
     /// Every victim of a search with `terms` for each team, in the order taken.
     fn taken(running: &mut Running, terms: Terms, make: impl FnMut(TaskId) -> Runner) -> Vec<u64> {
-        let (mut search, _) = running.search(|_| Some(terms), |_| None, make);
+        let (mut search, _) = running.search(|_| Some(terms), make);
         std::iter::from_fn(|| search.next(running, |_| true))
             .map(|v| v.id().0)
             .collect()
@@ -606,7 +617,7 @@ mod tests {
                         (r.id.0 % 2) as usize,
                         ["a", "b"][(r.id.0 % 2) as usize],
                         r.id,
-                        r.over,
+                        (r.over, None),
                     )
                 }),
             );
@@ -629,7 +640,7 @@ mod tests {
                     (*id % 3) as usize,
                     ["a", "b", "c"][(*id % 3) as usize],
                     TaskId(*id),
-                    false,
+                    (false, None),
                 )
             }),
         );
@@ -637,7 +648,7 @@ mod tests {
             whole: None,
             floor: None,
         };
-        let (mut search, gpus) = running.search(|_| Some(terms), |_| None, make);
+        let (mut search, gpus) = running.search(|_| Some(terms), make);
         assert_eq!(gpus, 60);
         // The policy allows only even ids; take five.
         let mut asked = 0;
@@ -678,7 +689,7 @@ mod tests {
         for id in 0..5 {
             running.insert(team(id).0, team(id).1, TaskId(id), (false, None), made);
         }
-        running.search(|_| Some(ALL), |_| None, made);
+        running.search(|_| Some(ALL), made);
         running.remove(0, TaskId(0), false);
         running.remove(1, TaskId(3), false);
         running.remove(1, TaskId(3), false);
@@ -706,7 +717,7 @@ mod tests {
         };
         let mut running = Running::of(
             VictimOrder::WorstFirst,
-            (1..=8).map(|id| (0, "a", TaskId(id), false)),
+            (1..=8).map(|id| (0, "a", TaskId(id), (false, Some(class(TaskId(id)))))),
         );
         let mut keyed = Vec::new();
         let floor = Terms {
@@ -715,7 +726,6 @@ mod tests {
         };
         let (mut search, gpus) = running.search(
             |_| Some(floor),
-            |id| Some(class(id)),
             |id| {
                 keyed.push(id.0);
                 runner(id)
@@ -737,7 +747,7 @@ mod tests {
             unreachable!("class 5 is unread")
         });
         running.remove(0, TaskId(2), false);
-        let (mut search, _) = running.search(|_| Some(ALL), |id| Some(class(id)), runner);
+        let (mut search, _) = running.search(|_| Some(ALL), runner);
         let all: Vec<u64> = std::iter::from_fn(|| search.next(&mut running, |_| true))
             .map(|v| v.id().0)
             .collect();
@@ -752,14 +762,14 @@ mod tests {
     fn a_floor_leaves_out_better_keys_unless_a_task_has_a_usage_limit() {
         let mut running = Running::of(
             VictimOrder::WorstFirst,
-            [TaskId(11), TaskId(32), TaskId(23)].map(|id| (0, "a", id, false)),
+            [TaskId(11), TaskId(32), TaskId(23)].map(|id| (0, "a", id, (false, None))),
         );
         let terms = |limited: usize| Terms {
             whole: None,
             floor: Some(QueueKey(0, 2, 0)).filter(|_| limited == 0),
         };
         let ids = |running: &mut Running| {
-            let (mut search, _) = running.search(|t| Some(terms(t.limited)), |_| None, made);
+            let (mut search, _) = running.search(|t| Some(terms(t.limited)), made);
             std::iter::from_fn(|| search.next(running, |_| true))
                 .map(|v| v.id().0)
                 .collect::<Vec<_>>()
@@ -777,12 +787,14 @@ mod tests {
     fn a_team_never_looked_at_is_never_computed() {
         let mut running = Running::of(
             VictimOrder::WorstFirst,
-            [(0, "a", TaskId(1), false), (1, "b", TaskId(2), true)],
+            [
+                (0, "a", TaskId(1), (false, None)),
+                (1, "b", TaskId(2), (true, None)),
+            ],
         );
         let mut made_for = Vec::new();
         running.search(
             |t| (t.name == "b").then_some(ALL),
-            |_| None,
             |id| {
                 made_for.push(id);
                 made(id)
@@ -806,13 +818,13 @@ mod tests {
         };
         let mut running = Running::of(
             VictimOrder::WorstFirst,
-            (1..=6).map(|id| (0, "a", TaskId(id), false)),
+            (1..=6).map(|id| (0, "a", TaskId(id), (false, None))),
         );
         let terms = Terms {
             whole: None,
             floor: Some(QueueKey(0, i64::MAX, u64::MAX)),
         };
-        let (mut search, gpus) = running.search(|_| Some(terms), |_| None, make);
+        let (mut search, gpus) = running.search(|_| Some(terms), make);
         assert_eq!(gpus, 6, "only class 1's GPUs count");
         let mut asked = Vec::new();
         let taken: Vec<u64> = std::iter::from_fn(|| {
