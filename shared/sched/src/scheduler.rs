@@ -1735,7 +1735,33 @@ impl Scheduler {
         // Each shape's placer, for the sweep (the cluster logs where it changes meanwhile).
         let mut placers = Placers::default();
         self.cluster.log_changes(true);
+        let when_blocked = self.policy.when_blocked();
+        let preemptive = self.policy.preemptive();
         for (key, leader) in &queue {
+            // Once a unit is blocked, a task on its own whose shape found no room does nothing
+            // — where the sweep goes on past blocked units and would neither move tasks nor
+            // preempt for one of its size — so it is passed over before its unit is built (most
+            // of a long queue is passed over so, every sweep).
+            let goes_on = match when_blocked {
+                WhenBlocked::Stop => false,
+                WhenBlocked::Continue => true,
+                WhenBlocked::Reserve => reservation.is_some(),
+            };
+            if blocked.is_some() && goes_on {
+                let task = &self.tasks[leader];
+                let gpus = task.spec.gpus;
+                let inert = !may_preempt
+                    || reservation.is_some()
+                    || (gpus >= unmovable_gpus && (!preemptive || gpus >= hopeless_gpus));
+                if inert
+                    && task.spec.gang.is_none()
+                    && self
+                        .no_room
+                        .excludes(&task.shape, &task.spec, &self.cluster, &*self.policy)
+                {
+                    continue;
+                }
+            }
             let unit = self.unit(*leader);
             let spec = Arc::clone(&unit.specs[0]);
             let team = &spec.team;
