@@ -2437,7 +2437,8 @@ impl Scheduler {
             floors.push(Reverse((floor, node, free)));
         }
         let mut floors = BinaryHeap::from(floors);
-        let mut cheapest: Vec<(u128, NodeIdx)> = Vec::with_capacity(RELOCATION_TRIES + 1);
+        let mut cheapest: Vec<(u128, NodeIdx, Vec<TaskId>)> =
+            Vec::with_capacity(RELOCATION_TRIES + 1);
         let mut on_node: Vec<(u128, u64, TaskId, u64)> = Vec::new();
         while let Some(Reverse((floor, node, free))) = floors.pop() {
             // Every node left costs more than each of those kept.
@@ -2445,16 +2446,19 @@ impl Scheduler {
                 break;
             }
             let entries = self.movable.on(node);
-            let (total, _) = cover(
+            let (cost, n) = cover(
                 entries.iter().filter(movable),
                 free,
                 need,
                 weigh,
                 &mut on_node,
             );
-            let at = cheapest.partition_point(|c| *c <= (total, node));
-            cheapest.insert(at, (total, node));
-            cheapest.truncate(RELOCATION_TRIES);
+            let at = cheapest.partition_point(|(c, at, _)| (*c, *at) <= (cost, node));
+            if at < RELOCATION_TRIES {
+                let victims = on_node[..n].iter().map(|(_, _, id, _)| *id).collect();
+                cheapest.insert(at, (cost, node, victims));
+                cheapest.truncate(RELOCATION_TRIES);
+            }
         }
         if cheapest.is_empty() {
             return None;
@@ -2465,22 +2469,10 @@ impl Scheduler {
         let mut fits_at: Option<Time> = None;
         let saved = |fits_at: Time| u128::from(need) * u128::from(fits_at.saturating_sub(now));
         let one_node = no_room::one_node(&*self.policy, &self.cluster, spec);
-        for (cost_here, node) in cheapest {
-            if fits_at.is_some_and(|at| cost_here >= saved(at)) {
+        for (cost, node, victims) in cheapest {
+            if fits_at.is_some_and(|at| cost >= saved(at)) {
                 break;
             }
-            let state = self.cluster.node(node);
-            let free: u64 = state.gpu_free.iter().map(|f| u64::from(*f)).sum();
-            let entries = self.movable.on(node);
-            let (cost, n) = cover(
-                entries.iter().filter(movable),
-                free,
-                need,
-                weigh,
-                &mut on_node,
-            );
-            debug_assert_eq!(cost, cost_here);
-            let victims: Vec<TaskId> = on_node[..n].iter().map(|(_, _, id, _)| *id).collect();
             if one_node && self.relocation_cannot_work(unit, node, &victims) {
                 continue;
             }

@@ -694,6 +694,19 @@ fn nothing_new_lands_on_a_cordoned_node_until_it_returns_to_service() {
     );
 }
 
+/// A small deterministic generator, for scenarios run twice to compare decisions.
+struct Draw(u64);
+
+impl Draw {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % n
+    }
+}
+
 mod deadlines;
 mod mechanisms;
 mod moving;

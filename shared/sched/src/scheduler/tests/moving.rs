@@ -4,19 +4,6 @@
 
 use super::*;
 
-/// A small deterministic generator (the scenario must be the same for both runs).
-struct Draw(u64);
-
-impl Draw {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (self.0 >> 33) % n
-    }
-}
-
 /// Every decision of a fragmented cluster under `allot` — nodes of 4 and 8 GPUs with little CPU
 /// to spare, mostly fractional tasks of two priorities, whole-GPU tasks among them, few ends —
 /// with moves that cannot work passed over (`rule_out`) or tried; and the scheduler at the end.

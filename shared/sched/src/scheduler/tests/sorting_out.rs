@@ -5,19 +5,6 @@
 
 use super::*;
 
-/// A small deterministic generator (the scenario must be the same for both searches).
-struct Draw(u64);
-
-impl Draw {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (self.0 >> 33) % n
-    }
-}
-
 /// Every decision of a busy cluster under `policy` — five teams with small quotas, nodes of two
 /// models with CPU, many small low-priority tasks (some in gangs of two) and larger urgent ones
 /// that preempt them — with searches sorting out as `sort_out_after` says; how many did, and
