@@ -54,7 +54,8 @@ impl NodeState {
     /// GPUs its request needs free. Necessary for any one-node placement, not sufficient (CPU,
     /// memory and the policy's own rules come on top): a node where it fails need not be tried.
     pub fn might_hold(&self, task: &crate::model::TaskSpec) -> bool {
-        task.accepts(&self.spec.gpu_model) && gpus_might_hold(&self.gpu_free, self.free_whole, task)
+        task.accepts(&self.spec.gpu_model)
+            && gpus_might_hold(self.gpu_free.iter().copied(), || self.free_whole, task)
     }
 
     /// Whether nothing runs on the node's GPUs.
@@ -119,15 +120,17 @@ impl NodeState {
     }
 }
 
-/// Whether GPUs with these free shares (`free_whole` of them entirely free) might hold `task`'s
-/// GPU request on one node.
-fn gpus_might_hold(gpu_free: &[u32], free_whole: u32, task: &crate::model::TaskSpec) -> bool {
+/// Whether GPUs with these free shares (a GPU out of service shows none) might hold `task`'s
+/// GPU request on one node; `whole` counts the entirely free ones, asked only for whole GPUs.
+pub(crate) fn gpus_might_hold(
+    mut free: impl Iterator<Item = u32>,
+    whole: impl FnOnce() -> u32,
+    task: &crate::model::TaskSpec,
+) -> bool {
     match task.gpus {
         0 => true,
-        1 if task.gpu_milli < WHOLE_GPU_MILLI => {
-            gpu_free.iter().any(|free| *free >= task.gpu_milli)
-        }
-        n => free_whole >= n,
+        1 if task.gpu_milli < WHOLE_GPU_MILLI => free.any(|f| f >= task.gpu_milli),
+        n => whole() >= n,
     }
 }
 
@@ -184,15 +187,12 @@ impl<'c> Freeing<'c> {
     /// GPUs and the CPU and memory (where tracked) free. Necessary for any one-node placement,
     /// as [`NodeState::might_hold`] is.
     pub fn might_hold(&self, task: &crate::model::TaskSpec) -> bool {
-        let whole = self
-            .gpu_free
-            .iter()
-            .filter(|f| **f == WHOLE_GPU_MILLI)
-            .count() as u32;
+        let free = self.gpu_free.iter().copied();
+        let whole = || free.clone().filter(|f| *f == WHOLE_GPU_MILLI).count() as u32;
         self.node.schedulable
             && task.accepts(&self.node.spec.gpu_model)
             && crate::placement::host_room(&self.node.spec, self.free_cpu, self.free_memory, task)
-            && gpus_might_hold(&self.gpu_free, whole, task)
+            && gpus_might_hold(free.clone(), whole, task)
     }
 }
 

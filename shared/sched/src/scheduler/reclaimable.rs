@@ -99,19 +99,11 @@ impl Reclaimable {
                     .map(|held| held.gpus.get(gpu).copied().unwrap_or(0))
                     .sum::<u32>()
         };
-        let in_service = (0..node.gpu_free.len()).filter(|gpu| !node.gpu_out[*gpu]);
-        match task.gpus {
-            0 => true,
-            1 if task.gpu_milli < WHOLE_GPU_MILLI => in_service
-                .into_iter()
-                .any(|gpu| free(gpu) >= task.gpu_milli),
-            n => {
-                in_service
-                    .filter(|gpu| free(*gpu) == WHOLE_GPU_MILLI)
-                    .count()
-                    >= n as usize
-            }
-        }
+        // A GPU out of service stays without free capacity, whatever held it.
+        let freed =
+            (0..node.gpu_free.len()).map(|gpu| if node.gpu_out[gpu] { 0 } else { free(gpu) });
+        let whole = || freed.clone().filter(|f| *f == WHOLE_GPU_MILLI).count() as u32;
+        crate::cluster::gpus_might_hold(freed.clone(), whole, task)
     }
 
     /// Every non-empty holding, in node and class order: two indexes of the same tasks compare
