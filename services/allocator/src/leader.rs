@@ -22,6 +22,12 @@
 //! leaves the scheduler's observable state as it was, so a replay that skips it recomputes the
 //! same decisions.
 //!
+//! A new term decides nothing until every reader has delivered what its stream held when the
+//! reader opened it (or [`CATCH_UP_LIMIT`] has passed): otherwise the streams' backlogs race,
+//! and a task read before the cordon, drain or failure of a node published ahead of it would
+//! be placed on that node. Inputs are applied and journalled as they come meanwhile; the first
+//! pass runs once the last reader has caught up.
+//!
 //! # Keeping the lease
 //!
 //! A [`Keeper`] task renews the lease every third of its TTL, on its own, so a long batch
@@ -63,6 +69,10 @@ type Stop = allot_runtime::Stopping;
 
 /// Most messages handled between two passes.
 const BATCH: usize = 256;
+
+/// How long a new term waits for its readers to catch up before it decides regardless (a
+/// stream that cannot be opened must not stop the pool for good).
+const CATCH_UP_LIMIT: Duration = Duration::from_secs(15);
 
 /// Stands by and leads, in turn, until `shutdown`.
 pub(crate) async fn run(
@@ -217,6 +227,14 @@ async fn lead(
     result
 }
 
+/// What a reader passes to the leader, in its stream's order.
+#[derive(Debug)]
+enum Read {
+    Arrival(Arrival),
+    /// Everything the stream held when the reader first opened it has been passed on.
+    CaughtUp(&'static str),
+}
+
 /// One message from an input stream.
 #[derive(Debug)]
 struct Arrival {
@@ -268,6 +286,8 @@ async fn term(
         last_at,
         parked,
         metrics: metrics::Term::lead(&config.pool),
+        catching_up: true,
+        changed: false,
     };
     leading.observe();
     info!(
@@ -276,16 +296,19 @@ async fn term(
         "journal replayed; reading inputs"
     );
 
-    let (tx, mut rx) = mpsc::channel::<Arrival>(4 * BATCH);
+    let (tx, mut rx) = mpsc::channel::<Read>(4 * BATCH);
     let mut readers = JoinSet::new();
     let js = jetstream::new(client.clone());
-    for (stream, filter_subjects) in sources(&config.pool) {
+    let sources = sources(&config.pool);
+    let mut behind: Vec<&'static str> = sources.iter().map(|(stream, _)| *stream).collect();
+    for (stream, filter_subjects) in sources {
         let reader = Reader {
             js: js.clone(),
             stream,
             filter_subjects,
             after: leading.positions.get(stream).copied().unwrap_or(0),
             tx: tx.clone(),
+            caught_up: false,
             dead_letters: leading.dead_letters.clone(),
             name: format!("allocator-{}", config.pool),
         };
@@ -295,12 +318,26 @@ async fn term(
 
     let mut passes = tokio::time::interval(config.pass_interval);
     passes.tick().await;
+    let catch_up = tokio::time::sleep(CATCH_UP_LIMIT);
+    tokio::pin!(catch_up);
     let result: Result<(), AllocatorError> = loop {
         tokio::select! {
             biased;
             () = stop.clone() => break Ok(()),
             lost = keeper.lost() => break Err(lost),
-            _ = passes.tick() => {
+            () = &mut catch_up, if leading.catching_up => {
+                warn!(
+                    pool = %config.pool,
+                    behind = %behind.join(", "),
+                    "the input streams were not read up to their ends within {} s; deciding \
+                     regardless",
+                    CATCH_UP_LIMIT.as_secs()
+                );
+                if let Err(e) = leading.caught_up().await {
+                    break Err(e);
+                }
+            }
+            _ = passes.tick(), if !leading.catching_up => {
                 if leading.scheduler.pending() > 0 {
                     if let Err(e) = leading.pass().await {
                         break Err(e);
@@ -308,19 +345,32 @@ async fn term(
                     leading.observe();
                 }
             }
-            arrival = rx.recv() => {
-                let Some(first) = arrival else {
+            read = rx.recv() => {
+                let Some(first) = read else {
                     break Err(AllocatorError::Readers);
                 };
-                let mut batch = vec![first];
-                while batch.len() < BATCH {
+                let mut reads = vec![first];
+                while reads.len() < BATCH {
                     match rx.try_recv() {
-                        Ok(a) => batch.push(a),
+                        Ok(a) => reads.push(a),
                         Err(_) => break,
+                    }
+                }
+                let mut batch = Vec::with_capacity(reads.len());
+                for read in reads {
+                    match read {
+                        Read::Arrival(arrival) => batch.push(arrival),
+                        Read::CaughtUp(stream) => behind.retain(|s| *s != stream),
                     }
                 }
                 if let Err(e) = leading.handle(batch).await {
                     break Err(e);
+                }
+                if leading.catching_up && behind.is_empty() {
+                    info!(pool = %config.pool, "the input streams are read up to their ends; deciding");
+                    if let Err(e) = leading.caught_up().await {
+                        break Err(e);
+                    }
                 }
                 leading.observe();
             }
@@ -356,7 +406,9 @@ struct Reader {
     filter_subjects: Vec<String>,
     /// The last message already read (or journalled, at the start).
     after: u64,
-    tx: mpsc::Sender<Arrival>,
+    tx: mpsc::Sender<Read>,
+    /// Whether [`Read::CaughtUp`] was sent.
+    caught_up: bool,
     dead_letters: Publisher,
     name: String,
 }
@@ -370,7 +422,13 @@ impl Reader {
         loop {
             attempt += 1;
             let messages = match self.open().await {
-                Ok(messages) => messages,
+                Ok((messages, 0)) => {
+                    if !self.reached_the_end().await {
+                        return;
+                    }
+                    messages
+                }
+                Ok((messages, _)) => messages,
                 Err(why) => {
                     let wait = allot_bus::connect::backoff(attempt, Duration::from_secs(5));
                     warn!(error = %why, retry_in_ms = wait.as_millis() as u64, "opening the input stream failed");
@@ -399,8 +457,11 @@ impl Reader {
                 let Ok(info) = message.info() else {
                     continue;
                 };
-                let sequence = info.stream_sequence;
+                let (sequence, last) = (info.stream_sequence, info.pending == 0);
                 if sequence <= self.after {
+                    if last && !self.reached_the_end().await {
+                        return;
+                    }
                     continue;
                 }
                 match decode(&message.payload) {
@@ -412,7 +473,7 @@ impl Reader {
                             payload: message.payload.clone(),
                             event,
                         };
-                        if self.tx.send(arrival).await.is_err() {
+                        if self.tx.send(Read::Arrival(arrival)).await.is_err() {
                             return;
                         }
                     }
@@ -430,11 +491,24 @@ impl Reader {
                     }
                 }
                 self.after = sequence;
+                if last && !self.reached_the_end().await {
+                    return;
+                }
             }
         }
     }
 
-    async fn open(&self) -> Result<jetstream::consumer::pull::Ordered, String> {
+    /// Tells the leader, once, that this stream has been passed on up to where it ended when
+    /// first opened; false when the leader no longer listens.
+    async fn reached_the_end(&mut self) -> bool {
+        if std::mem::replace(&mut self.caught_up, true) {
+            return true;
+        }
+        self.tx.send(Read::CaughtUp(self.stream)).await.is_ok()
+    }
+
+    /// The stream's messages after [`Reader::after`], and how many of them it holds now.
+    async fn open(&self) -> Result<(jetstream::consumer::pull::Ordered, u64), String> {
         let stream = self
             .js
             .get_stream(self.stream)
@@ -446,7 +520,7 @@ impl Reader {
                 start_sequence: after + 1,
             },
         };
-        stream
+        let consumer = stream
             .create_consumer(jetstream::consumer::pull::OrderedConfig {
                 filter_subjects: self.filter_subjects.clone(),
                 deliver_policy,
@@ -454,10 +528,10 @@ impl Reader {
                 ..Default::default()
             })
             .await
-            .map_err(|e| e.to_string())?
-            .messages()
-            .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        let pending = consumer.cached_info().num_pending;
+        let messages = consumer.messages().await.map_err(|e| e.to_string())?;
+        Ok((messages, pending))
     }
 }
 
@@ -473,6 +547,10 @@ struct Leading<'a> {
     parked: BTreeMap<TaskId, TaskSpec>,
     /// The pool's series, reported for this term.
     metrics: metrics::Term,
+    /// Whether the term's readers are still catching up: no pass runs meanwhile.
+    catching_up: bool,
+    /// Whether an input changed the scheduler while catching up.
+    changed: bool,
 }
 
 impl Leading<'_> {
@@ -509,11 +587,23 @@ impl Leading<'_> {
             self.positions
                 .insert(arrival.stream.to_owned(), arrival.sequence);
         }
-        if changed {
+        if changed && self.catching_up {
+            self.changed = true;
+        } else if changed {
             let at = self.now();
             self.journal.pass(&mut self.scheduler, at);
         }
         self.commit().await
+    }
+
+    /// Ends the catch-up: the first pass runs if anything arrived meanwhile (or anything
+    /// waits).
+    async fn caught_up(&mut self) -> Result<(), AllocatorError> {
+        self.catching_up = false;
+        if std::mem::take(&mut self.changed) || self.scheduler.pending() > 0 {
+            self.pass().await?;
+        }
+        Ok(())
     }
 
     /// Applies and stages the input `arrival` means, if any; whether it changed anything.

@@ -694,3 +694,73 @@ fn a_sole_instance_takes_over_the_lease_its_dead_predecessor_left_and_no_other_d
         sole.abort();
     });
 }
+
+#[test]
+fn a_new_leader_reads_every_backlog_before_it_decides() {
+    use allot_events::RemediationEvent;
+    use allot_events::remediation::OperatorCordon;
+    let server = NatsServer::start();
+    let url = server.url();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let client = async_nats::connect(&url).await.unwrap();
+        let js = async_nats::jetstream::new(client.clone());
+        ensure_streams(&js, &catalog(1)).await.unwrap();
+        let publisher = Publisher::new(client.clone(), "/test");
+        for n in ["n1", "n2"] {
+            let registered = node(n).gpus(4).pool(POOL).registered();
+            publisher
+                .publish(NodeEvent::Registered(registered))
+                .await
+                .unwrap();
+        }
+        // Before any allocator runs: a long remediation history ending in n1's cordon, then
+        // a task that fits either node. The task's stream is far shorter than the cordon's.
+        let cordon = |cordoned: bool| {
+            RemediationEvent::OperatorCordon(OperatorCordon {
+                node: "n1".into(),
+                cordoned,
+                drain: false,
+                reason: "fan swap".into(),
+                by: "ops".into(),
+            })
+        };
+        for i in 0..2_000 {
+            publisher.publish(cordon(i % 2 == 0)).await.unwrap();
+        }
+        publisher.publish(cordon(true)).await.unwrap();
+        publisher.publish(ready(1, 4)).await.unwrap();
+        tokio::spawn(allot_allocator::run(
+            config(&url, "a"),
+            std::future::pending(),
+        ));
+        let events = journal_until(&js, |e| granted(e).contains(&1)).await;
+        let (_, node) = grant_of(&events, 1);
+        assert_eq!(
+            node, "n2",
+            "the task went to the node cordoned before it was submitted"
+        );
+        // It was decided after every input: no pass ran before the last cordon was read.
+        let entries = entries(&events);
+        let grant = entries
+            .iter()
+            .position(|e| {
+                e.decisions
+                    .iter()
+                    .any(|d| matches!(d, Decision::Granted { .. }))
+            })
+            .unwrap();
+        let holds = |entries: &[Entry]| {
+            entries
+                .iter()
+                .filter(|e| matches!(e.input, allot_sched::Input::NodeHeld { .. }))
+                .count()
+        };
+        assert_eq!(holds(&entries), 2_001);
+        assert_eq!(
+            holds(&entries[..grant]),
+            2_001,
+            "a pass decided before the last cordon was read"
+        );
+    });
+}
