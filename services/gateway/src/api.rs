@@ -1629,10 +1629,7 @@ async fn get_kpis(caller: Caller, State(state): State<AppState>) -> Result<Json<
         .inner
         .db
         .read(move |c| {
-            let mut stmt = c.prepare(
-                "SELECT state, COUNT(*) FROM workloads WHERE (?1 IS NULL OR team = ?1) \
-                 GROUP BY state",
-            )?;
+            let mut stmt = c.prepare_cached(crate::model::WORKLOADS_BY_STATE)?;
             stmt.query_map(params![team], |r| Ok((r.get(0)?, r.get(1)?)))?
                 .collect::<Result<BTreeMap<String, u32>, _>>()
         })

@@ -193,7 +193,36 @@ CREATE TABLE cost_totals (
 ) STRICT;
 INSERT INTO cost_totals (team, currency, workload, amount)
     SELECT team, currency, workload, SUM(amount) FROM costs GROUP BY team, currency, workload;
+", "
+-- How many of each team's workloads are in each state: kept by the triggers below in the
+-- transaction that stores or ends a workload, so `GET /kpis` reads a row per team and state
+-- instead of counting every workload ever submitted.
+CREATE TABLE workload_counts (
+    team  TEXT NOT NULL,
+    state TEXT NOT NULL,
+    count INTEGER NOT NULL,
+    PRIMARY KEY (team, state)
+) STRICT;
+INSERT INTO workload_counts (team, state, count)
+    SELECT team, state, COUNT(*) FROM workloads GROUP BY team, state;
+CREATE TRIGGER workload_counted AFTER INSERT ON workloads BEGIN
+    INSERT INTO workload_counts (team, state, count) VALUES (NEW.team, NEW.state, 1)
+        ON CONFLICT (team, state) DO UPDATE SET count = count + 1;
+END;
+CREATE TRIGGER workload_recounted AFTER UPDATE OF state ON workloads
+    WHEN OLD.state IS NOT NEW.state BEGIN
+    UPDATE workload_counts SET count = count - 1 WHERE team = OLD.team AND state = OLD.state;
+    INSERT INTO workload_counts (team, state, count) VALUES (NEW.team, NEW.state, 1)
+        ON CONFLICT (team, state) DO UPDATE SET count = count + 1;
+END;
+CREATE TRIGGER workload_uncounted AFTER DELETE ON workloads BEGIN
+    UPDATE workload_counts SET count = count - 1 WHERE team = OLD.team AND state = OLD.state;
+END;
 "];
+
+/// `GET /kpis`'s workloads by state, of one team or (`NULL`) all.
+pub const WORKLOADS_BY_STATE: &str = "SELECT state, SUM(count) FROM workload_counts \
+     WHERE (?1 IS NULL OR team = ?1) AND count > 0 GROUP BY state";
 
 /// How many changes the log keeps (older ones are trimmed; a client resuming from before the
 /// oldest is told to reload).
@@ -843,6 +872,8 @@ pub fn apply_access(tx: &Connection, d: &Delivery) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
 
     /// A `gateway.db` of the version that projected telemetry opens under this one: its GPUs
@@ -874,6 +905,63 @@ mod tests {
             .collect::<std::result::Result<_, _>>()
             .unwrap();
         assert!(!columns.iter().any(|c| c == "utilization"), "{columns:?}");
+    }
+
+    /// The counts `GET /kpis` reads are the workloads counted, team by team and state by
+    /// state, after any mix of submissions, ends (some repeated) and a database opened with
+    /// workloads already in it.
+    #[test]
+    fn workload_counts_follow_every_submission_and_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gateway.db");
+        let insert = |c: &Connection, i: u32, team: &str| {
+            c.execute(
+                "INSERT INTO workloads (id, seq, team, name, submitter, submitted_at, state, \
+                 spec) VALUES (?1, ?2, ?3, 'w', 'ci', 't', 'running', '{}')",
+                params![format!("w{i}"), i, team],
+            )
+            .unwrap();
+        };
+        let end = |c: &Connection, i: u32, state: &str| {
+            c.execute(
+                "UPDATE workloads SET state = ?2 WHERE id = ?1",
+                params![format!("w{i}"), state],
+            )
+            .unwrap();
+        };
+        // Workloads stored before the counts existed are counted when the table is made.
+        let old = allot_store::open(&path, &MIGRATIONS[..MIGRATIONS.len() - 1]).unwrap();
+        for i in 0..5 {
+            insert(&old, i, "vision");
+        }
+        end(&old, 0, "failed");
+        drop(old);
+        let c = allot_store::open(&path, MIGRATIONS).unwrap();
+        let states = ["succeeded", "failed", "aborted", "running"];
+        for i in 5..200 {
+            insert(&c, i, ["vision", "nlp", "speech"][i as usize % 3]);
+            // Ends, some of them told twice, some of earlier workloads.
+            let ended = (i * 7) % i.max(1);
+            end(&c, ended, states[(i % 4) as usize]);
+            end(&c, ended, states[(i % 4) as usize]);
+        }
+        c.execute("DELETE FROM workloads WHERE id = 'w3'", [])
+            .unwrap();
+        for team in [None, Some("vision"), Some("nlp"), Some("ghost")] {
+            let read = |sql: &str| -> BTreeMap<String, i64> {
+                c.prepare(sql)
+                    .unwrap()
+                    .query_map(params![team], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .unwrap()
+                    .collect::<std::result::Result<_, _>>()
+                    .unwrap()
+            };
+            let counted = read(
+                "SELECT state, COUNT(*) FROM workloads WHERE (?1 IS NULL OR team = ?1) \
+                 GROUP BY state",
+            );
+            assert_eq!(read(WORKLOADS_BY_STATE), counted, "team {team:?}");
+        }
     }
 
     /// Every prediction and every waiting decision updates one task by its attempt's id: the
