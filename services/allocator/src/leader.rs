@@ -228,6 +228,9 @@ async fn lead(
 }
 
 /// What a reader passes to the leader, in its stream's order.
+// Nearly every read is an arrival, which went through the channel by value before: boxing it
+// would add an allocation per message to spare the few catch-up marks some bytes.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum Read {
     Arrival(Arrival),
