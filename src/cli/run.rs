@@ -79,6 +79,11 @@ pub struct GatewayArgs {
     /// split the events between them.
     #[arg(long)]
     pub consumer_prefix: Option<String>,
+    /// How long a finished workload stays in the read models, with its tasks and decisions,
+    /// e.g. `90d`, or `forever` (ALLOT_RETAIN; default 30d). Costs stay; the journal on the
+    /// bus keeps every decision for replay and audits.
+    #[arg(long)]
+    pub retain: Option<String>,
 }
 
 /// Flags of `allot run remediation`.
@@ -309,6 +314,7 @@ pub async fn run(args: RunArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
                 "ALLOT_CONSUMER_PREFIX",
                 "gateway",
             );
+            config.retain = retention(a.retain.as_deref(), &mut s);
             Configured::Gateway(Box::new(config))
         }
     };
@@ -680,5 +686,61 @@ fn collector_config(a: &CollectorArgs, url: &str, s: &mut Settings<'_>) -> allot
             Duration::from_secs(10),
         ),
         executor,
+    }
+}
+
+/// The gateway's retention (`--retain`, `ALLOT_RETAIN`): a duration, or `forever` (`None`).
+fn retention(flag: Option<&str>, s: &mut Settings<'_>) -> Option<Duration> {
+    match s.raw(flag, "ALLOT_RETAIN") {
+        Some((_, v)) if v.trim() == "forever" => None,
+        _ => Some(s.duration(flag, "ALLOT_RETAIN", allot_gateway::RETAIN)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retention_is_a_duration_or_forever_and_a_bad_one_is_named() {
+        let env = |value: Option<&'static str>| {
+            move |k: &str| {
+                (k == "ALLOT_RETAIN")
+                    .then_some(value)
+                    .flatten()
+                    .map(str::to_owned)
+            }
+        };
+        let unset = env(None);
+        let mut s = Settings::new(&unset);
+        assert_eq!(retention(None, &mut s), Some(allot_gateway::RETAIN));
+        assert_eq!(
+            retention(Some("90d"), &mut s),
+            Some(Duration::from_secs(90 * 86_400))
+        );
+        assert_eq!(retention(Some("forever"), &mut s), None);
+        assert!(s.finish().is_ok());
+        let forever = env(Some("forever"));
+        let mut s = Settings::new(&forever);
+        assert_eq!(retention(None, &mut s), None);
+        // The flag wins over the variable.
+        assert_eq!(
+            retention(Some("7d"), &mut s),
+            Some(Duration::from_secs(7 * 86_400))
+        );
+        let bad = env(Some("a month"));
+        let mut s = Settings::new(&bad);
+        retention(None, &mut s);
+        retention(Some("0s"), &mut s);
+        let problems = s.finish().unwrap_err().0;
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(
+            problems[0].starts_with("ALLOT_RETAIN=\"a month\""),
+            "{problems:?}"
+        );
+        assert!(
+            problems[1].starts_with("--retain=\"0s\": must be longer than zero"),
+            "{problems:?}"
+        );
     }
 }

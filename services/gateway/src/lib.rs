@@ -74,7 +74,19 @@ pub struct Config {
     pub listen_fallback: bool,
     /// Where to write the gateway's URL once it listens (removed when it stops).
     pub url_file: Option<PathBuf>,
+    /// How long a finished workload stays in the read models ([`RETAIN`] by default; `None`:
+    /// for ever). See [`model::prune`].
+    pub retain: Option<Duration>,
 }
+
+/// How long a finished workload stays in the read models by default: 30 days.
+pub const RETAIN: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// How often retention looks for what to take out, and how much it takes out per transaction
+/// (at most [`PRUNE_BATCHES`] of them per look, so the projections never wait long).
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
+const PRUNE_BATCH: usize = 500;
+const PRUNE_BATCHES: usize = 20;
 
 impl Config {
     /// Defaults: consumers `gateway-*`, no bootstrap token, no teams file.
@@ -93,6 +105,7 @@ impl Config {
             bound: None,
             listen_fallback: false,
             url_file: None,
+            retain: Some(RETAIN),
         }
     }
 
@@ -205,6 +218,55 @@ pub async fn run(
                 .run(service.stopping())
                 .map(|r| r.map(drop).map_err(Error::from)),
         );
+    }
+
+    if let Some(retain) = config.retain {
+        let conn = Arc::new(Mutex::new(allot_store::open(&db_path, model::MIGRATIONS)?));
+        let stopping = service.stopping();
+        service.spawn("retention", async move {
+            let mut tick = tokio::time::interval(PRUNE_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let prune = async {
+                loop {
+                    tick.tick().await;
+                    let before = chrono::Utc::now()
+                        - chrono::Duration::from_std(retain).unwrap_or(chrono::Duration::MAX);
+                    let conn = conn.clone();
+                    let pruned = tokio::task::spawn_blocking(move || {
+                        let mut conn = conn.lock().expect("retention's connection");
+                        let mut total = model::Pruned::default();
+                        for _ in 0..PRUNE_BATCHES {
+                            let p = model::prune(&mut conn, before, PRUNE_BATCH)?;
+                            total.workloads += p.workloads;
+                            total.decisions += p.decisions;
+                            if p.workloads < PRUNE_BATCH && p.decisions < PRUNE_BATCH {
+                                break;
+                            }
+                        }
+                        Ok::<_, allot_store::rusqlite::Error>(total)
+                    })
+                    .await
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| r.map_err(|e| e.to_string()));
+                    match pruned {
+                        Ok(p) if p != model::Pruned::default() => tracing::info!(
+                            workloads = p.workloads,
+                            decisions = p.decisions,
+                            finished_before = %before,
+                            "retention took out what finished before the cut-off"
+                        ),
+                        Ok(_) => {}
+                        Err(e) => {
+                            tracing::warn!(error = %e, "retention failed; trying again later")
+                        }
+                    }
+                }
+            };
+            tokio::select! {
+                () = prune => Ok(()),
+                () = stopping => Ok(()),
+            }
+        });
     }
 
     let bus = api::Bus::new(client.clone());

@@ -20,7 +20,8 @@ use allot_events::{
     TaskEvent, WorkloadEvent,
 };
 use allot_sched::{Decision, Input};
-use allot_store::rusqlite::{Connection, OptionalExtension, params};
+use allot_store::rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
 /// The schema. Never edit a shipped script: add one.
@@ -218,7 +219,60 @@ END;
 CREATE TRIGGER workload_uncounted AFTER DELETE ON workloads BEGIN
     UPDATE workload_counts SET count = count - 1 WHERE team = OLD.team AND state = OLD.state;
 END;
+", "
+-- Retention (`prune`): finished workloads by when they finished, and each workload's
+-- attempts, so its decisions are found through `decisions_task`.
+CREATE INDEX workloads_finished ON workloads (finished_at) WHERE finished_at IS NOT NULL;
+CREATE INDEX attempts_workload ON attempts (workload);
 "];
+
+/// What one [`prune`] took out.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Pruned {
+    /// Workloads, with their tasks, attempts and decisions.
+    pub workloads: usize,
+    /// Decisions about no workload the gateway knows (a node joining, a quota).
+    pub decisions: usize,
+}
+
+/// Takes out of the read models, in one transaction, up to `batch` workloads that finished
+/// before `before` — with their tasks, attempts and the decisions about them — and up to
+/// `batch` decisions about no workload made before it. Their costs stay (`GET /costs` adds
+/// them up); the journal on the bus keeps every decision for `allot replay` and audits.
+pub fn prune(conn: &mut Connection, before: DateTime<Utc>, batch: usize) -> Result<Pruned> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let finished_before = before.to_rfc3339_opts(chrono::SecondsFormat::Secs, false);
+    let workloads: Vec<String> = tx
+        .prepare_cached(
+            "SELECT id FROM workloads WHERE finished_at IS NOT NULL AND finished_at < ?1 \
+             ORDER BY finished_at LIMIT ?2",
+        )?
+        .query_map(params![finished_before, batch as i64], |r| r.get(0))?
+        .collect::<Result<_>>()?;
+    for id in &workloads {
+        exec(
+            &tx,
+            "DELETE FROM decisions WHERE task_id IN (SELECT task_id FROM attempts \
+             WHERE workload = ?1)",
+            params![id],
+        )?;
+        exec(&tx, "DELETE FROM attempts WHERE workload = ?1", params![id])?;
+        exec(&tx, "DELETE FROM tasks WHERE workload = ?1", params![id])?;
+        exec(&tx, "DELETE FROM workloads WHERE id = ?1", params![id])?;
+    }
+    // Oldest first, so the rows scanned past are the few about workloads still kept.
+    let decisions = exec(
+        &tx,
+        "DELETE FROM decisions WHERE id IN (SELECT id FROM decisions WHERE workload IS NULL \
+         AND at_ms < ?1 ORDER BY id LIMIT ?2)",
+        params![before.timestamp_millis(), batch as i64],
+    )?;
+    tx.commit()?;
+    Ok(Pruned {
+        workloads: workloads.len(),
+        decisions,
+    })
+}
 
 /// `GET /kpis`'s workloads by state, of one team or (`NULL`) all.
 pub const WORKLOADS_BY_STATE: &str = "SELECT state, SUM(count) FROM workload_counts \
@@ -962,6 +1016,147 @@ mod tests {
             );
             assert_eq!(read(WORKLOADS_BY_STATE), counted, "team {team:?}");
         }
+    }
+
+    /// Retention takes out what finished before the cut-off — the workload, its tasks, its
+    /// attempts, the decisions about them — and the decisions about no workload made before
+    /// it; a workload still running, or finished since, keeps all of it, and so do costs.
+    #[test]
+    fn prune_takes_out_what_finished_before_the_cut_off_and_nothing_else() {
+        let mut c = allot_store::open_in_memory(MIGRATIONS).unwrap();
+        let day = |d: u32| -> DateTime<Utc> {
+            format!("2026-10-{d:02}T12:00:00.5+00:00").parse().unwrap()
+        };
+        // Workload i has one task whose attempts are 10i and 10i + 1; each attempt has two
+        // decisions, and each day one decision is about a node.
+        let workload = |c: &Connection, i: i64, finished: Option<u32>| {
+            let state = if finished.is_some() {
+                "succeeded"
+            } else {
+                "running"
+            };
+            c.execute(
+                "INSERT INTO workloads (id, seq, team, name, submitter, submitted_at, state, \
+                 finished_at, spec) VALUES (?1, ?2, 'vision', 'w', 'ci', 't', ?3, ?4, '{}')",
+                params![
+                    format!("w{i}"),
+                    i,
+                    state,
+                    finished.map(|d| day(d).to_rfc3339())
+                ],
+            )
+            .unwrap();
+            c.execute(
+                "INSERT INTO tasks (workload, name, team, position, after, state, task_id, \
+                 updated_at) VALUES (?1, 'train', 'vision', 0, '[]', ?2, ?3, 't')",
+                params![format!("w{i}"), state, 10 * i + 1],
+            )
+            .unwrap();
+            for attempt in [10 * i, 10 * i + 1] {
+                c.execute(
+                    "INSERT INTO attempts (task_id, workload, name, team, attempt) \
+                     VALUES (?1, ?2, 'train', 'vision', ?3)",
+                    params![attempt, format!("w{i}"), attempt % 10],
+                )
+                .unwrap();
+                for kind in ["submitted", "granted"] {
+                    c.execute(
+                        "INSERT INTO decisions (stream_seq, pool, entry, at_ms, kind, task_id, \
+                         team, workload, name, detail) VALUES (1, 'p', 1, 0, ?1, ?2, \
+                         'vision', ?3, 'train', '{}')",
+                        params![kind, attempt, format!("w{i}")],
+                    )
+                    .unwrap();
+                }
+            }
+            c.execute(
+                "INSERT INTO costs (event_id, team, workload, task_name, pool, from_ms, to_ms, \
+                 currency, amount, at) VALUES (?1, 'vision', ?1, 'train', 'p', 0, 1, 'EUR', 7, 't')",
+                params![format!("w{i}")],
+            )
+            .unwrap();
+        };
+        for d in 1..=20 {
+            workload(&c, i64::from(d), Some(d));
+            c.execute(
+                "INSERT INTO decisions (stream_seq, pool, entry, at_ms, kind, detail) \
+                 VALUES (1, 'p', 1, ?1, 'node_added', '{}')",
+                params![day(d).timestamp_millis()],
+            )
+            .unwrap();
+        }
+        workload(&c, 21, None);
+        let count =
+            |c: &Connection, sql: &str| -> i64 { c.query_row(sql, [], |r| r.get(0)).unwrap() };
+        // Before the 10th, in batches of 4: the 1st to the 9th.
+        let mut pruned = Vec::new();
+        loop {
+            let p = prune(&mut c, day(10), 4).unwrap();
+            if p == Pruned::default() {
+                break;
+            }
+            pruned.push(p);
+        }
+        assert_eq!(
+            pruned
+                .iter()
+                .map(|p| (p.workloads, p.decisions))
+                .collect::<Vec<_>>(),
+            [(4, 4), (4, 4), (1, 1)]
+        );
+        let kept: Vec<String> = c
+            .prepare("SELECT id FROM workloads ORDER BY seq")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_>>()
+            .unwrap();
+        assert_eq!(kept, (10..=21).map(|i| format!("w{i}")).collect::<Vec<_>>());
+        assert_eq!(count(&c, "SELECT COUNT(*) FROM tasks"), 12);
+        assert_eq!(count(&c, "SELECT COUNT(*) FROM attempts"), 24);
+        assert_eq!(
+            count(
+                &c,
+                "SELECT COUNT(*) FROM decisions WHERE workload IS NOT NULL"
+            ),
+            48
+        );
+        assert_eq!(
+            count(
+                &c,
+                "SELECT COUNT(*) FROM decisions WHERE workload IS NOT NULL \
+                       AND workload NOT IN (SELECT id FROM workloads)"
+            ),
+            0
+        );
+        assert_eq!(
+            count(
+                &c,
+                "SELECT MIN(at_ms) FROM decisions WHERE workload IS NULL"
+            ),
+            day(10).timestamp_millis()
+        );
+        assert_eq!(count(&c, "SELECT COUNT(*) FROM costs"), 21);
+        let succeeded = count(
+            &c,
+            "SELECT SUM(count) FROM workload_counts WHERE state = 'succeeded'",
+        );
+        assert_eq!(succeeded, 11);
+        // Finding what to take out reads an index, not every workload.
+        let plan: Vec<String> = c
+            .prepare(
+                "EXPLAIN QUERY PLAN SELECT id FROM workloads WHERE finished_at IS NOT NULL \
+                 AND finished_at < ?1 ORDER BY finished_at LIMIT ?2",
+            )
+            .unwrap()
+            .query_map(params!["x", 1], |r| r.get(3))
+            .unwrap()
+            .collect::<Result<_>>()
+            .unwrap();
+        assert!(
+            plan.iter().any(|s| s.contains("workloads_finished")),
+            "{plan:?}"
+        );
     }
 
     /// Every prediction and every waiting decision updates one task by its attempt's id: the

@@ -1,6 +1,7 @@
 //! The gateway as a service, on a real listener and a real nats-server: what the collectors
 //! publish reaches `GET /api/v1/nodes`, and the event stream, cut mid-way and resumed with
-//! `Last-Event-ID`, delivers every change exactly once.
+//! `Last-Event-ID`, delivers every change exactly once; and retention takes out what finished
+//! before its cut-off when the gateway runs.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -331,6 +332,107 @@ async fn the_latest_gpu_readings_reach_the_api_and_survive_a_restart() {
         (&got["n1"], &got["n2"]),
         (&vec![Some(50), Some(50)], &vec![Some(40), Some(40)]),
         "restarted, it reads each node's last sample again: {got:?}"
+    );
+    let _ = stop.send(());
+    service.await.unwrap().unwrap();
+}
+
+/// A workload that finished longer ago than the retention is gone from the API when the
+/// gateway starts (retention runs at once, then every minute); one still running, and one
+/// finished since, are still there, and `/kpis` counts what is left.
+#[tokio::test]
+async fn workloads_finished_before_the_retention_are_taken_out_and_the_rest_kept() {
+    use allot_bus::consumer::Delivery;
+    use allot_events::workload::{WorkloadFinished, WorkloadOutcome};
+    use allot_events::{AnyEvent, Envelope, WorkloadEvent};
+    use allot_gateway::model;
+
+    let nats = NatsServer::start();
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    ensure_streams(&async_nats::jetstream::new(client.clone()), &catalog(1))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let conn = allot_store::open(&dir.path().join("gateway.db"), model::MIGRATIONS).unwrap();
+    let long_ago = chrono::Utc::now() - chrono::Duration::days(40);
+    let mut seq = 0;
+    let mut deliver = |event: AnyEvent, at| {
+        seq += 1;
+        let d = Delivery::first(seq, Envelope::new("/test", event), at);
+        model::apply_workloads(&conn, &d).unwrap();
+    };
+    let mut ids = Vec::new();
+    for (name, finished) in [
+        ("old", Some(long_ago)),
+        ("running", None),
+        ("new", Some(chrono::Utc::now())),
+    ] {
+        let spec = format!(
+            "apiVersion: allot/v1\nkind: Workload\nmetadata: {{name: {name}, team: vision}}\n\
+             spec:\n  tasks:\n    - {{name: train, command: [\"true\"], resources: {{gpus: 1}}}}\n"
+        );
+        let checked =
+            allot_workload::check(&spec, allot_workload::Format::Yaml, Default::default()).unwrap();
+        let key = allot_workload::submit::idempotency_key(&checked.workload, None);
+        let submission = allot_workload::submit::submission(
+            checked.workload,
+            key,
+            None,
+            "ci".into(),
+            "/test",
+            long_ago,
+        );
+        let AnyEvent::Workload(WorkloadEvent::Submitted(s)) = submission.envelope.data else {
+            unreachable!()
+        };
+        ids.push(s.workload_id.clone());
+        deliver(WorkloadEvent::Submitted(s.clone()).into(), long_ago);
+        if let Some(at) = finished {
+            let end = WorkloadFinished {
+                workload_id: s.workload_id,
+                team: "vision".into(),
+                outcome: WorkloadOutcome::Succeeded,
+                reason: None,
+            };
+            deliver(WorkloadEvent::Finished(end).into(), at);
+        }
+    }
+    drop(conn);
+
+    let (addr, token, stop, service) = gateway(&nats.url(), dir.path()).await;
+    let auth = [("Authorization", format!("Bearer {token}"))];
+    let status = |id: String| {
+        let auth = auth.clone();
+        async move {
+            http(addr, &format!("/api/v1/workloads/{id}"), &auth, |_| false)
+                .await
+                .0
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while status(ids[0].clone()).await != 404 {
+        assert!(
+            Instant::now() < deadline,
+            "the old workload was never taken out"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        status(ids[1].clone()).await,
+        200,
+        "the running workload is kept"
+    );
+    assert_eq!(
+        status(ids[2].clone()).await,
+        200,
+        "the one finished today is kept"
+    );
+    let (_, kpis) = http(addr, "/api/v1/kpis", &auth, |_| false).await;
+    let kpis: serde_json::Value = serde_json::from_str(&kpis).unwrap();
+    assert_eq!(
+        kpis["workloads"],
+        serde_json::json!({"running": 1, "succeeded": 1}),
+        "{kpis}"
     );
     let _ = stop.send(());
     service.await.unwrap().unwrap();
