@@ -36,6 +36,26 @@ fn ready(id: u64, gpus: u32) -> TaskEvent {
     })
 }
 
+/// A client of the server at `url` with the streams made, its JetStream context and a
+/// publisher.
+async fn bus(url: &str) -> (async_nats::jetstream::Context, Publisher) {
+    let client = async_nats::connect(url).await.unwrap();
+    let js = async_nats::jetstream::new(client.clone());
+    ensure_streams(&js, &catalog(1)).await.unwrap();
+    (js, Publisher::new(client, "/test"))
+}
+
+/// Registers nodes `n1` and `n2` of four GPUs each in the pool.
+async fn two_nodes(publisher: &Publisher) {
+    for n in ["n1", "n2"] {
+        let registered = node(n).gpus(4).pool(POOL).registered();
+        publisher
+            .publish(NodeEvent::Registered(registered))
+            .await
+            .unwrap();
+    }
+}
+
 /// The journal's events until `done` holds of them (or 30 s pass).
 async fn journal_until(
     js: &async_nats::jetstream::Context,
@@ -159,17 +179,8 @@ fn a_standby_takes_over_when_the_leader_dies_and_the_journal_replays() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let client = async_nats::connect(&url).await.unwrap();
-        let js = async_nats::jetstream::new(client.clone());
-        ensure_streams(&js, &catalog(1)).await.unwrap();
-        let publisher = Publisher::new(client.clone(), "/test");
-        for n in ["n1", "n2"] {
-            let registered = node(n).gpus(4).pool(POOL).registered();
-            publisher
-                .publish(NodeEvent::Registered(registered))
-                .await
-                .unwrap();
-        }
+        let (js, publisher) = bus(&url).await;
+        two_nodes(&publisher).await;
         for id in 1..=3 {
             publisher.publish(ready(id, 4)).await.unwrap();
         }
@@ -282,10 +293,7 @@ fn a_team_over_budget_gets_nothing_new_below_its_floor_until_it_is_within_again(
         .build()
         .unwrap();
     rt.block_on(async {
-        let client = async_nats::connect(&url).await.unwrap();
-        let js = async_nats::jetstream::new(client.clone());
-        ensure_streams(&js, &catalog(1)).await.unwrap();
-        let publisher = Publisher::new(client.clone(), "/test");
+        let (js, publisher) = bus(&url).await;
         let crossed = |level| {
             CostEvent::BudgetCrossed(BudgetCrossed {
                 team: "vision".into(),
@@ -378,17 +386,8 @@ fn a_task_report_naming_another_lease_or_node_is_refused_and_the_task_runs_on() 
     let url = server.url();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let client = async_nats::connect(&url).await.unwrap();
-        let js = async_nats::jetstream::new(client.clone());
-        ensure_streams(&js, &catalog(1)).await.unwrap();
-        let publisher = Publisher::new(client.clone(), "/test");
-        for n in ["n1", "n2"] {
-            let registered = node(n).gpus(4).pool(POOL).registered();
-            publisher
-                .publish(NodeEvent::Registered(registered))
-                .await
-                .unwrap();
-        }
+        let (js, publisher) = bus(&url).await;
+        two_nodes(&publisher).await;
         tokio::spawn(allot_allocator::run(
             config(&url, "a"),
             std::future::pending(),
@@ -418,8 +417,11 @@ fn a_task_report_naming_another_lease_or_node_is_refused_and_the_task_runs_on() 
         }
         let mut dead = Vec::new();
         for _ in 0..100 {
-            dead = allot_testkit::streams::read_all(&client, allot_bus::streams::names::DEADLETTER)
-                .await;
+            dead = allot_testkit::streams::read_all(
+                &js.client(),
+                allot_bus::streams::names::DEADLETTER,
+            )
+            .await;
             if dead.len() == 2 {
                 break;
             }
@@ -703,17 +705,8 @@ fn a_new_leader_reads_every_backlog_before_it_decides() {
     let url = server.url();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let client = async_nats::connect(&url).await.unwrap();
-        let js = async_nats::jetstream::new(client.clone());
-        ensure_streams(&js, &catalog(1)).await.unwrap();
-        let publisher = Publisher::new(client.clone(), "/test");
-        for n in ["n1", "n2"] {
-            let registered = node(n).gpus(4).pool(POOL).registered();
-            publisher
-                .publish(NodeEvent::Registered(registered))
-                .await
-                .unwrap();
-        }
+        let (js, publisher) = bus(&url).await;
+        two_nodes(&publisher).await;
         // Before any allocator runs: a long remediation history ending in n1's cordon, then
         // a task that fits either node. The task's stream is far shorter than the cordon's.
         let cordon = |cordoned: bool| {

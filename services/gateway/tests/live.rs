@@ -92,11 +92,7 @@ fn ids(sse: &str) -> Vec<u64> {
 
 #[tokio::test]
 async fn nodes_reach_the_api_and_the_event_stream_resumes_without_loss_or_repeat() {
-    let nats = NatsServer::start();
-    let client = async_nats::connect(nats.url()).await.unwrap();
-    ensure_streams(&async_nats::jetstream::new(client.clone()), &catalog(1))
-        .await
-        .unwrap();
+    let (nats, client) = nats_with_streams().await;
     let dir = tempfile::tempdir().unwrap();
     let (addr, token, stop, service) = gateway(&nats.url(), dir.path()).await;
     use std::os::unix::fs::PermissionsExt;
@@ -192,6 +188,16 @@ async fn nodes_reach_the_api_and_the_event_stream_resumes_without_loss_or_repeat
     service.await.unwrap().unwrap();
 }
 
+/// A nats-server with Allot's streams, and a client of it.
+async fn nats_with_streams() -> (NatsServer, async_nats::Client) {
+    let nats = NatsServer::start();
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    ensure_streams(&async_nats::jetstream::new(client.clone()), &catalog(1))
+        .await
+        .unwrap();
+    (nats, client)
+}
+
 /// Starts a gateway over `dir` on `nats`: its address, its admin token, and how to stop it.
 async fn gateway(
     nats: &str,
@@ -257,10 +263,8 @@ async fn utilization(
 /// restarted gateway shows the latest readings again (it reads each node's last sample).
 #[tokio::test]
 async fn the_latest_gpu_readings_reach_the_api_and_survive_a_restart() {
-    let nats = NatsServer::start();
-    let client = async_nats::connect(nats.url()).await.unwrap();
+    let (nats, client) = nats_with_streams().await;
     let js = async_nats::jetstream::new(client.clone());
-    ensure_streams(&js, &catalog(1)).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let publisher = Publisher::new(client.clone(), "/test");
     let (n1, n2) = (node("n1").gpus(2), node("n2").gpus(2));
@@ -347,11 +351,7 @@ async fn workloads_finished_before_the_retention_are_taken_out_and_the_rest_kept
     use allot_events::{AnyEvent, Envelope, WorkloadEvent};
     use allot_gateway::model;
 
-    let nats = NatsServer::start();
-    let client = async_nats::connect(nats.url()).await.unwrap();
-    ensure_streams(&async_nats::jetstream::new(client.clone()), &catalog(1))
-        .await
-        .unwrap();
+    let (nats, _client) = nats_with_streams().await;
     let dir = tempfile::tempdir().unwrap();
     let conn = allot_store::open(&dir.path().join("gateway.db"), model::MIGRATIONS).unwrap();
     let long_ago = chrono::Utc::now() - chrono::Duration::days(40);
