@@ -120,6 +120,9 @@ struct Inner {
     rebuilding: Arc<tokio::sync::Mutex<()>>,
     bus: Option<Bus>,
     teams: Option<TeamsConfig>,
+    /// The fleet's shape for checking submissions, at the fleet's version
+    /// ([`crate::model::fleet_version`]): read again only when a node registers.
+    shape: Mutex<Option<(i64, Arc<ClusterShape>)>>,
 }
 
 impl AppState {
@@ -141,6 +144,7 @@ impl AppState {
                 rebuilding: Arc::default(),
                 bus,
                 teams,
+                shape: Mutex::default(),
             }),
         }
     }
@@ -1124,7 +1128,24 @@ async fn submit_workload(
         .is_some_and(|t| t.contains("yaml"))
         || !text.trim_start().starts_with('{');
     let format = if yaml { Format::Yaml } else { Format::Json };
-    let cluster = state.inner.db.read(cluster_shape).await.map_err(internal)?;
+    let inner = state.inner.clone();
+    let cluster = state
+        .inner
+        .db
+        .read(move |c| {
+            let version = crate::model::fleet_version(c)?;
+            let mut cached = inner.shape.lock().expect("shape lock");
+            match &*cached {
+                Some((v, shape)) if *v == version => Ok(shape.clone()),
+                _ => {
+                    let shape = Arc::new(cluster_shape(c)?);
+                    *cached = Some((version, shape.clone()));
+                    Ok(shape)
+                }
+            }
+        })
+        .await
+        .map_err(internal)?;
     let ctx = allot_workload::Context {
         teams: state.inner.teams.as_ref(),
         cluster: (!cluster.nodes.is_empty()).then_some(&cluster),
@@ -1201,6 +1222,7 @@ fn spec_error(p: &allot_workload::SpecProblem) -> SpecError {
     }
 }
 
+/// The shapes of the registered nodes, for checking a submission as `allot submit` does.
 fn cluster_shape(c: &Connection) -> allot_store::rusqlite::Result<ClusterShape> {
     let mut cluster = ClusterShape::default();
     let mut stmt = c.prepare(

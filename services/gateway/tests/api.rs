@@ -756,6 +756,53 @@ async fn a_submission_is_checked_then_published_once_naming_the_caller() {
     );
 }
 
+/// A submission is checked against the fleet as it is when it arrives: a task bigger than
+/// every node is refused, and accepted once a node that can hold it has registered. (The fleet's
+/// shape is kept between submissions and read again only when a node registers; a heartbeat
+/// leaves it be.)
+#[tokio::test]
+async fn a_submission_is_checked_against_the_fleet_as_it_is_when_it_arrives() {
+    let s = seeded().await;
+    let member = token(TokenRole::Member);
+    let big = "apiVersion: allot/v1\nkind: Workload\nmetadata: {name: big, team: vision}\n\
+               spec:\n  tasks:\n    - {name: train, command: [\"true\"], resources: {gpus: 4}}\n";
+    let submit = || {
+        call(
+            &s.state,
+            "POST",
+            "/api/v1/workloads",
+            Some(&member),
+            Some(("application/yaml", big.into())),
+        )
+    };
+    let (status, _, p) = submit().await;
+    assert_eq!(status.as_u16(), 422, "{p}");
+    assert!(
+        p.to_string().contains("no node could ever run this task"),
+        "{p}"
+    );
+    let conn = allot_store::open(&s.db, model::MIGRATIONS).unwrap();
+    let version = model::fleet_version(&conn).unwrap();
+    let beat = serde_json::from_value(json!({"node": "node-1", "seq": 1, "uptime_s": 5})).unwrap();
+    model::apply_fleet(&conn, &delivery(300, NodeEvent::HeartbeatSent(beat))).unwrap();
+    assert_eq!(
+        model::fleet_version(&conn).unwrap(),
+        version,
+        "a heartbeat is no change of shape"
+    );
+    let gpus: Vec<serde_json::Value> = (0..4)
+        .map(|i| json!({"index": i, "uuid": format!("GPU-big-{i}"), "model": "H100", "memory_total_mib": 81_559}))
+        .collect();
+    let registered = serde_json::from_value(json!({"node": "node-big", "hostname": "node-big",
+        "pool": "default", "cpu_milli": 64_000, "memory_mib": 262_144,
+        "gpu_source": "simulated", "gpus": gpus}))
+    .unwrap();
+    model::apply_fleet(&conn, &delivery(301, NodeEvent::Registered(registered))).unwrap();
+    assert!(model::fleet_version(&conn).unwrap() > version);
+    let (status, _, p) = submit().await;
+    assert_eq!(status, StatusCode::CREATED, "{p}");
+}
+
 #[tokio::test]
 async fn admins_list_and_revoke_tokens_and_a_revoked_token_is_refused_at_once() {
     let s = seeded().await;
