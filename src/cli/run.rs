@@ -79,6 +79,10 @@ pub struct GatewayArgs {
     /// split the events between them.
     #[arg(long)]
     pub consumer_prefix: Option<String>,
+    /// How long JetStream waits for an acknowledgement before redelivering (ALLOT_ACK_WAIT;
+    /// default 30s).
+    #[arg(long)]
+    pub ack_wait: Option<String>,
     /// How long a finished workload stays in the read models, with its tasks and decisions,
     /// e.g. `90d`, or `forever` (ALLOT_RETAIN; default 30d). Costs stay; the journal on the
     /// bus keeps every decision for replay and audits.
@@ -314,6 +318,7 @@ pub async fn run(args: RunArgs, env: Lookup<'_>) -> anyhow::Result<ExitCode> {
                 "ALLOT_CONSUMER_PREFIX",
                 "gateway",
             );
+            config.ack_wait = s.duration(a.ack_wait.as_deref(), "ALLOT_ACK_WAIT", config.ack_wait);
             config.retain = retention(a.retain.as_deref(), &mut s);
             Configured::Gateway(Box::new(config))
         }

@@ -74,6 +74,8 @@ pub struct Config {
     pub listen_fallback: bool,
     /// Where to write the gateway's URL once it listens (removed when it stops).
     pub url_file: Option<PathBuf>,
+    /// How long JetStream waits for a projection's acknowledgement before redelivering (30 s).
+    pub ack_wait: Duration,
     /// How long a finished workload stays in the read models ([`RETAIN`] by default; `None`:
     /// for ever). See [`model::prune`].
     pub retain: Option<Duration>,
@@ -106,6 +108,7 @@ impl Config {
             listen_fallback: false,
             url_file: None,
             retain: Some(RETAIN),
+            ack_wait: Duration::from_secs(30),
         }
     }
 
@@ -209,6 +212,7 @@ pub async fn run(
         let spec = ConsumerSpec {
             filter_subjects: filters.iter().map(|s| (*s).to_owned()).collect(),
             linger: Duration::from_millis(*linger),
+            ack_wait: config.ack_wait,
             ..ConsumerSpec::new(*stream, consumer)
         };
         service.spawn(
