@@ -569,15 +569,18 @@ impl Handler for Predicting {
     }
 
     async fn handle(&mut self, batch: &[Delivery]) -> Result<Vec<Outcome>, HandlerError> {
-        let done = allot_store::position(&self.conn, &self.consumer)
+        let mut done = allot_store::position(&self.conn, &self.consumer)
             .map_err(db)?
             .unwrap_or(0);
         let mut outcomes = Vec::with_capacity(batch.len());
         for d in batch {
             outcomes.push(Outcome::Handled);
+            // At or below the position, or a redelivered copy of one earlier in the batch (a
+            // process paused past its ack wait reads both): applied already.
             if d.stream_sequence <= done {
                 continue;
             }
+            done = d.stream_sequence;
             let at = published_ms(d);
             let seq = d.stream_sequence;
             let AnyEvent::Task(event) = &d.event.data else {

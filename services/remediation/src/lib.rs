@@ -343,11 +343,15 @@ impl Handler for Feed {
             .unwrap_or(0);
         let mut actions = Vec::new();
         let mut outcomes = Vec::with_capacity(batch.len());
+        // At or below the position, or a redelivered copy of one earlier in the batch (a
+        // process paused past its ack wait reads both): applied already.
+        let mut seen = done;
         for d in batch {
-            if d.stream_sequence <= done {
+            if d.stream_sequence <= seen {
                 outcomes.push(Outcome::Handled);
                 continue;
             }
+            seen = d.stream_sequence;
             match weigh(&mut core.watch, d) {
                 Ok(decided) => {
                     actions.extend(decided);

@@ -5,7 +5,11 @@
 //!    [`ConsumerSpec::batch`]); a message is acknowledged only after the handler returned.
 //!    Consumers acknowledge all (`AckPolicy::All`): a batch's effects are kept together, so
 //!    one acknowledgement of its last message settles the whole batch — one message back to
-//!    the server per batch instead of one per message.
+//!    the server per batch instead of one per message. A batch may also hold a copy of a
+//!    message earlier in it, redelivered after the ack wait (a process paused past its ack
+//!    wait reads the original and the copy once it resumes): a handler that keeps a position
+//!    skips anything at or below the highest sequence it has seen, in the batch as well
+//!    (`allot_store::apply_batch` does; the two-gateway e2e test found the one that did not).
 //! 2. A message that cannot be decoded, or that the handler rejects, is published to the
 //!    dead-letter stream with the reason and its origin (subject, stream, sequence, consumer,
 //!    deliveries) in headers, and only then acknowledged: it never blocks the stream and is

@@ -245,14 +245,18 @@ where
 pub struct BatchApplied {
     /// Items after the recorded position, handed to the change.
     pub applied: usize,
-    /// Items at or below the recorded position, skipped.
+    /// Items at or below the recorded position, or at or below one earlier in the batch,
+    /// skipped.
     pub skipped: usize,
 }
 
 /// Applies a batch of events in one transaction: the fast path for consumers that pull many
 /// messages at once.
 ///
-/// Items at or below the recorded position are dropped; the rest go to `change` together, in
+/// Items at or below the recorded position are dropped, and so is an item at or below one
+/// earlier in the batch: a copy redelivered after the ack wait can arrive in the same batch as
+/// the original (a process paused past its ack wait reads both once it resumes), and applying
+/// it again would apply it twice, after newer ones. The rest go to `change` together, in
 /// order, so it can coalesce them (write the latest value of a row once rather than once per
 /// event). The position becomes the highest sequence in the batch. If `change` fails nothing
 /// is kept; the consumer runner then retries, and in the end applies the items one at a time
@@ -267,10 +271,16 @@ where
     E: From<rusqlite::Error>,
 {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let position = position(&tx, consumer)?;
+    let mut highest = position(&tx, consumer)?;
     let fresh: Vec<&T> = items
         .iter()
-        .filter(|(seq, _)| position.is_none_or(|p| *seq > p))
+        .filter(|(seq, _)| {
+            let fresh = highest.is_none_or(|h| *seq > h);
+            if fresh {
+                highest = Some(*seq);
+            }
+            fresh
+        })
         .map(|(_, item)| item)
         .collect();
     let outcome = BatchApplied {

@@ -104,6 +104,38 @@ fn a_batch_hands_over_only_what_was_not_applied_and_records_its_highest_sequence
     assert_eq!(count(&conn), 2);
 }
 
+/// A process paused past its ack wait reads, once it resumes, what it had pulled and the
+/// server's redeliveries of it, in one batch: each event is applied once, in stream order.
+#[test]
+fn copies_redelivered_into_the_same_batch_are_applied_once() {
+    let mut conn = open_in_memory(&[COUNTER]).unwrap();
+    apply(&mut conn, "c", 2, bump).unwrap();
+    let items = [
+        (2, 20),
+        (3, 30),
+        (4, 40),
+        (3, 30),
+        (4, 40),
+        (5, 50),
+        (4, 40),
+    ];
+    let mut handed = Vec::new();
+    let outcome = apply_batch(&mut conn, "c", &items, |c, fresh: &[&i32]| {
+        handed = fresh.iter().map(|v| **v).collect();
+        bump(c)
+    })
+    .unwrap();
+    assert_eq!(handed, vec![30, 40, 50]);
+    assert_eq!(
+        outcome,
+        BatchApplied {
+            applied: 3,
+            skipped: 4
+        }
+    );
+    assert_eq!(position(&conn, "c").unwrap(), Some(5));
+}
+
 #[test]
 fn a_failed_batch_keeps_neither_its_changes_nor_its_position() {
     let mut conn = open_in_memory(&[COUNTER]).unwrap();
