@@ -90,6 +90,51 @@ const PRUNE_EVERY: Duration = Duration::from_secs(60);
 const PRUNE_BATCH: usize = 500;
 const PRUNE_BATCHES: usize = 20;
 
+/// Every [`PRUNE_EVERY`], takes out of the read models on `conn` what finished longer than
+/// `retain` ago ([`model::prune`]), in transactions of [`PRUNE_BATCH`]; runs until dropped.
+async fn keep_for(conn: allot_store::rusqlite::Connection, retain: Duration) {
+    let conn = Arc::new(Mutex::new(conn));
+    let mut tick = tokio::time::interval(PRUNE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        // A retention longer than time goes back keeps everything.
+        let Some(before) = chrono::TimeDelta::from_std(retain)
+            .ok()
+            .and_then(|d| chrono::Utc::now().checked_sub_signed(d))
+        else {
+            continue;
+        };
+        let conn = conn.clone();
+        let pruned = tokio::task::spawn_blocking(move || {
+            let mut conn = conn.lock().expect("retention's connection");
+            let mut total = model::Pruned::default();
+            for _ in 0..PRUNE_BATCHES {
+                let p = model::prune(&mut conn, before, PRUNE_BATCH)?;
+                total.workloads += p.workloads;
+                total.decisions += p.decisions;
+                if p.workloads < PRUNE_BATCH && p.decisions < PRUNE_BATCH {
+                    break;
+                }
+            }
+            Ok::<_, allot_store::rusqlite::Error>(total)
+        })
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| e.to_string()));
+        match pruned {
+            Ok(p) if p != model::Pruned::default() => tracing::info!(
+                workloads = p.workloads,
+                decisions = p.decisions,
+                finished_before = %before,
+                "retention took out what finished before the cut-off"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "retention failed; trying again later"),
+        }
+    }
+}
+
 impl Config {
     /// Defaults: consumers `gateway-*`, no bootstrap token, no teams file.
     pub fn new(
@@ -225,49 +270,11 @@ pub async fn run(
     }
 
     if let Some(retain) = config.retain {
-        let conn = Arc::new(Mutex::new(allot_store::open(&db_path, model::MIGRATIONS)?));
+        let conn = allot_store::open(&db_path, model::MIGRATIONS)?;
         let stopping = service.stopping();
         service.spawn("retention", async move {
-            let mut tick = tokio::time::interval(PRUNE_EVERY);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let prune = async {
-                loop {
-                    tick.tick().await;
-                    let before = chrono::Utc::now()
-                        - chrono::Duration::from_std(retain).unwrap_or(chrono::Duration::MAX);
-                    let conn = conn.clone();
-                    let pruned = tokio::task::spawn_blocking(move || {
-                        let mut conn = conn.lock().expect("retention's connection");
-                        let mut total = model::Pruned::default();
-                        for _ in 0..PRUNE_BATCHES {
-                            let p = model::prune(&mut conn, before, PRUNE_BATCH)?;
-                            total.workloads += p.workloads;
-                            total.decisions += p.decisions;
-                            if p.workloads < PRUNE_BATCH && p.decisions < PRUNE_BATCH {
-                                break;
-                            }
-                        }
-                        Ok::<_, allot_store::rusqlite::Error>(total)
-                    })
-                    .await
-                    .map_err(|e| e.to_string())
-                    .and_then(|r| r.map_err(|e| e.to_string()));
-                    match pruned {
-                        Ok(p) if p != model::Pruned::default() => tracing::info!(
-                            workloads = p.workloads,
-                            decisions = p.decisions,
-                            finished_before = %before,
-                            "retention took out what finished before the cut-off"
-                        ),
-                        Ok(_) => {}
-                        Err(e) => {
-                            tracing::warn!(error = %e, "retention failed; trying again later")
-                        }
-                    }
-                }
-            };
             tokio::select! {
-                () = prune => Ok(()),
+                () = keep_for(conn, retain) => Ok(()),
                 () = stopping => Ok(()),
             }
         });
