@@ -1,6 +1,10 @@
 //! What the model sees of a task at submission: recency statistics of its keys, the burst it
 //! arrived in, what it asked for and the calendar. Durations enter as natural logs.
 
+use std::hash::BuildHasher;
+
+use rustc_hash::FxBuildHasher;
+
 use crate::Millis;
 use crate::predictor::Basis;
 use crate::recency::{BURST_GAP_MS, Job, Key, Recency, Recent, quantile_of};
@@ -44,6 +48,8 @@ pub struct Features {
     pub base_ms: f64,
     /// Where that estimate came from.
     pub basis: Basis,
+    /// Its team, hashed: the model may learn which statistics to trust per team.
+    pub group: u64,
 }
 
 impl Features {
@@ -148,6 +154,7 @@ impl Features {
             values,
             base_ms,
             basis,
+            group: FxBuildHasher.hash_one(job.team.as_str()),
         }
     }
 }

@@ -17,14 +17,24 @@
 //! to outvote). Each statistic errs on its own jobs — the last runs by finish time lean towards
 //! the runs that end fast, the densest cluster of a bimodal history lands on the wrong mode
 //! part of the time, the last runs by submission lag — and the median of them errs where
-//! most do. It also cannot stray from what the task's neighbours really ran. On Philly after
-//! 2017-11-01 it scores MdALE 0.382 and 62.6% within 2×, against 0.409 and 61.8% for the
-//! last-ten median — short of the floor (10% below). A smartcore decision tree gating
-//! between it and the last-ten median did worse (0.385–0.395), so smartcore is not used.
+//! most do. It also cannot stray from what the task's neighbours really ran.
+//!
+//! Teams differ in which statistics predict them (one resubmits the same job in bursts,
+//! another runs sweeps), so a team with enough runs, and then its tasks by how many of their
+//! burst's siblings finished, learn an ensemble of their own ([`Ensembles`]), kept only where it
+//! beats the coarser one on that segment's held-out runs. On Philly after 2017-11-01 the model
+//! scores MdALE 0.371 and 62.9% within 2×, against 0.409 and 61.8% for the last-ten median
+//! (0.382 with one shared ensemble) — 9.3% below, still short of the floor (10%). A
+//! smartcore decision tree gating between the shared ensemble and the last-ten median did
+//! worse (0.385–0.395), so smartcore is not used.
 //!
 //! One choice per context remains: where a single statistic is all but exact on the learning
 //! window (median error below [`EXACT`], and under half the ensemble's) — the same task run
 //! again, a burst of identical jobs whose siblings finished — the context trusts it instead.
+
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::features::Features;
 use crate::recency::quantile_of;
@@ -42,6 +52,10 @@ pub struct TrainParams {
     pub calibration_share: f64,
     /// Fewest learning runs for a context to trust a single statistic over the ensemble.
     pub min_per_context: usize,
+    /// Fewest learning runs for a team (or a team's tasks with as many finished burst
+    /// siblings) to get an ensemble of its own, which it keeps only if it beats the coarser
+    /// one on its calibration runs.
+    pub min_per_team: usize,
 }
 
 impl Default for TrainParams {
@@ -51,6 +65,7 @@ impl Default for TrainParams {
             window: 25_000,
             calibration_share: 0.15,
             min_per_context: 40,
+            min_per_team: 1_000,
         }
     }
 }
@@ -90,8 +105,8 @@ pub struct Model {
     /// Per context, the index in [`CANDIDATES`] of the statistic it trusts, or
     /// `CANDIDATES.len()`: the ensemble.
     choice: Vec<usize>,
-    /// The indices in [`CANDIDATES`] of the statistics whose median is the ensemble's estimate.
-    ensemble: Vec<usize>,
+    /// Which statistics the ensemble's estimate is the median of, for each team.
+    ensembles: Ensembles,
     /// Per spread band (`SPREAD_BANDS.len() + 1`), the 10% and 90% quantiles of ln(true /
     /// predicted) on the calibration runs.
     bands: Vec<(f64, f64)>,
@@ -106,12 +121,12 @@ impl Model {
         }
         let cut = ((samples.len() as f64) * (1.0 - params.calibration_share)) as usize;
         let (learn, calibrate) = samples.split_at(cut.clamp(1, samples.len() - 1));
-        let ensemble = best_ensemble(learn);
-        let choice = choices(learn, params.min_per_context, &ensemble);
+        let ensembles = Ensembles::learn(learn, calibrate, params.min_per_team);
+        let choice = choices(learn, params.min_per_context, &ensembles);
         let mut all = Vec::with_capacity(calibrate.len());
         let mut by_band: Vec<Vec<f64>> = vec![Vec::new(); SPREAD_BANDS.len() + 1];
         for (f, ran) in calibrate {
-            let residual = ran.max(1.0).ln() - ln_choice(f, choice[context(f)], &ensemble);
+            let residual = ran.max(1.0).ln() - ln_choice(f, choice[context(f)], ensembles.of(f));
             all.push(residual);
             by_band[band(f)].push(residual);
         }
@@ -133,21 +148,38 @@ impl Model {
             version,
             trained_on: samples.len(),
             choice,
-            ensemble,
+            ensembles,
             bands,
         })
     }
 
     /// The predicted run time of a task with `features`, and its 10% and 90% quantiles, ms.
     pub fn predict(&self, features: &Features) -> (f64, f64, f64) {
-        let ln_point = ln_choice(features, self.choice[context(features)], &self.ensemble);
+        let ln_point = ln_choice(
+            features,
+            self.choice[context(features)],
+            self.ensembles.of(features),
+        );
         let (lo, hi) = self.bands[band(features)];
         (ln_point.exp(), (ln_point + lo).exp(), (ln_point + hi).exp())
     }
 
-    /// The statistics whose median is its estimate wherever no single one is all but exact.
+    /// The statistics whose median is its estimate wherever no single one is all but exact,
+    /// for the teams without an ensemble of their own.
     pub fn ensemble(&self) -> Vec<&'static str> {
-        self.ensemble.iter().map(|&k| STATISTIC_NAMES[k]).collect()
+        names(&self.ensembles.shared)
+    }
+
+    /// The statistics whose median is its estimate for a task with `features` wherever no
+    /// single one is all but exact: its team's own, or the shared [`Model::ensemble`].
+    pub fn ensemble_for(&self, features: &Features) -> Vec<&'static str> {
+        names(self.ensembles.of(features))
+    }
+
+    /// How many segments (teams, or a team's tasks by finished burst siblings) have an
+    /// ensemble of their own.
+    pub fn segment_ensembles(&self) -> usize {
+        self.ensembles.by_segment.len()
     }
 
     /// The statistic it trusts for a task with `features` (for explanations and tests): one
@@ -176,14 +208,110 @@ const STATISTIC_NAMES: [&str; 12] = [
     "densest cluster of the runs of its team and size",
 ];
 
+fn names(ensemble: &[usize]) -> Vec<&'static str> {
+    ensemble.iter().map(|&k| STATISTIC_NAMES[k]).collect()
+}
+
+/// The ensembles of a model: one learned on every team's runs, and ones learned on the runs of
+/// a segment — a team, then a team's tasks with none, one or several burst siblings finished —
+/// that has enough runs of its own and whose own ensemble beat its parent's on the segment's
+/// held-out runs.
+///
+/// Teams differ in what predicts their jobs: on Philly one VC resubmits the same job in
+/// bursts (its burst siblings and last three predict it), another runs long sweeps whose
+/// densest cluster does; and the first of a burst wants other statistics than the tenth. The
+/// check on held-out runs keeps a segment's ensemble only where it carries over in time;
+/// elsewhere the segment keeps its parent's, learned on more runs.
+#[derive(Debug, Clone, PartialEq)]
+struct Ensembles {
+    /// Indices in [`CANDIDATES`] of the statistics whose median is the estimate.
+    shared: Vec<usize>,
+    /// The same, per segment ([`segments`]) that has one of its own.
+    by_segment: HashMap<Segment, Vec<usize>>,
+}
+
+/// A segment: [`Features::group`] (the team), and [`WHOLE_TEAM`] or the number of the burst's
+/// finished siblings (0, 1, 2 or more).
+type Segment = (u64, u64);
+const WHOLE_TEAM: u64 = u64::MAX;
+
+/// Fewest calibration runs of a segment to judge its own ensemble on.
+const MIN_SEGMENT_CALIBRATION: usize = 50;
+
+/// The segments of a task with `f`, coarsest first.
+fn segments(f: &Features) -> [Segment; 2] {
+    let siblings = ((f.values[11].exp() - 1.0).round() as u64).min(2);
+    [(f.group, WHOLE_TEAM), (f.group, siblings)]
+}
+
+impl Ensembles {
+    fn learn(learn: &[(Features, f64)], calibrate: &[(Features, f64)], min: usize) -> Ensembles {
+        let mut ensembles = Ensembles {
+            shared: best_ensemble(learn),
+            by_segment: HashMap::default(),
+        };
+        type Runs<'a> = Vec<&'a (Features, f64)>;
+        for level in 0..2 {
+            let mut runs: BTreeMap<Segment, (Runs, Runs)> = BTreeMap::new();
+            for sample in learn {
+                runs.entry(segments(&sample.0)[level])
+                    .or_default()
+                    .0
+                    .push(sample);
+            }
+            for sample in calibrate {
+                if let Some(segment) = runs.get_mut(&segments(&sample.0)[level]) {
+                    segment.1.push(sample);
+                }
+            }
+            let learned: Vec<(Segment, Vec<usize>)> = runs
+                .into_iter()
+                .filter(|(_, (learn, held_out))| {
+                    learn.len() >= min && held_out.len() >= MIN_SEGMENT_CALIBRATION
+                })
+                .filter_map(|(segment, (learn, held_out))| {
+                    let own = best_ensemble(learn);
+                    // Every run of the segment has the same parent.
+                    let parent = ensembles.of(&held_out[0].0);
+                    let error = |ensemble: &[usize]| {
+                        let mut errs: Vec<f64> = held_out
+                            .iter()
+                            .map(|(f, ran)| {
+                                (ln_choice(f, ENSEMBLE, ensemble) - ran.max(1.0).ln()).abs()
+                            })
+                            .collect();
+                        quantile_of(&mut errs, 0.5)
+                    };
+                    (own != parent && error(&own) < error(parent)).then_some((segment, own))
+                })
+                .collect();
+            ensembles.by_segment.extend(learned);
+        }
+        ensembles
+    }
+
+    /// The ensemble for a task with `f`: its finest segment's that has one.
+    fn of(&self, f: &Features) -> &[usize] {
+        segments(f)
+            .iter()
+            .rev()
+            .find_map(|s| self.by_segment.get(s))
+            .unwrap_or(&self.shared)
+    }
+}
+
+/// The choice that is the ensemble rather than one statistic.
+const ENSEMBLE: usize = CANDIDATES.len();
+
 /// Per context, the ensemble (`CANDIDATES.len()`), or the single statistic that was all but
 /// exact on `samples` there: median error below [`EXACT`] and under half the ensemble's, in a
 /// context with at least `min` samples.
-fn choices(samples: &[(Features, f64)], min: usize, ensemble: &[usize]) -> Vec<usize> {
+fn choices(samples: &[(Features, f64)], min: usize, ensembles: &Ensembles) -> Vec<usize> {
     let ens = CANDIDATES.len();
     let mut errors: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); ens + 1]; CONTEXTS];
     for (f, ran) in samples {
         let truth = ran.max(1.0).ln();
+        let ensemble = ensembles.of(f);
         for (k, errs) in errors[context(f)].iter_mut().enumerate() {
             errs.push((ln_choice(f, k, ensemble) - truth).abs());
         }
@@ -254,9 +382,9 @@ const ENSEMBLE_SIZES: std::ops::RangeInclusive<u32> = 3..=5;
 
 /// The subset of [`POOL`] ([`ENSEMBLE_SIZES`] statistics) whose median has the smallest median
 /// error on `samples` (the first such subset, by bit mask, on ties: deterministic).
-fn best_ensemble(samples: &[(Features, f64)]) -> Vec<usize> {
+fn best_ensemble<'a>(samples: impl IntoIterator<Item = &'a (Features, f64)>) -> Vec<usize> {
     let lns: Vec<([f64; POOL.len()], f64)> = samples
-        .iter()
+        .into_iter()
         .map(|(f, ran)| {
             let mut v = [0.0; POOL.len()];
             for (slot, &c) in v.iter_mut().zip(&POOL) {

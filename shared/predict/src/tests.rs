@@ -204,3 +204,91 @@ fn the_ensemble_is_the_median_of_three_to_five_statistics_learned_from_the_histo
     let f = Features::of(&next, &recency, next.submit_ms);
     assert_eq!(model.trusts(&f), "the median of several statistics");
 }
+
+/// Two teams whose runs want different statistics, submitting in turn every ten minutes: one
+/// drifts (each run a random step from the last, so the last few say most), the other scatters
+/// widely around a fixed median (so the more runs a statistic takes in, the better).
+fn two_teams(n: u64) -> Vec<EvalJob> {
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let mut uniform = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let mut normal = move || {
+        let (u, v) = (uniform().max(1e-12), uniform());
+        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+    };
+    let mut drifting = (20.0 * 60_000.0_f64).ln();
+    let mut jobs = Vec::new();
+    for i in 0..n {
+        let at = i * 10 * 60_000;
+        drifting = (drifting + 0.5 * normal()).clamp(11.0, 16.0);
+        let scattered = (20.0 * 60_000.0_f64).ln() + 1.5 * normal();
+        jobs.push(EvalJob {
+            job: job("drift", 1, at),
+            duration_ms: drifting.exp() as u64,
+        });
+        jobs.push(EvalJob {
+            job: job("scatter", 4, at + 5 * 60_000),
+            duration_ms: scattered.exp() as u64,
+        });
+    }
+    jobs
+}
+
+#[test]
+fn teams_whose_runs_want_different_statistics_each_get_an_ensemble_of_their_own() {
+    let jobs = two_teams(6_000);
+    let split = 4_000 * 10 * 60_000;
+    let shared_only = TrainParams {
+        min_per_team: usize::MAX,
+        ..TrainParams::default()
+    };
+    let own = eval::evaluate(&jobs, split, TrainParams::default());
+    let shared = eval::evaluate(&jobs, split, shared_only);
+    let (own, shared) = (
+        &own.predictors[eval::ALLOT],
+        &shared.predictors[eval::ALLOT],
+    );
+    // Learned on both teams at once, one ensemble serves neither well.
+    assert!(
+        own.mdale < 0.97 * shared.mdale,
+        "{own:?} against {shared:?}"
+    );
+
+    let mut p = Predictor::new(TrainParams::default());
+    let mut recency = Recency::default();
+    for (i, j) in jobs.iter().enumerate().take(8_000) {
+        p.submitted(i as u64, &j.job);
+        p.finished(i as u64, &j.job, j.duration_ms);
+        recency.submitted(i as u64, &j.job);
+        recency.finished(i as u64, &j.job, j.duration_ms);
+    }
+    p.retrain();
+    let model = p.model().unwrap();
+    let of = |team| {
+        Features::of(
+            &job(team, 1, 8_000 * 10 * 60_000),
+            &recency,
+            8_000 * 10 * 60_000,
+        )
+    };
+    let (drift, scatter) = (
+        model.ensemble_for(&of("drift")),
+        model.ensemble_for(&of("scatter")),
+    );
+    // The scattered team takes in more runs (the last ten, the censored median) than the
+    // drifting one, whose last few say most.
+    assert!(model.segment_ensembles() >= 1);
+    assert_ne!(drift, scatter);
+    assert!(
+        scatter.contains(&"last ten of its team and size"),
+        "{scatter:?}"
+    );
+    assert!(
+        !drift.contains(&"last ten of its team and size"),
+        "{drift:?}"
+    );
+}
