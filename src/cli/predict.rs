@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use chrono::{NaiveDate, NaiveDateTime};
 use clap::{Args, Subcommand, ValueEnum};
 use comfy_table::{Table, presets::NOTHING};
@@ -75,6 +75,10 @@ pub struct EvalArgs {
     /// Jobs submitted before this date (UTC) train; those at or after it are scored.
     #[arg(long, default_value = "2017-11-01")]
     pub split: String,
+    /// Leave out the jobs submitted at or after this date (UTC): a validation run that never
+    /// sees the months it will be judged on (e.g. `--split 2017-10-10 --until 2017-11-01`).
+    #[arg(long)]
+    pub until: Option<String>,
     /// Folder with the traces (default: ../shared/traces from the project root).
     #[arg(long)]
     pub traces: Option<PathBuf>,
@@ -222,13 +226,41 @@ fn render_report(tasks: &[TaskReport], currency: &str) -> String {
 }
 
 fn evaluate(args: EvalArgs) -> anyhow::Result<ExitCode> {
+    // Every problem with the arguments at once, before anything is loaded.
+    let mut problems = Vec::new();
     if args.trace != "philly" {
-        bail!("--trace {}: only `philly` is supported", args.trace);
+        problems.push(format!(
+            "--trace {:?}: only `philly` is supported",
+            args.trace
+        ));
     }
-    let split = NaiveDate::parse_from_str(&args.split, "%Y-%m-%d")
-        .with_context(|| format!("--split {:?}: write a date as 2017-11-01", args.split))?
-        .and_hms_opt(0, 0, 0)
-        .expect("midnight exists");
+    let mut date = |flag: &str, value: &str| {
+        let parsed = NaiveDate::parse_from_str(value, "%Y-%m-%d")
+            .map(|d| d.and_hms_opt(0, 0, 0).expect("midnight exists"));
+        if parsed.is_err() {
+            problems.push(format!("{flag} {value:?}: write a date as 2017-11-01"));
+        }
+        parsed.ok()
+    };
+    let split = date("--split", &args.split);
+    let until = args.until.as_deref().map(|u| date("--until", u));
+    if let (Some(split), Some(Some(until))) = (split, until)
+        && until <= split
+    {
+        problems.push(format!(
+            "--until {}: must come after --split {}",
+            until.date(),
+            split.date()
+        ));
+    }
+    let (Some(split), true) = (split, problems.is_empty()) else {
+        for p in &problems {
+            eprintln!("allot: {p}");
+        }
+        eprintln!("nothing was evaluated");
+        return Ok(ExitCode::from(BAD_INPUT));
+    };
+    let until = until.flatten();
     let traces = args
         .traces
         .clone()
@@ -238,9 +270,14 @@ fn evaluate(args: EvalArgs) -> anyhow::Result<ExitCode> {
     let epoch = NaiveDateTime::default();
     let window = Window {
         from: epoch,
-        to: NaiveDate::from_ymd_opt(9999, 12, 31)
-            .and_then(|d| d.and_hms_opt(23, 59, 59))
-            .expect("a valid date"),
+        to: until.map_or_else(
+            || {
+                NaiveDate::from_ymd_opt(9999, 12, 31)
+                    .and_then(|d| d.and_hms_opt(23, 59, 59))
+                    .expect("a valid date")
+            },
+            |u| u - chrono::TimeDelta::milliseconds(1),
+        ),
     };
     let trace = philly::load(
         &dir.join("jobs.csv"),
@@ -265,7 +302,11 @@ fn evaluate(args: EvalArgs) -> anyhow::Result<ExitCode> {
         .collect();
     let split_ms = (split - epoch).num_milliseconds().max(0) as u64;
     let report = eval::evaluate(&jobs, split_ms, TrainParams::default());
-    print!("{}", render(&report, &args.split));
+    let label = match &args.until {
+        Some(until) => format!("{} (jobs submitted before {until} only)", args.split),
+        None => args.split.clone(),
+    };
+    print!("{}", render(&report, &label));
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;

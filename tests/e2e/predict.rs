@@ -64,6 +64,76 @@ fn predict_eval_scores_the_predictor_and_the_baselines_after_the_split() {
     // The recency statistics it builds on beat the all-history ones, as the issue measured.
     let mdale = |name: &str| report["predictors"][name]["mdale"].as_f64().unwrap();
     assert!(mdale("allot") < mdale("team-gpus-median"), "{report}");
+
+    // A validation run inside the training months sees none of the months after them: every
+    // job it trains on or scores is one the run above trained on.
+    let validation = dir.path().join("validation.json");
+    let out = allot(dir.path())
+        .args([
+            "predict",
+            "eval",
+            "--split",
+            "2017-10-20",
+            "--until",
+            "2017-11-01",
+        ])
+        .arg("--traces")
+        .arg(&traces)
+        .arg("--json")
+        .arg(&validation)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let inner: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&validation).unwrap()).unwrap();
+    let jobs = |r: &serde_json::Value, k: &str| r[k].as_u64().unwrap();
+    assert!(jobs(&inner, "test_jobs") > 0, "{inner}");
+    assert_eq!(
+        jobs(&inner, "train_jobs") + jobs(&inner, "test_jobs"),
+        jobs(&report, "train_jobs"),
+        "{inner}"
+    );
+}
+
+#[test]
+fn predict_eval_lists_every_bad_argument_and_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = allot(dir.path())
+        .args([
+            "predict",
+            "eval",
+            "--trace",
+            "helios",
+            "--split",
+            "2017-11-01",
+        ])
+        .args(["--until", "2017-10-01"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--trace \"helios\": only `philly`"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("--until 2017-10-01: must come after --split 2017-11-01"),
+        "{stderr}"
+    );
+    let out = allot(dir.path())
+        .args(["predict", "eval", "--split", "2017-13-01"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--split \"2017-13-01\": write a date"),
+        "{stderr}"
+    );
 }
 
 /// Three stages of 2 s each (20 s declared, run 10× faster), one GPU each.
