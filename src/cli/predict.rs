@@ -279,12 +279,20 @@ fn evaluate(args: EvalArgs) -> anyhow::Result<ExitCode> {
             |u| u - chrono::TimeDelta::milliseconds(1),
         ),
     };
-    let trace = philly::load(
+    // A trace that is missing or malformed is bad input too: the loader names the file, line
+    // and column.
+    let trace = match philly::load(
         &dir.join("jobs.csv"),
         &dir.join("vc_nodes.csv"),
         Some(window),
-    )
-    .with_context(|| format!("loading the Philly trace from {}", dir.display()))?;
+    ) {
+        Ok(trace) => trace,
+        Err(e) => {
+            eprintln!("allot: the Philly trace in {}: {e}", dir.display());
+            eprintln!("nothing was evaluated");
+            return Ok(ExitCode::from(BAD_INPUT));
+        }
+    };
     let jobs: Vec<EvalJob> = trace
         .jobs
         .iter()

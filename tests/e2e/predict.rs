@@ -134,6 +134,15 @@ fn predict_eval_lists_every_bad_argument_and_exits_2() {
         stderr.contains("--split \"2017-13-01\": write a date"),
         "{stderr}"
     );
+    // A trace folder without the trace: the file it looked for, named.
+    let out = allot(dir.path())
+        .args(["predict", "eval", "--traces"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("vc_nodes.csv"), "{stderr}");
 }
 
 /// Three stages of 2 s each (20 s declared, run 10× faster), one GPU each.
