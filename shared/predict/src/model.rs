@@ -398,33 +398,48 @@ const ENSEMBLE_SIZES: std::ops::RangeInclusive<u32> = 3..=5;
 /// The subset of [`POOL`] ([`ENSEMBLE_SIZES`] statistics) whose median has the smallest median
 /// error on `samples` (the first such subset, by bit mask, on ties: deterministic).
 fn best_ensemble<'a>(samples: impl IntoIterator<Item = &'a (Features, f64)>) -> Vec<usize> {
-    let lns: Vec<([f64; POOL.len()], f64)> = samples
+    // Per run, the pool's statistics and the order they sort in: a subset's median is then
+    // read off by walking that order, with no copy and no sort per subset (182 subsets).
+    let lns: Vec<([f64; POOL.len()], [u8; POOL.len()], f64)> = samples
         .into_iter()
         .map(|(f, ran)| {
             let mut v = [0.0; POOL.len()];
             for (slot, &c) in v.iter_mut().zip(&POOL) {
                 *slot = ln_candidate(f, c);
             }
-            (v, ran.max(1.0).ln())
+            let mut order: [u8; POOL.len()] = std::array::from_fn(|i| i as u8);
+            order.sort_by(|&a, &b| v[usize::from(a)].total_cmp(&v[usize::from(b)]));
+            (v, order, ran.max(1.0).ln())
         })
         .collect();
     let mut best = (f64::INFINITY, 0u32);
     let mut errs = Vec::with_capacity(lns.len());
-    let mut buf = [0.0; POOL.len()];
     for mask in 1u32..(1 << POOL.len()) {
-        if !ENSEMBLE_SIZES.contains(&mask.count_ones()) {
+        let m = mask.count_ones();
+        if !ENSEMBLE_SIZES.contains(&m) {
             continue;
         }
+        // The median as [`quantile_of`] interpolates it: between the order statistics `lo`
+        // and `hi` of the subset's values, the same arithmetic to the bit.
+        let at = f64::from(m - 1) * 0.5;
+        let (lo, hi) = (at.floor() as u32, at.ceil() as u32);
         errs.clear();
-        for (v, truth) in &lns {
-            let mut m = 0;
-            for (i, &x) in v.iter().enumerate() {
+        for (v, order, truth) in &lns {
+            let (mut seen, mut low, mut high) = (0, 0.0, 0.0);
+            for &i in order {
                 if mask & (1 << i) != 0 {
-                    buf[m] = x;
-                    m += 1;
+                    if seen == lo {
+                        low = v[usize::from(i)];
+                    }
+                    if seen == hi {
+                        high = v[usize::from(i)];
+                        break;
+                    }
+                    seen += 1;
                 }
             }
-            errs.push((quantile_of(&mut buf[..m], 0.5) - truth).abs());
+            let median = low + (high - low) * (at - f64::from(lo));
+            errs.push((median - truth).abs());
         }
         let score = quantile_of(&mut errs, 0.5);
         if score < best.0 {

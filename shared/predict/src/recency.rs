@@ -85,12 +85,24 @@ impl Recent {
     }
 }
 
-/// The `q` quantile of `values` (sorted in place), by linear interpolation.
+/// The `q` quantile of `values` (reordered in place), by linear interpolation between the two
+/// order statistics around it. Found by selection, not a sort: learning takes the median error
+/// of every candidate ensemble over tens of thousands of runs.
 pub(crate) fn quantile_of(values: &mut [f64], q: f64) -> f64 {
-    values.sort_by(f64::total_cmp);
     let at = (values.len() - 1) as f64 * q.clamp(0.0, 1.0);
     let (lo, hi) = (at.floor() as usize, at.ceil() as usize);
-    values[lo] + (values[hi] - values[lo]) * (at - lo as f64)
+    let (_, &mut low, above) = values.select_nth_unstable_by(lo, f64::total_cmp);
+    // Everything after `lo` is at least as large: the next order statistic is their least.
+    let high = if hi == lo {
+        low
+    } else {
+        above
+            .iter()
+            .copied()
+            .min_by(f64::total_cmp)
+            .expect("hi is within the values")
+    };
+    low + (high - low) * (at - lo as f64)
 }
 
 /// Recent history under every key, as submissions and finishes arrive in time order.

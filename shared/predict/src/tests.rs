@@ -292,3 +292,30 @@ fn teams_whose_runs_want_different_statistics_each_get_an_ensemble_of_their_own(
         "{drift:?}"
     );
 }
+
+#[test]
+fn quantiles_by_selection_are_those_of_the_sorted_values() {
+    let sorted_quantile = |values: &[f64], q: f64| {
+        let mut v = values.to_vec();
+        v.sort_by(f64::total_cmp);
+        let at = (v.len() - 1) as f64 * q;
+        let (lo, hi) = (at.floor() as usize, at.ceil() as usize);
+        v[lo] + (v[hi] - v[lo]) * (at - lo as f64)
+    };
+    let mut seed = 0x853c_49e6_748f_ea9b_u64;
+    for len in 1..60 {
+        let values: Vec<f64> = (0..len)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                // Ties too: a tenth of the draws repeat a value.
+                ((seed % 1_000) as f64 / 7.0).floor()
+            })
+            .collect();
+        for q in [0.0, 0.1, 0.25, 0.5, 0.9, 1.0] {
+            let got = crate::recency::quantile_of(&mut values.clone(), q);
+            assert_eq!(got, sorted_quantile(&values, q), "{len} values, q {q}");
+        }
+    }
+}
