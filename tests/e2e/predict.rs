@@ -20,27 +20,13 @@ fn predict_eval_scores_the_predictor_and_the_baselines_after_the_split() {
     }
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("eval.json");
-    let out = allot(dir.path())
-        .args([
-            "predict",
-            "eval",
-            "--trace",
-            "philly",
-            "--split",
-            "2017-11-01",
-        ])
-        .arg("--traces")
-        .arg(&traces)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
+    let (code, stdout, stderr) = eval(
+        dir.path(),
+        &["--trace", "philly", "--split", "2017-11-01"],
+        Some(&traces),
+        Some(&json),
     );
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert!(report["train_jobs"].as_u64().unwrap() > 40_000, "{report}");
@@ -68,26 +54,13 @@ fn predict_eval_scores_the_predictor_and_the_baselines_after_the_split() {
     // A validation run inside the training months sees none of the months after them: every
     // job it trains on or scores is one the run above trained on.
     let validation = dir.path().join("validation.json");
-    let out = allot(dir.path())
-        .args([
-            "predict",
-            "eval",
-            "--split",
-            "2017-10-20",
-            "--until",
-            "2017-11-01",
-        ])
-        .arg("--traces")
-        .arg(&traces)
-        .arg("--json")
-        .arg(&validation)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let (code, _, stderr) = eval(
+        dir.path(),
+        &["--split", "2017-10-20", "--until", "2017-11-01"],
+        Some(&traces),
+        Some(&validation),
     );
+    assert_eq!(code, Some(0), "{stderr}");
     let inner: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&validation).unwrap()).unwrap();
     let jobs = |r: &serde_json::Value, k: &str| r[k].as_u64().unwrap();
@@ -102,20 +75,20 @@ fn predict_eval_scores_the_predictor_and_the_baselines_after_the_split() {
 #[test]
 fn predict_eval_lists_every_bad_argument_and_exits_2() {
     let dir = tempfile::tempdir().unwrap();
-    let out = allot(dir.path())
-        .args([
-            "predict",
-            "eval",
+    let (code, _, stderr) = eval(
+        dir.path(),
+        &[
             "--trace",
             "helios",
             "--split",
             "2017-11-01",
-        ])
-        .args(["--until", "2017-10-01"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+            "--until",
+            "2017-10-01",
+        ],
+        None,
+        None,
+    );
+    assert_eq!(code, Some(2), "{stderr}");
     assert!(
         stderr.contains("--trace \"helios\": only `philly`"),
         "{stderr}"
@@ -124,25 +97,40 @@ fn predict_eval_lists_every_bad_argument_and_exits_2() {
         stderr.contains("--until 2017-10-01: must come after --split 2017-11-01"),
         "{stderr}"
     );
-    let out = allot(dir.path())
-        .args(["predict", "eval", "--split", "2017-13-01"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let (code, _, stderr) = eval(dir.path(), &["--split", "2017-13-01"], None, None);
+    assert_eq!(code, Some(2), "{stderr}");
     assert!(
         stderr.contains("--split \"2017-13-01\": write a date"),
         "{stderr}"
     );
     // A trace folder without the trace: the file it looked for, named.
-    let out = allot(dir.path())
-        .args(["predict", "eval", "--traces"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let (code, _, stderr) = eval(dir.path(), &[], Some(dir.path()), None);
+    assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("vc_nodes.csv"), "{stderr}");
+}
+
+/// Runs `allot predict eval ARGS [--traces T] [--json J]` in `dir`: its exit code, stdout and
+/// stderr.
+fn eval(
+    dir: &Path,
+    args: &[&str],
+    traces: Option<&Path>,
+    json: Option<&Path>,
+) -> (Option<i32>, String, String) {
+    let mut cmd = allot(dir);
+    cmd.args(["predict", "eval"]).args(args);
+    if let Some(traces) = traces {
+        cmd.arg("--traces").arg(traces);
+    }
+    if let Some(json) = json {
+        cmd.arg("--json").arg(json);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// Three stages of 2 s each (20 s declared, run 10× faster), one GPU each.

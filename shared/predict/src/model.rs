@@ -103,8 +103,7 @@ pub struct Model {
     pub version: u64,
     /// How many finished runs it learned from and was calibrated on.
     pub trained_on: usize,
-    /// Per context, the index in [`CANDIDATES`] of the statistic it trusts, or
-    /// `CANDIDATES.len()`: the ensemble.
+    /// Per context, the index in [`CANDIDATES`] of the statistic it trusts, or [`ENSEMBLE`].
     choice: Vec<usize>,
     /// Which statistics the ensemble's estimate is the median of, for each team.
     ensembles: Ensembles,
@@ -241,8 +240,10 @@ const MIN_SEGMENT_CALIBRATION: usize = 50;
 
 /// The segments of a task with `f`, coarsest first.
 fn segments(f: &Features) -> [Segment; 2] {
-    let siblings = ((f.values[11].exp() - 1.0).round() as u64).min(2);
-    [(f.group, WHOLE_TEAM), (f.group, siblings)]
+    [
+        (f.group, WHOLE_TEAM),
+        (f.group, finished_siblings(f) as u64),
+    ]
 }
 
 impl Ensembles {
@@ -318,12 +319,11 @@ impl Ensembles {
 /// The choice that is the ensemble rather than one statistic.
 const ENSEMBLE: usize = CANDIDATES.len();
 
-/// Per context, the ensemble (`CANDIDATES.len()`), or the single statistic that was all but
+/// Per context, the ensemble ([`ENSEMBLE`]), or the single statistic that was all but
 /// exact on `samples` there: median error below [`EXACT`] and under half the ensemble's, in a
 /// context with at least `min` samples.
 fn choices(samples: &[(Features, f64)], min: usize, ensembles: &Ensembles) -> Vec<usize> {
-    let ens = CANDIDATES.len();
-    let mut errors: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); ens + 1]; CONTEXTS];
+    let mut errors: Vec<Vec<Vec<f64>>> = vec![vec![Vec::new(); ENSEMBLE + 1]; CONTEXTS];
     for (f, ran) in samples {
         let truth = ran.max(1.0).ln();
         let ensemble = ensembles.of(f);
@@ -334,15 +334,15 @@ fn choices(samples: &[(Features, f64)], min: usize, ensembles: &Ensembles) -> Ve
     errors
         .into_iter()
         .map(|mut errs| {
-            if errs[ens].len() < min {
-                return ens;
+            if errs[ENSEMBLE].len() < min {
+                return ENSEMBLE;
             }
-            let of_ensemble = quantile_of(&mut errs[ens], 0.5);
-            (0..ens)
+            let of_ensemble = quantile_of(&mut errs[ENSEMBLE], 0.5);
+            (0..ENSEMBLE)
                 .map(|k| (k, quantile_of(&mut errs[k], 0.5)))
                 .filter(|&(_, e)| e < EXACT && e < 0.5 * of_ensemble)
                 .min_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)))
-                .map_or(ens, |(k, _)| k)
+                .map_or(ENSEMBLE, |(k, _)| k)
         })
         .collect()
 }
@@ -363,9 +363,14 @@ fn ln_candidate(f: &Features, k: usize) -> f64 {
 fn context(f: &Features) -> usize {
     let gap_s = f.values[7].exp() - 1.0;
     let gap = usize::from(gap_s >= 10.0) + usize::from(gap_s >= 300.0);
-    let siblings = ((f.values[11].exp() - 1.0).round() as usize).min(2);
+    let siblings = finished_siblings(f);
     let short = usize::from(f.values[6] > 0.0);
     ((gap * 3 + siblings) * 2 + short) * (SPREAD_BANDS.len() + 1) + band(f)
+}
+
+/// How many of the burst's siblings of `f` finished: 0, 1, or 2 for two or more.
+fn finished_siblings(f: &Features) -> usize {
+    ((f.values[11].exp() - 1.0).round() as usize).min(2)
 }
 
 /// The spread band of `f`.
@@ -379,10 +384,9 @@ fn band(f: &Features) -> usize {
 /// estimate or the task's own runs, which exist only for some tasks.
 const POOL: [usize; 8] = [0, 1, 2, 3, 4, 5, 10, 11];
 
-/// ln of choice `k` for `f`: candidate `k`, or (`CANDIDATES.len()`) the median of
-/// `ensemble`'s.
+/// ln of choice `k` for `f`: candidate `k`, or ([`ENSEMBLE`]) the median of `ensemble`'s.
 fn ln_choice(f: &Features, k: usize, ensemble: &[usize]) -> f64 {
-    if k < CANDIDATES.len() {
+    if k < ENSEMBLE {
         return ln_candidate(f, k);
     }
     let mut v = [0.0; POOL.len()];
