@@ -187,12 +187,90 @@ impl<'c> Freeing<'c> {
     /// GPUs and the CPU and memory (where tracked) free. Necessary for any one-node placement,
     /// as [`NodeState::might_hold`] is.
     pub fn might_hold(&self, task: &crate::model::TaskSpec) -> bool {
-        let free = self.gpu_free.iter().copied();
-        let whole = || free.clone().filter(|f| *f == WHOLE_GPU_MILLI).count() as u32;
-        self.node.schedulable
-            && task.accepts(&self.node.spec.gpu_model)
-            && crate::placement::host_room(&self.node.spec, self.free_cpu, self.free_memory, task)
-            && gpus_might_hold(free.clone(), whole, task)
+        freed_might_hold(
+            self.node,
+            &self.gpu_free,
+            self.free_cpu,
+            self.free_memory,
+            task,
+        )
+    }
+}
+
+/// [`Freeing::might_hold`] of `node` with `gpu_free`, `free_cpu` and `free_memory` then free.
+fn freed_might_hold(
+    node: &NodeState,
+    gpu_free: &[u32],
+    free_cpu: u64,
+    free_memory: u64,
+    task: &crate::model::TaskSpec,
+) -> bool {
+    let free = gpu_free.iter().copied();
+    let whole = || free.clone().filter(|f| *f == WHOLE_GPU_MILLI).count() as u32;
+    node.schedulable
+        && task.accepts(&node.spec.gpu_model)
+        && crate::placement::host_room(&node.spec, free_cpu, free_memory, task)
+        && gpus_might_hold(free.clone(), whole, task)
+}
+
+/// Every node of a cluster as it would be if some of what runs there were released: a
+/// [`Freeing`] per node a release touches, kept in flat arrays (a search releases hundreds of
+/// victims over as many nodes).
+#[derive(Debug)]
+pub struct FreeingNodes<'c> {
+    nodes: &'c [NodeState],
+    /// Per node, where its state is in `touched` (`u32::MAX`: untouched).
+    slot: Vec<u32>,
+    /// The nodes touched: index, where their GPUs start in `gpu_free`, free CPU and memory.
+    touched: Vec<(NodeIdx, usize, u64, u64)>,
+    gpu_free: Vec<u32>,
+}
+
+impl<'c> FreeingNodes<'c> {
+    /// `cluster`'s nodes as they are.
+    pub fn new(cluster: &'c Cluster) -> Self {
+        Self {
+            nodes: &cluster.nodes,
+            slot: vec![u32::MAX; cluster.nodes.len()],
+            touched: Vec::new(),
+            gpu_free: Vec::new(),
+        }
+    }
+
+    /// Releases `share`, as [`Freeing::release`] would on its node.
+    pub fn release(&mut self, share: &NodeShare) {
+        let at = share.node.0 as usize;
+        let node = &self.nodes[at];
+        if self.slot[at] == u32::MAX {
+            self.slot[at] = self.touched.len() as u32;
+            self.touched.push((
+                share.node,
+                self.gpu_free.len(),
+                node.free_cpu,
+                node.free_memory,
+            ));
+            self.gpu_free.extend_from_slice(&node.gpu_free);
+        }
+        let (_, start, cpu, memory) = &mut self.touched[self.slot[at] as usize];
+        for (gpu, milli) in &share.gpus {
+            if !node.gpu_out[*gpu as usize] {
+                self.gpu_free[*start + *gpu as usize] += milli;
+            }
+        }
+        *cpu += share.cpu_milli;
+        *memory += share.memory_mib;
+    }
+
+    /// Per node, whether it might then hold `task` ([`Freeing::might_hold`]); an untouched
+    /// node is `false`.
+    pub fn might_hold(&self, task: &crate::model::TaskSpec) -> Vec<bool> {
+        let mut out = vec![false; self.nodes.len()];
+        for &(idx, start, cpu, memory) in &self.touched {
+            let node = &self.nodes[idx.0 as usize];
+            let gpus = &self.gpu_free[start..start + node.gpu_free.len()];
+            out[idx.0 as usize] = freed_might_hold(node, gpus, cpu, memory, task);
+        }
+        out
     }
 }
 

@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
-use crate::cluster::{Cluster, Freeing, NodeShare, Placement};
+use crate::cluster::{Cluster, Freeing, FreeingNodes, NodeShare, Placement};
 use crate::decision::{Decision, WaitReason};
 use crate::estimate::{self, DurationEstimator, History};
 use crate::gang;
@@ -2045,7 +2045,7 @@ impl Scheduler {
         if need > 0 {
             let mut held = 0;
             let mut victims = victims.remaining(running, ask!());
-            if !victims.any(|v| {
+            if !victims.any(|(v, _)| {
                 held += v.gpus();
                 held >= need
             }) {
@@ -2081,7 +2081,7 @@ impl Scheduler {
             let victim = &taken.id();
             // A search yields each task once: only a gang's members can come up again after
             // their group went.
-            let in_gang = self.tasks[victim].spec.gang.is_some();
+            let in_gang = victims.taken(running).gang;
             if in_gang && gone.contains(victim) {
                 continue;
             }
@@ -2098,8 +2098,9 @@ impl Scheduler {
                     self.sorted_out += 1;
                 }
                 let rest = victims.remaining(running, ask!());
+                let first = (taken, victims.taken(running));
                 let nodes =
-                    self.useful_nodes(std::iter::once(taken).chain(rest), &gone, &unit.specs[0]);
+                    self.useful_nodes(std::iter::once(first).chain(rest), &gone, &unit.specs[0]);
                 if !nodes.contains(&true) {
                     // No node the unit could use will ever hold it.
                     break;
@@ -2112,8 +2113,21 @@ impl Scheduler {
                 *victim
             };
             if let Some(nodes) = &useful
-                && !self.group_shares(leader).any(|s| nodes[s.node.0 as usize])
+                && !(if in_gang {
+                    self.group_shares(leader).any(|s| nodes[s.node.0 as usize])
+                } else {
+                    let held = self.held_by(victims.taken(running));
+                    held.iter().any(|s| nodes[s.node.0 as usize])
+                })
             {
+                if !in_gang {
+                    // On its own (and running): only its quota is refunded.
+                    let task = &self.tasks[victim];
+                    self.quotas
+                        .refund(&task.spec.team, quota::demand(&task.spec));
+                    refunded.push(*victim);
+                    continue;
+                }
                 for member in self.unit_ids(leader) {
                     let task = &self.tasks[&member];
                     if task.is_running() {
@@ -2146,7 +2160,11 @@ impl Scheduler {
                         .preemption_reason(preemptor, victim, &self.quotas)
                 }
             };
-            let group = self.unit_ids(leader);
+            let group = if in_gang {
+                self.unit_ids(leader)
+            } else {
+                vec![*victim]
+            };
             for member in &group {
                 let task = &self.tasks[member];
                 if let State::Running { placement, .. } = &task.state {
@@ -2161,7 +2179,9 @@ impl Scheduler {
                                 .any(|s| self.cluster.node(s.node).might_hold(&unit.specs[0]));
                     }
                 }
-                gone.insert(*member);
+                if in_gang {
+                    gone.insert(*member);
+                }
             }
             released.push(group.into_iter().map(|m| (m, why.clone())).collect());
             // Placing is the expensive step: try only once enough GPU capacity is free (MIG
@@ -2314,28 +2334,20 @@ impl Scheduler {
     /// (usage only falls), so such a group would be released, then kept running: a search that
     /// only refunds its quota, in turn, takes the same victims, explains them in the same words
     /// and finds the same placement, without releasing and restoring resources on the way.
-    fn useful_nodes(
+    fn useful_nodes<'r>(
         &self,
-        victims: impl Iterator<Item = Victim>,
+        victims: impl Iterator<Item = (Victim, &'r Runner)>,
         gone: &HashSet<TaskId>,
         task: &TaskSpec,
     ) -> Vec<bool> {
-        let nodes = self.cluster.nodes();
-        let mut freeing: Vec<Option<Freeing<'_>>> = vec![None; nodes.len()];
+        let mut freeing = FreeingNodes::new(&self.cluster);
         let mut seen: HashSet<TaskId> = HashSet::default();
-        let mut release = |share: &NodeShare| {
-            freeing[share.node.0 as usize]
-                .get_or_insert_with(|| Freeing::new(&nodes[share.node.0 as usize]))
-                .release(share);
-        };
-        for victim in victims {
-            let task = &self.tasks[&victim.id()];
-            if task.spec.gang.is_none() {
+        let mut release = |share: &NodeShare| freeing.release(share);
+        for (victim, runner) in victims {
+            if !runner.gang {
                 // A search yields a task once: only gangs' members repeat a group, or come
                 // up after their group went.
-                if let State::Running { placement, .. } = &task.state {
-                    placement.shares.iter().for_each(&mut release);
-                }
+                self.held_by(runner).iter().for_each(&mut release);
                 continue;
             }
             if gone.contains(&victim.id()) {
@@ -2346,10 +2358,7 @@ impl Scheduler {
                 self.group_shares(leader).for_each(&mut release);
             }
         }
-        freeing
-            .iter()
-            .map(|f| f.as_ref().is_some_and(|f| f.might_hold(task)))
-            .collect()
+        freeing.might_hold(task)
     }
 
     /// The node shares of the running group (a gang whole, as [`Self::unit_ids`] has it) led by
@@ -2613,14 +2622,24 @@ impl Scheduler {
 
     /// A running task as preemption searches weigh it during a pass at `now`.
     fn runner(&self, task: &Task, now: Time) -> Runner {
-        Runner {
-            team: task.team,
-            key: self.key_of(task, now),
-            id: task.spec.id,
-            gpus: task.spec.gpus,
-            over: task.over_limit(now),
-            lost: task.lost_work(now),
-        }
+        let mut r = Runner::new(
+            task.team,
+            self.key_of(task, now),
+            task.spec.id,
+            task.spec.gpus,
+            task.spec.gang.is_some(),
+        );
+        r.over = task.over_limit(now);
+        r.lost = task.lost_work(now);
+        r
+    }
+
+    /// What running task `r` holds, looked up once per sweep.
+    fn held_by<'r>(&self, r: &'r Runner) -> &'r [NodeShare] {
+        r.held(|| match &self.tasks[&r.id].state {
+            State::Running { placement, .. } => placement.shares.as_slice().into(),
+            State::Pending { .. } => Box::default(),
+        })
     }
 
     /// Takes (`true`) or gives back (`false`) the resources and quota of running tasks.
@@ -3076,7 +3095,7 @@ fn may_take(
     {
         return answer;
     }
-    let spec = &tasks[&r.id].spec;
+    let spec = r.spec(|| Arc::clone(&tasks[&r.id].spec));
     let victim = Contender {
         spec,
         key: r.key,

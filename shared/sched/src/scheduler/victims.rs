@@ -24,7 +24,11 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use crate::model::TaskId;
+use std::cell::OnceCell;
+use std::sync::Arc;
+
+use crate::cluster::NodeShare;
+use crate::model::{TaskId, TaskSpec};
 use crate::policy::{QueueKey, VictimOrder};
 
 /// A running task, as a preemption search weighs it.
@@ -40,6 +44,43 @@ pub(super) struct Runner {
     pub over: bool,
     /// Run time since its last checkpoint, ms: what preempting it would lose.
     pub lost: u64,
+    /// It is a gang's member (a search takes its group whole).
+    pub gang: bool,
+    /// Its spec, once a search asked the policy about it ([`Runner::spec`]).
+    spec: OnceCell<Arc<TaskSpec>>,
+    /// What it holds, one share per node, once a search weighed where it runs
+    /// ([`Runner::held`]; a gang's member's group is weighed whole instead).
+    held: OnceCell<Box<[NodeShare]>>,
+}
+
+impl Runner {
+    /// A runner of these terms; its spec and shares are looked up when first asked for.
+    pub fn new(team: usize, key: QueueKey, id: TaskId, gpus: u32, gang: bool) -> Self {
+        Self {
+            team,
+            key,
+            id,
+            gpus,
+            over: false,
+            lost: 0,
+            gang,
+            spec: OnceCell::new(),
+            held: OnceCell::new(),
+        }
+    }
+
+    /// Its spec, `lookup` the first time it is asked for. The searches of a sweep ask about
+    /// the same victims again and again (those of one preemptor are the next one's): a
+    /// lookup in the task table each time was a third of a busy pass; a copy made for every
+    /// running task as its runner is made costs a replay more than it saves.
+    pub fn spec(&self, lookup: impl FnOnce() -> Arc<TaskSpec>) -> &TaskSpec {
+        self.spec.get_or_init(lookup)
+    }
+
+    /// What it holds, `lookup` the first time it is asked for (as [`Runner::spec`]).
+    pub fn held(&self, lookup: impl FnOnce() -> Box<[NodeShare]>) -> &[NodeShare] {
+        self.held.get_or_init(lookup)
+    }
 }
 
 /// The running tasks by team.
@@ -105,8 +146,8 @@ impl Ranked {
         self.runners.push(r);
     }
 
-    /// The runner at `at` in victim order, if there are that many.
-    fn get(&mut self, at: usize) -> Option<(Victim, &Runner)> {
+    /// The runner at `at` in victim order, if there are that many, with its number.
+    fn get(&mut self, at: usize) -> Option<(Victim, u32, &Runner)> {
         if at >= self.sorted && at < self.list.len() {
             // Sort the next stretch (at least doubling what is sorted): a search that reads
             // a few costs one pass over the class, one that reads all a sort.
@@ -123,7 +164,7 @@ impl Ranked {
             self.sorted = upto;
         }
         let (victim, r) = *self.list.get(at)?;
-        Some((victim, &self.runners[r as usize]))
+        Some((victim, r, &self.runners[r as usize]))
     }
 
     /// A class whose runners are made when a search first reads it.
@@ -401,8 +442,10 @@ impl Running {
                     let at = match classes.iter().position(|(c, _)| *c == r.key.0) {
                         Some(at) => at,
                         None => {
-                            // Room for every task left (most teams have one class).
-                            classes.push((r.key.0, Ranked::with_capacity(team.ids.len() - i)));
+                            // Room for every task left (most teams have one class), and
+                            // for those that start during the sweep.
+                            let n = team.ids.len() - i;
+                            classes.push((r.key.0, Ranked::with_capacity(n + n / 2)));
                             classes.len() - 1
                         }
                     };
@@ -434,6 +477,7 @@ impl Running {
             parts,
             heads: BinaryHeap::new(),
             started: false,
+            last: None,
         };
         (search, gpus)
     }
@@ -441,6 +485,11 @@ impl Running {
     fn ranked(&mut self, part: &Part) -> &mut Ranked {
         let classes = self.teams[part.team].ranked.as_mut();
         &mut classes.expect("a search's teams are ranked")[part.class].1
+    }
+
+    fn ranked_of(&self, part: &Part) -> &Ranked {
+        let classes = self.teams[part.team].ranked.as_ref();
+        &classes.expect("a search's teams are ranked")[part.class].1
     }
 }
 
@@ -495,9 +544,11 @@ impl Victim {
 /// policy's answer for a task (`ask`), which must not change during the search.
 pub(super) struct Search {
     parts: Vec<Part>,
-    /// Each part's next victim, smallest rank first.
-    heads: BinaryHeap<Reverse<(Victim, usize)>>,
+    /// Each part's next victim, smallest rank first, with its part and runner's number.
+    heads: BinaryHeap<Reverse<(Victim, usize, u32)>>,
     started: bool,
+    /// The part and runner's number of the victim taken last.
+    last: Option<(usize, u32)>,
 }
 
 /// A team's class taking part in a search.
@@ -524,19 +575,26 @@ impl Search {
                 self.advance(part, running, &mut ask);
             }
         }
-        let Reverse((victim, part)) = self.heads.pop()?;
+        let Reverse((victim, part, r)) = self.heads.pop()?;
+        self.last = Some((part, r));
         self.advance(part, running, &mut ask);
         Some(victim)
+    }
+
+    /// The runner of the victim [`Self::next`] took last.
+    pub fn taken<'r>(&self, running: &'r Running) -> &'r Runner {
+        let (part, r) = self.last.expect("a victim was taken");
+        &running.ranked_of(&self.parts[part]).runners[r as usize]
     }
 
     /// Moves `part`'s head to its next qualifying task, if any.
     fn advance(&mut self, at: usize, running: &mut Running, ask: &mut impl FnMut(&Runner) -> bool) {
         let part = &mut self.parts[at];
         let ranked = running.ranked(part);
-        while let Some((victim, r)) = ranked.get(part.next) {
+        while let Some((victim, n, r)) = ranked.get(part.next) {
             part.next += 1;
             if part.terms.allow(r, ask) {
-                self.heads.push(Reverse((victim, at)));
+                self.heads.push(Reverse((victim, at, n)));
                 return;
             }
         }
@@ -548,13 +606,18 @@ impl Search {
         self.heads.len() + self.parts.iter().map(|p| p.len - p.next).sum::<usize>()
     }
 
-    /// The victims not taken yet, in no order.
+    /// The victims not taken yet, with their runners, in no order.
     pub fn remaining<'a>(
         &'a self,
         running: &'a Running,
         mut ask: impl FnMut(&Runner) -> bool + 'a,
-    ) -> impl Iterator<Item = Victim> + 'a {
-        let heads = self.heads.iter().map(|Reverse((v, _))| *v);
+    ) -> impl Iterator<Item = (Victim, &'a Runner)> + 'a {
+        let heads = self.heads.iter().map(|Reverse((v, part, r))| {
+            (
+                *v,
+                &running.ranked_of(&self.parts[*part]).runners[*r as usize],
+            )
+        });
         let rest = self.parts.iter().flat_map(|p| {
             running.teams[p.team]
                 .ranked
@@ -562,7 +625,8 @@ impl Search {
                 .flat_map(|classes| classes[p.class].1.from(p.next))
                 .map(move |(v, r)| (p.terms, v, r))
         });
-        heads.chain(rest.filter_map(move |(terms, v, r)| terms.allow(r, &mut ask).then_some(v)))
+        heads
+            .chain(rest.filter_map(move |(terms, v, r)| terms.allow(r, &mut ask).then_some((v, r))))
     }
 }
 
@@ -571,14 +635,10 @@ mod tests {
     use super::*;
 
     fn runner(id: u64, key: i64, over: bool, lost: u64) -> Runner {
-        Runner {
-            team: 0,
-            key: QueueKey(0, key, id),
-            id: TaskId(id),
-            gpus: 1,
-            over,
-            lost,
-        }
+        let mut r = Runner::new(0, QueueKey(0, key, id), TaskId(id), 1, false);
+        r.over = over;
+        r.lost = lost;
+        r
     }
 
     fn made(id: TaskId) -> Runner {
@@ -669,7 +729,7 @@ mod tests {
         // What is left is the rest, in any order; `left` bounds it.
         let mut rest: Vec<u64> = search
             .remaining(&running, |r| r.id.0.is_multiple_of(2))
-            .map(|v| v.id().0)
+            .map(|(v, _)| v.id().0)
             .collect();
         rest.sort_by_key(|id| std::cmp::Reverse(key(*id)));
         assert_eq!(rest, allowed[5..]);
@@ -808,13 +868,14 @@ mod tests {
     #[test]
     fn a_floor_at_the_end_of_a_class_skips_the_class_unread() {
         // Keys (class, key, id): tasks 1–3 in class 0, 4–6 in class 1.
-        let make = |id: TaskId| Runner {
-            team: 0,
-            key: QueueKey(i64::from(id.0 > 3), id.0 as i64, id.0),
-            id,
-            gpus: 2,
-            over: false,
-            lost: 0,
+        let make = |id: TaskId| {
+            Runner::new(
+                0,
+                QueueKey(i64::from(id.0 > 3), id.0 as i64, id.0),
+                id,
+                2,
+                false,
+            )
         };
         let mut running = Running::of(
             VictimOrder::WorstFirst,
