@@ -168,9 +168,9 @@ impl Ranked {
     }
 
     /// A class whose runners are made when a search first reads it.
-    fn unread() -> Self {
+    fn unread(capacity: usize) -> Self {
         Self {
-            unread: Some(Vec::new()),
+            unread: Some(Vec::with_capacity(capacity)),
             ..Self::default()
         }
     }
@@ -431,7 +431,8 @@ impl Running {
                         match classes.iter_mut().find(|(k, _)| *k == c) {
                             Some((_, ranked)) => ranked.defer(*id),
                             None => {
-                                let mut ranked = Ranked::unread();
+                                // Room for every task left, as below.
+                                let mut ranked = Ranked::unread(team.ids.len() - i);
                                 ranked.defer(*id);
                                 classes.push((c, ranked));
                             }
