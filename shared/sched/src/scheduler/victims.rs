@@ -96,12 +96,16 @@ pub(super) struct Running {
 #[derive(Debug, Clone)]
 pub(super) struct Team {
     pub name: String,
-    /// Its running tasks, in no order, each with its class where the policy names it without
-    /// a key ([`Policy::class`]: kept as tasks start, so a sweep splits the team by class
-    /// without looking a task up).
+    /// Its running tasks whose class the policy does not name without a key, in no order.
+    ids: Vec<TaskId>,
+    /// Its running tasks whose class the policy names ([`Policy::class`]), by class in class
+    /// order, each class in no order: kept split as tasks start and stop, so a sweep neither
+    /// looks a task up nor splits the team to rank it.
     ///
     /// [`Policy::class`]: crate::policy::Policy::class
-    ids: Vec<(TaskId, Option<i64>)>,
+    by_class: Vec<(i64, Vec<TaskId>)>,
+    /// How many run, in all.
+    count: usize,
     /// How many of them have a usage limit.
     pub limited: usize,
     /// Computed the first time a search looks at the team (most searches settle most teams
@@ -109,6 +113,33 @@ pub(super) struct Team {
     /// keys (a priority class), in key order, each class ranked on its own. A search with a
     /// key floor skips the classes wholly below it without reading them.
     ranked: Option<Vec<(i64, Ranked)>>,
+}
+
+impl Team {
+    fn add(&mut self, id: TaskId, class: Option<i64>) {
+        self.count += 1;
+        let Some(class) = class else {
+            self.ids.push(id);
+            return;
+        };
+        match self.by_class.binary_search_by_key(&class, |(c, _)| *c) {
+            Ok(at) => self.by_class[at].1.push(id),
+            Err(at) => self.by_class.insert(at, (class, vec![id])),
+        }
+    }
+
+    /// Takes task `id` out; whether it was there.
+    fn take(&mut self, id: TaskId) -> bool {
+        let lists = std::iter::once(&mut self.ids).chain(self.by_class.iter_mut().map(|(_, l)| l));
+        for list in lists {
+            if let Some(at) = list.iter().position(|i| *i == id) {
+                list.swap_remove(at);
+                self.count -= 1;
+                return true;
+            }
+        }
+        false
+    }
 }
 
 /// A class of a team's runners in victim order — sorted only as far as searches have read it
@@ -168,9 +199,9 @@ impl Ranked {
     }
 
     /// A class whose runners are made when a search first reads it.
-    fn unread(capacity: usize) -> Self {
+    fn unread(ids: &[TaskId]) -> Self {
         Self {
-            unread: Some(Vec::with_capacity(capacity)),
+            unread: Some(ids.to_vec()),
             ..Self::default()
         }
     }
@@ -298,12 +329,12 @@ impl Running {
         let team = self.team(number, name);
         debug_assert!(team.ranked.is_none(), "a ranked team is kept by `insert`");
         team.limited += usize::from(limited);
-        team.ids.push((id, class));
+        team.add(id, class);
     }
 
     /// The teams with running tasks.
     pub fn teams(&self) -> impl Iterator<Item = &Team> {
-        self.teams.iter().filter(|team| !team.ids.is_empty())
+        self.teams.iter().filter(|team| team.count > 0)
     }
 
     /// Whether `other` holds the same tasks by team (in any order): checked in debug builds.
@@ -317,7 +348,10 @@ impl Running {
                 .filter(|(_, slot)| **slot != usize::MAX)
                 .map(|(number, slot)| {
                     let team = &r.teams[*slot];
-                    let mut ids = team.ids.clone();
+                    let mut ids: Ids = team.ids.iter().map(|id| (*id, None)).collect();
+                    for (class, of) in &team.by_class {
+                        ids.extend(of.iter().map(|id| (*id, Some(*class))));
+                    }
                     ids.sort_unstable();
                     (number, team.name.as_str(), team.limited, ids)
                 })
@@ -338,6 +372,8 @@ impl Running {
             self.teams.push(Team {
                 name: name.to_owned(),
                 ids: Vec::new(),
+                by_class: Vec::new(),
+                count: 0,
                 limited: 0,
                 ranked: None,
             });
@@ -358,7 +394,7 @@ impl Running {
         let order = self.order;
         let team = self.team(number, name);
         team.limited += usize::from(limited);
-        team.ids.push((id, class));
+        team.add(id, class);
         if let Some(classes) = &mut team.ranked {
             if let Some(class) = class
                 && let Ok(at) = classes.binary_search_by_key(&class, |(c, _)| *c)
@@ -386,10 +422,9 @@ impl Running {
             return;
         };
         let team = &mut self.teams[slot];
-        let Some(at) = team.ids.iter().position(|(i, _)| *i == id) else {
+        if !team.take(id) {
             return;
-        };
-        team.ids.swap_remove(at);
+        }
         team.limited -= usize::from(limited);
         if let Some(classes) = &mut team.ranked {
             let _ = classes.iter_mut().any(|(_, r)| r.remove(id));
@@ -425,20 +460,12 @@ impl Running {
             };
             let order = self.order;
             let classes = team.ranked.get_or_insert_with(|| {
-                let mut classes: Vec<(i64, Ranked)> = Vec::new();
-                for (i, (id, class)) in team.ids.iter().enumerate() {
-                    if let Some(c) = *class {
-                        match classes.iter_mut().find(|(k, _)| *k == c) {
-                            Some((_, ranked)) => ranked.defer(*id),
-                            None => {
-                                // Room for every task left, as below.
-                                let mut ranked = Ranked::unread(team.ids.len() - i);
-                                ranked.defer(*id);
-                                classes.push((c, ranked));
-                            }
-                        }
-                        continue;
-                    }
+                let mut classes: Vec<(i64, Ranked)> = team
+                    .by_class
+                    .iter()
+                    .map(|(class, ids)| (*class, Ranked::unread(ids)))
+                    .collect();
+                for (i, id) in team.ids.iter().enumerate() {
                     let r = runner(*id);
                     let at = match classes.iter().position(|(c, _)| *c == r.key.0) {
                         Some(at) => at,
