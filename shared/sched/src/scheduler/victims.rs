@@ -71,8 +71,9 @@ impl Runner {
 
     /// Its spec, `lookup` the first time it is asked for. The searches of a sweep ask about
     /// the same victims again and again (those of one preemptor are the next one's): a
-    /// lookup in the task table each time was a third of a busy pass; a copy made for every
-    /// running task as its runner is made costs a replay more than it saves.
+    /// lookup in the task table each time, a cache miss, was about a sixth of the placement
+    /// bench's pass; a copy made for every running task as its runner is made costs a replay
+    /// more than it saves.
     pub fn spec(&self, lookup: impl FnOnce() -> Arc<TaskSpec>) -> &TaskSpec {
         self.spec.get_or_init(lookup)
     }
