@@ -157,13 +157,8 @@ impl<'c> Freeing<'c> {
 
     /// Releases `share` (of this node), as [`Cluster::release`] would.
     pub fn release(&mut self, share: &NodeShare) {
-        for (gpu, milli) in &share.gpus {
-            if !self.node.gpu_out[*gpu as usize] {
-                self.gpu_free[*gpu as usize] += milli;
-            }
-        }
-        self.free_cpu += share.cpu_milli;
-        self.free_memory += share.memory_mib;
+        let free = (&mut self.free_cpu, &mut self.free_memory);
+        release_share(self.node, &mut self.gpu_free, free, share);
     }
 
     /// What would then be free on the node in all: milli-GPU, CPU (millicores) and memory
@@ -195,6 +190,23 @@ impl<'c> Freeing<'c> {
             task,
         )
     }
+}
+
+/// [`Freeing::release`] of `share` on `node`, into its copies of the node's free GPUs and
+/// free CPU and memory.
+fn release_share(
+    node: &NodeState,
+    gpu_free: &mut [u32],
+    (free_cpu, free_memory): (&mut u64, &mut u64),
+    share: &NodeShare,
+) {
+    for (gpu, milli) in &share.gpus {
+        if !node.gpu_out[*gpu as usize] {
+            gpu_free[*gpu as usize] += milli;
+        }
+    }
+    *free_cpu += share.cpu_milli;
+    *free_memory += share.memory_mib;
 }
 
 /// [`Freeing::might_hold`] of `node` with `gpu_free`, `free_cpu` and `free_memory` then free.
@@ -252,13 +264,8 @@ impl<'c> FreeingNodes<'c> {
             self.gpu_free.extend_from_slice(&node.gpu_free);
         }
         let (_, start, cpu, memory) = &mut self.touched[self.slot[at] as usize];
-        for (gpu, milli) in &share.gpus {
-            if !node.gpu_out[*gpu as usize] {
-                self.gpu_free[*start + *gpu as usize] += milli;
-            }
-        }
-        *cpu += share.cpu_milli;
-        *memory += share.memory_mib;
+        let gpus = &mut self.gpu_free[*start..*start + node.gpu_free.len()];
+        release_share(node, gpus, (cpu, memory), share);
     }
 
     /// Per node, whether it might then hold `task` ([`Freeing::might_hold`]); an untouched
@@ -672,6 +679,59 @@ mod tests {
                 ..NodeShare::default()
             }],
         }
+    }
+
+    #[test]
+    fn freeing_many_nodes_at_once_answers_as_freeing_each_alone() {
+        // Three nodes, every GPU taken but b's second, which is out of service (a share
+        // naming it, released, gives it nothing).
+        let mut cluster = Cluster::new();
+        let nodes: Vec<NodeIdx> = ["a", "b", "c"]
+            .iter()
+            .map(|n| cluster.add_node(NodeSpec::new(*n, 2, "H100")))
+            .collect();
+        for node in &nodes {
+            cluster.allocate(&share(*node, 0));
+            cluster.allocate(&share(*node, 1));
+        }
+        cluster.release(&share(nodes[1], 1));
+        assert!(cluster.set_gpu_in_service(nodes[1], 1, false));
+        // Released: both of a's GPUs, both of b's (one out of service), c's first half of one.
+        let mut half = share(nodes[2], 0);
+        half.shares[0].gpus[0].1 = WHOLE_GPU_MILLI / 2;
+        let released = [
+            share(nodes[0], 0),
+            share(nodes[0], 1),
+            share(nodes[1], 0),
+            share(nodes[1], 1),
+            half,
+        ];
+        let mut many = FreeingNodes::new(&cluster);
+        let mut each: Vec<Freeing<'_>> = nodes
+            .iter()
+            .map(|n| Freeing::new(cluster.node(*n)))
+            .collect();
+        for placement in &released {
+            let s = &placement.shares[0];
+            many.release(s);
+            each[s.node.0 as usize].release(s);
+        }
+        let tasks = [
+            crate::model::TaskSpec::new(1, "t", 2),
+            crate::model::TaskSpec::new(2, "t", 1),
+            {
+                let mut t = crate::model::TaskSpec::new(3, "t", 1);
+                t.gpu_milli = WHOLE_GPU_MILLI / 2;
+                t
+            },
+        ];
+        for task in &tasks {
+            let alone: Vec<bool> = each.iter().map(|f| f.might_hold(task)).collect();
+            assert_eq!(many.might_hold(task), alone, "task {}", task.id.0);
+        }
+        // a holds 2 GPUs again; b only 1 (its other is out of service); c only half of one.
+        assert_eq!(many.might_hold(&tasks[0]), [true, false, false]);
+        assert_eq!(many.might_hold(&tasks[2]), [true, true, true]);
     }
 
     #[test]

@@ -2112,6 +2112,14 @@ impl Scheduler {
             } else {
                 *victim
             };
+            // The victim's group: its gang's running members, or itself alone.
+            let gang;
+            let group: &[TaskId] = if in_gang {
+                gang = self.unit_ids(leader);
+                &gang
+            } else {
+                std::slice::from_ref(victim)
+            };
             if let Some(nodes) = &useful
                 && !(if in_gang {
                     self.group_shares(leader).any(|s| nodes[s.node.0 as usize])
@@ -2120,22 +2128,16 @@ impl Scheduler {
                     held.iter().any(|s| nodes[s.node.0 as usize])
                 })
             {
-                if !in_gang {
-                    // On its own (and running): only its quota is refunded.
-                    let task = &self.tasks[victim];
-                    self.quotas
-                        .refund(&task.spec.team, quota::demand(&task.spec));
-                    refunded.push(*victim);
-                    continue;
-                }
-                for member in self.unit_ids(leader) {
-                    let task = &self.tasks[&member];
+                for member in group {
+                    let task = &self.tasks[member];
                     if task.is_running() {
                         self.quotas
                             .refund(&task.spec.team, quota::demand(&task.spec));
-                        refunded.push(member);
+                        refunded.push(*member);
                     }
-                    gone.insert(member);
+                    if in_gang {
+                        gone.insert(*member);
+                    }
                 }
                 continue;
             }
@@ -2160,12 +2162,7 @@ impl Scheduler {
                         .preemption_reason(preemptor, victim, &self.quotas)
                 }
             };
-            let group = if in_gang {
-                self.unit_ids(leader)
-            } else {
-                vec![*victim]
-            };
-            for member in &group {
+            for member in group {
                 let task = &self.tasks[member];
                 if let State::Running { placement, .. } = &task.state {
                     self.cluster.release(placement);
@@ -2183,7 +2180,7 @@ impl Scheduler {
                     gone.insert(*member);
                 }
             }
-            released.push(group.into_iter().map(|m| (m, why.clone())).collect());
+            released.push(group.iter().map(|m| (*m, why.clone())).collect());
             // Placing is the expensive step: try only once enough GPU capacity is free (MIG
             // instances are not counted in it, so MIG units always try).
             let enough = unit.specs.iter().any(|s| s.mig_profile.is_some())
@@ -2342,12 +2339,11 @@ impl Scheduler {
     ) -> Vec<bool> {
         let mut freeing = FreeingNodes::new(&self.cluster);
         let mut seen: HashSet<TaskId> = HashSet::default();
-        let mut release = |share: &NodeShare| freeing.release(share);
         for (victim, runner) in victims {
             if !runner.gang {
                 // A search yields a task once: only gangs' members repeat a group, or come
                 // up after their group went.
-                self.held_by(runner).iter().for_each(&mut release);
+                self.held_by(runner).iter().for_each(|s| freeing.release(s));
                 continue;
             }
             if gone.contains(&victim.id()) {
@@ -2355,7 +2351,7 @@ impl Scheduler {
             }
             let leader = self.leader(victim.id());
             if seen.insert(leader) {
-                self.group_shares(leader).for_each(&mut release);
+                self.group_shares(leader).for_each(|s| freeing.release(s));
             }
         }
         freeing.might_hold(task)
@@ -2622,16 +2618,15 @@ impl Scheduler {
 
     /// A running task as preemption searches weigh it during a pass at `now`.
     fn runner(&self, task: &Task, now: Time) -> Runner {
-        let mut r = Runner::new(
+        Runner::new(
             task.team,
             self.key_of(task, now),
             task.spec.id,
             task.spec.gpus,
+            task.over_limit(now),
+            task.lost_work(now),
             task.spec.gang.is_some(),
-        );
-        r.over = task.over_limit(now);
-        r.lost = task.lost_work(now);
-        r
+        )
     }
 
     /// What running task `r` holds, looked up once per sweep.

@@ -55,14 +55,22 @@ pub(super) struct Runner {
 
 impl Runner {
     /// A runner of these terms; its spec and shares are looked up when first asked for.
-    pub fn new(team: usize, key: QueueKey, id: TaskId, gpus: u32, gang: bool) -> Self {
+    pub fn new(
+        team: usize,
+        key: QueueKey,
+        id: TaskId,
+        gpus: u32,
+        over: bool,
+        lost: u64,
+        gang: bool,
+    ) -> Self {
         Self {
             team,
             key,
             id,
             gpus,
-            over: false,
-            lost: 0,
+            over,
+            lost,
             gang,
             spec: OnceCell::new(),
             held: OnceCell::new(),
@@ -105,8 +113,6 @@ pub(super) struct Team {
     ///
     /// [`Policy::class`]: crate::policy::Policy::class
     by_class: Vec<(i64, Vec<TaskId>)>,
-    /// How many run, in all.
-    count: usize,
     /// How many of them have a usage limit.
     pub limited: usize,
     /// Computed the first time a search looks at the team (most searches settle most teams
@@ -118,7 +124,6 @@ pub(super) struct Team {
 
 impl Team {
     fn add(&mut self, id: TaskId, class: Option<i64>) {
-        self.count += 1;
         let Some(class) = class else {
             self.ids.push(id);
             return;
@@ -135,11 +140,14 @@ impl Team {
         for list in lists {
             if let Some(at) = list.iter().position(|i| *i == id) {
                 list.swap_remove(at);
-                self.count -= 1;
                 return true;
             }
         }
         false
+    }
+
+    fn is_empty(&self) -> bool {
+        self.ids.is_empty() && self.by_class.iter().all(|(_, ids)| ids.is_empty())
     }
 }
 
@@ -335,7 +343,7 @@ impl Running {
 
     /// The teams with running tasks.
     pub fn teams(&self) -> impl Iterator<Item = &Team> {
-        self.teams.iter().filter(|team| team.count > 0)
+        self.teams.iter().filter(|team| !team.is_empty())
     }
 
     /// Whether `other` holds the same tasks by team (in any order): checked in debug builds.
@@ -374,7 +382,6 @@ impl Running {
                 name: name.to_owned(),
                 ids: Vec::new(),
                 by_class: Vec::new(),
-                count: 0,
                 limited: 0,
                 ranked: None,
             });
@@ -471,10 +478,8 @@ impl Running {
                     let at = match classes.iter().position(|(c, _)| *c == r.key.0) {
                         Some(at) => at,
                         None => {
-                            // Room for every task left (most teams have one class), and
-                            // for those that start during the sweep.
-                            let n = team.ids.len() - i;
-                            classes.push((r.key.0, Ranked::with_capacity(n + n / 2)));
+                            // Room for every task left (most teams have one class).
+                            classes.push((r.key.0, Ranked::with_capacity(team.ids.len() - i)));
                             classes.len() - 1
                         }
                     };
@@ -664,10 +669,7 @@ mod tests {
     use super::*;
 
     fn runner(id: u64, key: i64, over: bool, lost: u64) -> Runner {
-        let mut r = Runner::new(0, QueueKey(0, key, id), TaskId(id), 1, false);
-        r.over = over;
-        r.lost = lost;
-        r
+        Runner::new(0, QueueKey(0, key, id), TaskId(id), 1, over, lost, false)
     }
 
     fn made(id: TaskId) -> Runner {
@@ -903,6 +905,8 @@ mod tests {
                 QueueKey(i64::from(id.0 > 3), id.0 as i64, id.0),
                 id,
                 2,
+                false,
+                0,
                 false,
             )
         };
