@@ -536,6 +536,57 @@ fn host_aware_usable_capacity_is_capped_by_what_free_cpu_and_memory_can_feed() {
     );
 }
 
+mod host_cap {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// The cap as first written: every product and quotient in 128 bits.
+    fn cap_wide(row: &Row, usable: u64, cpu: u64, memory: u64) -> u64 {
+        let demand = u128::from(row.gpus) * u128::from(row.gpu_milli);
+        let mut capped = usable;
+        for (free, need) in [(cpu, row.cpu_milli), (memory, row.memory_mib)] {
+            if need > 0 && u128::from(free) * demand < u128::from(capped) * u128::from(need) {
+                capped = (u128::from(free) * demand / u128::from(need)) as u64;
+            }
+        }
+        capped
+    }
+
+    /// Host room as nodes report it, and the extremes: nothing, untracked (`u64::MAX`), and
+    /// values whose products overflow 64 bits.
+    fn amount() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            0u64..200_000,
+            0u64..(1 << 24),
+            Just(u64::MAX),
+            (1u64 << 40)..(1 << 62),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn the_64_bit_cap_answers_as_the_128_bit_one(
+            gpus in prop_oneof![0u32..=16, Just(u32::MAX)],
+            gpu_milli in prop_oneof![0u32..=1000, Just(u32::MAX)],
+            cpu_milli in amount(),
+            memory_mib in amount(),
+            usable in prop_oneof![0u64..=16_000, amount()],
+            cpu in amount(),
+            memory in amount(),
+        ) {
+            let row = Row { gpu_milli, gpus, cpu_milli, memory_mib, count: 1 };
+            prop_assert_eq!(
+                Measure::HostAware.cap(&row, usable, cpu, memory),
+                cap_wide(&row, usable, cpu, memory)
+            );
+            prop_assert_eq!(Measure::Reference.cap(&row, usable, cpu, memory), usable);
+        }
+    }
+}
+
 #[test]
 fn host_aware_fgd_keeps_cpu_hungry_tasks_off_nodes_whose_gpus_they_would_strand() {
     // Most tasks take a GPU and 8 CPU. A task with a GPU and 16 CPU on n1 (4 GPUs, 32 CPU)
