@@ -2342,8 +2342,16 @@ impl Scheduler {
         for (victim, runner) in victims {
             if !runner.gang {
                 // A search yields a task once: only gangs' members repeat a group, or come
-                // up after their group went.
-                self.held_by(runner).iter().for_each(|s| freeing.release(s));
+                // up after their group went. Read in place, not kept: most of these are never
+                // looked at again, and a copy of each one's shares cost more than this walk.
+                let held = match runner.held_known() {
+                    Some(held) => held,
+                    None => match &self.tasks[&runner.id].state {
+                        State::Running { placement, .. } => placement.shares.as_slice(),
+                        State::Pending { .. } => &[],
+                    },
+                };
+                held.iter().for_each(|s| freeing.release(s));
                 continue;
             }
             if gone.contains(&victim.id()) {

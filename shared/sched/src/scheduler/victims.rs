@@ -90,6 +90,11 @@ impl Runner {
     pub fn held(&self, lookup: impl FnOnce() -> Box<[NodeShare]>) -> &[NodeShare] {
         self.held.get_or_init(lookup)
     }
+
+    /// What it holds, if [`Runner::held`] looked it up already.
+    pub fn held_known(&self) -> Option<&[NodeShare]> {
+        self.held.get().map(|held| &**held)
+    }
 }
 
 /// The running tasks by team.
