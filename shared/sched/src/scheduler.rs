@@ -2346,10 +2346,7 @@ impl Scheduler {
                 // looked at again, and a copy of each one's shares cost more than this walk.
                 let held = match runner.held_known() {
                     Some(held) => held,
-                    None => match &self.tasks[&runner.id].state {
-                        State::Running { placement, .. } => placement.shares.as_slice(),
-                        State::Pending { .. } => &[],
-                    },
+                    None => self.shares_of(runner.id),
                 };
                 held.iter().for_each(|s| freeing.release(s));
                 continue;
@@ -2368,12 +2365,7 @@ impl Scheduler {
     /// The node shares of the running group (a gang whole, as [`Self::unit_ids`] has it) led by
     /// `leader`.
     fn group_shares(&self, leader: TaskId) -> impl Iterator<Item = &NodeShare> + '_ {
-        self.members(leader)
-            .iter()
-            .flat_map(|m| match &self.tasks[m].state {
-                State::Running { placement, .. } => placement.shares.as_slice(),
-                State::Pending { .. } => &[],
-            })
+        self.members(leader).iter().flat_map(|m| self.shares_of(*m))
     }
 
     /// Makes room for `unit`, blocked by fragmentation alone, by moving smaller running tasks
@@ -2639,10 +2631,15 @@ impl Scheduler {
 
     /// What running task `r` holds, looked up once per sweep.
     fn held_by<'r>(&self, r: &'r Runner) -> &'r [NodeShare] {
-        r.held(|| match &self.tasks[&r.id].state {
-            State::Running { placement, .. } => placement.shares.as_slice().into(),
-            State::Pending { .. } => Box::default(),
-        })
+        r.held(|| self.shares_of(r.id).into())
+    }
+
+    /// What task `id` holds, one share per node (nothing while it waits).
+    fn shares_of(&self, id: TaskId) -> &[NodeShare] {
+        match &self.tasks[&id].state {
+            State::Running { placement, .. } => placement.shares.as_slice(),
+            State::Pending { .. } => &[],
+        }
     }
 
     /// Takes (`true`) or gives back (`false`) the resources and quota of running tasks.
