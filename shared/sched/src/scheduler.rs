@@ -1319,6 +1319,22 @@ impl Scheduler {
         place_with(&*self.policy, cluster, spec)
     }
 
+    /// [`Self::place_on`] the live cluster for a task that no node outside `nodes` can hold.
+    fn place_among(&self, spec: &TaskSpec, nodes: &[NodeIdx]) -> Option<Placement> {
+        match self.policy.packer() {
+            Some(fgd) if spec.mig_profile.is_none() => fgd.place_among(&self.cluster, spec, nodes),
+            _ => self.place_on(&self.cluster, spec),
+        }
+    }
+
+    /// Whether [`Self::place_on`] the live cluster would find `spec` a placement.
+    fn fits_anywhere(&self, spec: &TaskSpec) -> bool {
+        match self.policy.packer() {
+            Some(fgd) if spec.mig_profile.is_none() => fgd.fits_anywhere(&self.cluster, spec),
+            _ => self.place_on(&self.cluster, spec).is_some(),
+        }
+    }
+
     /// Where the unit goes on `cluster` as it is, one placement per member, and for a gang
     /// the topology level it fits within.
     fn place_unit_on(&self, cluster: &mut Cluster, unit: &Unit) -> Option<Placed> {
@@ -2481,7 +2497,42 @@ impl Scheduler {
             if one_node && self.relocation_cannot_work(unit, node, &victims) {
                 continue;
             }
-            let mark = self.cluster.changes().len();
+            // A move is tried in two steps: first what can rule it out cheaply (the unit's
+            // placement on `node`, and whether each victim fits anywhere at all), then — once
+            // it is known to save more than it costs, which most moves do not — every victim
+            // placed in turn. Candidates come cheapest first, so the first move too costly ends
+            // the search, whether or not its victims would have found room.
+            #[cfg(test)]
+            let two_steps = self.rule_out_moves;
+            #[cfg(not(test))]
+            let two_steps = true;
+            if two_steps
+                && self
+                    .try_move(spec, node, &victims, one_node, false)
+                    .is_none()
+            {
+                #[cfg(test)]
+                {
+                    self.moves_ruled_out += 1;
+                }
+                continue;
+            }
+            let mut trial = None;
+            if !two_steps {
+                trial = self.try_move(spec, node, &victims, false, true);
+                if trial.is_none() {
+                    continue;
+                }
+            }
+            let fits_at = *fits_at.get_or_insert_with(|| self.earliest_fit(unit, now, true).start);
+            if cost >= saved(fits_at) {
+                break;
+            }
+            let Some(mut trial) =
+                trial.or_else(|| self.try_move(spec, node, &victims, one_node, true))
+            else {
+                continue;
+            };
             let originals: Vec<Placement> = victims
                 .iter()
                 .filter_map(|id| match &self.tasks[id].state {
@@ -2489,44 +2540,6 @@ impl Scheduler {
                     State::Pending { .. } => None,
                 })
                 .collect();
-            for p in &originals {
-                self.cluster.release(p);
-            }
-            // The unit first, then every victim on what is left.
-            let mut trial: Vec<Placement> = Vec::new();
-            let mut ok = false;
-            if let Some(p) = self.place_on(&self.cluster, spec) {
-                self.cluster.allocate(&p);
-                trial.push(p);
-                ok = true;
-                for id in &victims {
-                    match self.place_on(&self.cluster, &self.tasks[id].spec) {
-                        Some(p) => {
-                            self.cluster.allocate(&p);
-                            trial.push(p);
-                        }
-                        None => {
-                            ok = false;
-                            break;
-                        }
-                    }
-                }
-            }
-            for p in &trial {
-                self.cluster.release(p);
-            }
-            for p in &originals {
-                self.cluster.allocate(p);
-            }
-            // Every node is as it was (a sweep's placers need not look at them again).
-            self.cluster.forget_changes_since(mark, []);
-            if !ok {
-                continue;
-            }
-            let fits_at = *fits_at.get_or_insert_with(|| self.earliest_fit(unit, now, true).start);
-            if cost >= saved(fits_at) {
-                break;
-            }
             for p in &originals {
                 self.cluster.release(p);
             }
@@ -2561,6 +2574,70 @@ impl Scheduler {
             return Some(((vec![placement], None), victims.len()));
         }
         None
+    }
+
+    /// Tries moving `victims` off `node` for the task `spec`, which fits nowhere as the cluster
+    /// is, on the live cluster, and leaves every node as it was: the task placed first, then
+    /// (`full`) each victim in turn on what is left; returns those placements, in that order,
+    /// if all were found. Not `full`: only the task's placement and whether each victim fits
+    /// anywhere once it is placed — necessary for the full move (the victims placed before one
+    /// only take room), answered without weighing where any would go. Only `node` changes, so
+    /// a task bound to one node (`one_node`) can only go there, and only `node` is weighed.
+    fn try_move(
+        &mut self,
+        spec: &TaskSpec,
+        node: NodeIdx,
+        victims: &[TaskId],
+        one_node: bool,
+        full: bool,
+    ) -> Option<Vec<Placement>> {
+        let mark = self.cluster.changes().len();
+        let originals: Vec<Placement> = victims
+            .iter()
+            .filter_map(|id| match &self.tasks[id].state {
+                State::Running { placement, .. } => Some(placement.clone()),
+                State::Pending { .. } => None,
+            })
+            .collect();
+        for p in &originals {
+            self.cluster.release(p);
+        }
+        let mut trial: Vec<Placement> = Vec::new();
+        let mut ok = false;
+        let placed = if one_node {
+            self.place_among(spec, &[node])
+        } else {
+            self.place_on(&self.cluster, spec)
+        };
+        if let Some(p) = placed {
+            self.cluster.allocate(&p);
+            trial.push(p);
+            ok = full
+                || victims
+                    .iter()
+                    .all(|id| self.fits_anywhere(&self.tasks[id].spec));
+            for id in if ok && full { victims } else { &[] } {
+                match self.place_on(&self.cluster, &self.tasks[id].spec) {
+                    Some(p) => {
+                        self.cluster.allocate(&p);
+                        trial.push(p);
+                    }
+                    None => {
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+        }
+        for p in &trial {
+            self.cluster.release(p);
+        }
+        for p in &originals {
+            self.cluster.allocate(p);
+        }
+        // Every node is as it was (a sweep's placers need not look at them again).
+        self.cluster.forget_changes_since(mark, []);
+        ok.then_some(trial)
     }
 
     /// Whether moving `victims` off `node` surely fails to make room for `unit`: one task, bound

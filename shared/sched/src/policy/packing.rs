@@ -154,12 +154,28 @@ impl Measure {
     /// In 64 bits where the products fit (every real node: milli-cores and MiB times at most
     /// a few thousand milli-GPU), in 128 where they do not (a node that does not track CPU or
     /// memory has `u64::MAX` of it): the same answer, without a 128-bit division per row.
+    #[inline(always)]
     fn cap(self, row: &Row, usable: u64, cpu: u64, memory: u64) -> u64 {
         if self == Self::Reference {
             return usable;
         }
         // At most 2^32 × 2^32: fits.
         let demand = u64::from(row.gpus) * u64::from(row.gpu_milli);
+        // Every factor below 2^32 (every real node and shape): no product can overflow, so
+        // neither is checked — one test for all of them instead of one per product.
+        if (cpu | memory | usable | row.cpu_milli | row.memory_mib | demand) >> 32 == 0 {
+            let mut capped = usable;
+            // A need of 0 caps nothing: nothing is below 0.
+            let fed = cpu * demand;
+            if fed < capped * row.cpu_milli {
+                capped = fed / row.cpu_milli;
+            }
+            let fed = memory * demand;
+            if fed < capped * row.memory_mib {
+                capped = fed / row.memory_mib;
+            }
+            return capped;
+        }
         let mut capped = usable;
         for (free, need) in [(cpu, row.cpu_milli), (memory, row.memory_mib)] {
             if need == 0 {
@@ -439,6 +455,53 @@ impl Fgd {
             request,
             out,
         );
+    }
+}
+
+impl Fgd {
+    /// Where [`Policy::place`] puts `task`, given that no node outside `nodes` can hold it
+    /// (those nodes alone changed since it fitted nowhere): the same placement, from those
+    /// nodes' evaluation instead of the whole cluster's. A placement's rank names its node, so
+    /// which other nodes are looked at cannot change the best one.
+    pub fn place_among(
+        &self,
+        cluster: &Cluster,
+        task: &TaskSpec,
+        nodes: &[NodeIdx],
+    ) -> Option<Placement> {
+        let request = Request::of(cluster, task);
+        if request == Request::Spanning {
+            return self.place(cluster, task);
+        }
+        let mut best: Option<Candidate> = None;
+        let mut losses: Vec<(u32, u64)> = Vec::new();
+        for &idx in nodes {
+            let node = cluster.node(idx);
+            if !feasible(node, task, request) {
+                continue;
+            }
+            let rows = self.rows(node.spec.gpu_model.as_str());
+            losses.clear();
+            self.node_losses(rows, NodeKey::of(rows, node), task, request, &mut losses);
+            candidates(idx, node, task, request, &losses, |c| {
+                if best.as_ref().is_none_or(|b| c < *b) {
+                    best = Some(c);
+                }
+            });
+        }
+        best.map(|(_, _, choice)| choice.placement(cluster, task))
+    }
+
+    /// Whether [`Policy::place`] would find `task` a placement: some node can hold it on its
+    /// own (every such node offers at least one placement), asked without weighing any.
+    pub fn fits_anywhere(&self, cluster: &Cluster, task: &TaskSpec) -> bool {
+        let request = Request::of(cluster, task);
+        if request == Request::Spanning {
+            return self.place(cluster, task).is_some();
+        }
+        let mut any = false;
+        for_each_feasible(cluster, task, request, |_, _| any = true);
+        any
     }
 }
 

@@ -692,6 +692,37 @@ mod incremental {
     }
 
     proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// Asked among a set of nodes that holds every node that can take the task, FGD places
+        /// it where it places it weighing the whole cluster; and it says the task fits anywhere
+        /// exactly when that finds a placement.
+        #[test]
+        fn placing_among_the_nodes_that_can_hold_a_task_places_it_as_the_whole_cluster(
+            nodes in proptest::collection::vec(node_case(), 1..24),
+            history in proptest::collection::vec(shape(), 0..12),
+            task in shape(),
+            others in proptest::collection::vec(any::<bool>(), 24),
+            host_aware in any::<bool>(),
+        ) {
+            let mut fgd = if host_aware { Fgd::with_measure(Measure::HostAware) } else { Fgd::new() };
+            for t in &history {
+                fgd.observe_submitted(t);
+            }
+            let cluster = build(&nodes);
+            let want = fgd.place(&cluster, &task);
+            prop_assert_eq!(fgd.fits_anywhere(&cluster, &task), want.is_some());
+            // Every node that could hold it, and some that cannot.
+            let request = Request::of(&cluster, &task);
+            let among: Vec<NodeIdx> = (0..cluster.nodes().len())
+                .map(|i| NodeIdx(i as u32))
+                .filter(|idx| feasible(cluster.node(*idx), &task, request) || others[idx.0 as usize])
+                .collect();
+            prop_assert_eq!(fgd.place_among(&cluster, &task, &among), want);
+        }
+    }
+
+    proptest! {
         #![proptest_config(ProptestConfig::with_cases(200))]
 
         /// Placing tasks of a few shapes one after another — each placement taken, now and
