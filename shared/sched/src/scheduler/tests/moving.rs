@@ -1,6 +1,8 @@
 //! Moving small tasks off a node to start one that fragmentation alone blocks decides exactly
-//! as before when the moves that cannot work are passed over untried, and only the cheapest
-//! nodes' victims are ordered: same moves, same explanations, same placements.
+//! as before when the moves that cannot work are passed over untried, only the cheapest
+//! nodes' victims are ordered, and a move is tried in two steps (what rules it out cheaply,
+//! then — only if it saves more than it costs — every victim placed): same moves, same
+//! explanations, same placements.
 
 use super::*;
 
