@@ -1407,6 +1407,13 @@ impl Scheduler {
         }
     }
 
+    /// Where each of `ids` that runs is placed, in that order.
+    fn placements_of(&self, ids: &[TaskId]) -> Vec<Placement> {
+        ids.iter()
+            .filter_map(|id| self.running_lease(*id).map(|(_, p)| p.clone()))
+            .collect()
+    }
+
     /// The task running under `lease`, if one does.
     pub fn task_of_lease(&self, lease: LeaseId) -> Option<TaskId> {
         self.tasks
@@ -2533,15 +2540,8 @@ impl Scheduler {
             else {
                 continue;
             };
-            let originals: Vec<Placement> = victims
-                .iter()
-                .filter_map(|id| match &self.tasks[id].state {
-                    State::Running { placement, .. } => Some(placement.clone()),
-                    State::Pending { .. } => None,
-                })
-                .collect();
-            for p in &originals {
-                self.cluster.release(p);
+            for p in self.placements_of(&victims) {
+                self.cluster.release(&p);
             }
             let placement = trial.swap_remove(0);
             let wait = if fits_at == Time::MAX {
@@ -2592,13 +2592,7 @@ impl Scheduler {
         full: bool,
     ) -> Option<Vec<Placement>> {
         let mark = self.cluster.changes().len();
-        let originals: Vec<Placement> = victims
-            .iter()
-            .filter_map(|id| match &self.tasks[id].state {
-                State::Running { placement, .. } => Some(placement.clone()),
-                State::Pending { .. } => None,
-            })
-            .collect();
+        let originals = self.placements_of(victims);
         for p in &originals {
             self.cluster.release(p);
         }

@@ -392,31 +392,9 @@ impl Policy for Fgd {
         if request == Request::Spanning {
             return placement::best_fit(cluster, task);
         }
-        let mut best: Option<Candidate> = None;
-        // Nodes in the same state lose the same for the same task: evaluate each state once
-        // (a full cluster has hundreds of feasible nodes but only about a hundred states).
-        let mut evaluated: HashMap<NodeKey, (usize, usize)> = HashMap::default();
-        let mut losses: Vec<(u32, u64)> = Vec::new();
-        let mut rows = ModelRows::default();
-        for_each_feasible(cluster, task, request, |idx, node| {
-            let rows = rows.of(self, node);
-            let state = NodeKey::of(rows, node);
-            let (from, to) = match evaluated.get(&state) {
-                Some(range) => *range,
-                None => {
-                    let from = losses.len();
-                    self.node_losses(rows, state, task, request, &mut losses);
-                    evaluated.insert(state, (from, losses.len()));
-                    (from, losses.len())
-                }
-            };
-            candidates(idx, node, task, request, &losses[from..to], |c| {
-                if best.as_ref().is_none_or(|b| c < *b) {
-                    best = Some(c);
-                }
-            });
-        });
-        best.map(|(_, _, choice)| choice.placement(cluster, task))
+        let mut best = Best::new(self, task, request);
+        for_each_feasible(cluster, task, request, |idx, node| best.weigh(idx, node));
+        best.placement(cluster)
     }
     fn packer(&self) -> Option<&Fgd> {
         Some(self)
@@ -473,23 +451,14 @@ impl Fgd {
         if request == Request::Spanning {
             return self.place(cluster, task);
         }
-        let mut best: Option<Candidate> = None;
-        let mut losses: Vec<(u32, u64)> = Vec::new();
+        let mut best = Best::new(self, task, request);
         for &idx in nodes {
             let node = cluster.node(idx);
-            if !feasible(node, task, request) {
-                continue;
+            if feasible(node, task, request) {
+                best.weigh(idx, node);
             }
-            let rows = self.rows(node.spec.gpu_model.as_str());
-            losses.clear();
-            self.node_losses(rows, NodeKey::of(rows, node), task, request, &mut losses);
-            candidates(idx, node, task, request, &losses, |c| {
-                if best.as_ref().is_none_or(|b| c < *b) {
-                    best = Some(c);
-                }
-            });
         }
-        best.map(|(_, _, choice)| choice.placement(cluster, task))
+        best.placement(cluster)
     }
 
     /// Whether [`Policy::place`] would find `task` a placement: some node can hold it on its
@@ -502,6 +471,69 @@ impl Fgd {
         let mut any = false;
         for_each_feasible(cluster, task, request, |_, _| any = true);
         any
+    }
+}
+
+/// The best placement of one task among the feasible nodes [`Best::weigh`] is shown, as
+/// [`Fgd::place`] ranks them. Nodes in the same state lose the same for the same task, so each
+/// state is evaluated once (a full cluster has hundreds of feasible nodes but only about a
+/// hundred states).
+struct Best<'c> {
+    fgd: &'c Fgd,
+    task: &'c TaskSpec,
+    request: Request,
+    best: Option<Candidate>,
+    evaluated: HashMap<NodeKey<'c>, (usize, usize)>,
+    losses: Vec<(u32, u64)>,
+    rows: ModelRows<'c>,
+}
+
+impl<'c> Best<'c> {
+    fn new(fgd: &'c Fgd, task: &'c TaskSpec, request: Request) -> Self {
+        Self {
+            fgd,
+            task,
+            request,
+            best: None,
+            evaluated: HashMap::default(),
+            losses: Vec::new(),
+            rows: ModelRows::default(),
+        }
+    }
+
+    /// Weighs the placements on `node` (at `idx`), which can hold the task.
+    fn weigh(&mut self, idx: NodeIdx, node: &'c NodeState) {
+        let rows = self.rows.of(self.fgd, node);
+        let state = NodeKey::of(rows, node);
+        let (from, to) = match self.evaluated.get(&state) {
+            Some(range) => *range,
+            None => {
+                let from = self.losses.len();
+                self.fgd
+                    .node_losses(rows, state, self.task, self.request, &mut self.losses);
+                self.evaluated.insert(state, (from, self.losses.len()));
+                (from, self.losses.len())
+            }
+        };
+        let best = &mut self.best;
+        candidates(
+            idx,
+            node,
+            self.task,
+            self.request,
+            &self.losses[from..to],
+            |c| {
+                if best.as_ref().is_none_or(|b| c < *b) {
+                    *best = Some(c);
+                }
+            },
+        );
+    }
+
+    /// The best placement weighed, if any.
+    fn placement(self, cluster: &Cluster) -> Option<Placement> {
+        self.best
+            .map(|(_, _, choice)| choice.placement(cluster, self.task))
     }
 }
 

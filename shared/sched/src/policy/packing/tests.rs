@@ -691,6 +691,19 @@ mod incremental {
         cluster
     }
 
+    /// FGD, under the host-aware measure or the paper's, after seeing `history` submitted.
+    fn learned(history: &[TaskSpec], host_aware: bool) -> Fgd {
+        let mut fgd = if host_aware {
+            Fgd::with_measure(Measure::HostAware)
+        } else {
+            Fgd::new()
+        };
+        for t in history {
+            fgd.observe_submitted(t);
+        }
+        fgd
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(300))]
 
@@ -705,10 +718,7 @@ mod incremental {
             others in proptest::collection::vec(any::<bool>(), 24),
             host_aware in any::<bool>(),
         ) {
-            let mut fgd = if host_aware { Fgd::with_measure(Measure::HostAware) } else { Fgd::new() };
-            for t in &history {
-                fgd.observe_submitted(t);
-            }
+            let fgd = learned(&history, host_aware);
             let cluster = build(&nodes);
             let want = fgd.place(&cluster, &task);
             prop_assert_eq!(fgd.fits_anywhere(&cluster, &task), want.is_some());
@@ -736,10 +746,7 @@ mod incremental {
             steps in proptest::collection::vec((0usize..4, prop::bool::weighted(0.2)), 1..40),
             host_aware in any::<bool>(),
         ) {
-            let mut fgd = if host_aware { Fgd::with_measure(Measure::HostAware) } else { Fgd::new() };
-            for t in &history {
-                fgd.observe_submitted(t);
-            }
+            let fgd = learned(&history, host_aware);
             let mut cluster = build(&nodes);
             let mut placers: Vec<Option<(Option<Incremental>, usize)>> =
                 (0..shapes.len()).map(|_| None).collect();
