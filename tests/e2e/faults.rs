@@ -301,9 +301,10 @@ struct Figures {
 /// How each task of `workloads` ran, against the journal and the executors' reports: every
 /// lease ends once; each task (workload and name) completes exactly once, under a lease granted
 /// once and started once; earlier leases of it ended by preemption (a legitimate second grant)
-/// and each started at most once (a completion of a preempted lease — the run finished as it was
-/// stopped — is the allocator's to refuse, and is only counted). Returns the problems and the
-/// figures.
+/// and each started at most once. A run that finished as it was preempted reports a completion
+/// under its preempted lease: when the task was granted again by then, the allocator refuses it
+/// (only counted, as late); when the task was still waiting, the allocator withdraws it ("no
+/// second run") and that completion is the task's one. Returns the problems and the figures.
 fn run_problems(
     journal: &[Applied],
     task_events: &[AnyEvent],
@@ -314,16 +315,24 @@ fn run_problems(
     let mut task_of: BTreeMap<TaskId, (String, String)> = BTreeMap::new();
     let mut lease_task: BTreeMap<LeaseId, TaskId> = BTreeMap::new();
     let mut ended: BTreeMap<LeaseId, Vec<&'static str>> = BTreeMap::new();
+    // Each task's latest lease, and whether it was withdrawn after that lease was granted.
+    let mut latest: BTreeMap<TaskId, (LeaseId, bool)> = BTreeMap::new();
     for a in journal {
         for g in &a.dispatch {
             task_of.insert(g.task, (g.launch.workload.clone(), g.launch.name.clone()));
             if lease_task.insert(g.lease, g.task).is_some() {
                 problems.push(format!("lease {:?} dispatched twice", g.lease));
             }
+            latest.insert(g.task, (g.lease, false));
             figures.grants += 1;
         }
         for d in &a.entry.decisions {
             match d {
+                Decision::Withdrawn { task, .. } => {
+                    if let Some((_, withdrawn)) = latest.get_mut(task) {
+                        *withdrawn = true;
+                    }
+                }
                 Decision::Released { lease, .. } => {
                     ended.entry(*lease).or_default().push("released")
                 }
@@ -350,10 +359,11 @@ fn run_problems(
     for e in task_events {
         match e {
             AnyEvent::Task(TaskEvent::Started(s)) => *starts.entry(s.lease).or_default() += 1,
-            // A run that finished just as it was preempted reports a completion the allocator
-            // refuses (the task holds another lease by then): a legitimate race, counted apart.
+            // A run that finished just as it was preempted, once the task was granted again:
+            // the allocator refuses its completion — a legitimate race, counted apart.
             AnyEvent::Task(TaskEvent::Completed(c))
-                if ended.get(&c.lease).map(Vec::as_slice) == Some(&["preempted"][..]) =>
+                if ended.get(&c.lease).map(Vec::as_slice) == Some(&["preempted"][..])
+                    && !stopped_as_it_ended(&latest, c.task, c.lease) =>
             {
                 figures.late_completions += 1;
             }
@@ -382,7 +392,10 @@ fn run_problems(
             let key = (workload.clone(), name.to_owned());
             match completed.get(&key).map(Vec::as_slice) {
                 Some([(task, lease)]) => {
-                    if ended.get(lease).map(Vec::as_slice) != Some(&["released"][..]) {
+                    let how = ended.get(lease).map(Vec::as_slice);
+                    let withdrawn = how == Some(&["preempted"][..])
+                        && stopped_as_it_ended(&latest, *task, *lease);
+                    if how != Some(&["released"][..]) && !withdrawn {
                         problems.push(format!("{workload}/{name} completed under lease {lease:?} of {task}, which did not end released"));
                     }
                     if starts.get(lease) != Some(&1) {
@@ -401,6 +414,17 @@ fn run_problems(
         }
     }
     (problems, figures)
+}
+
+/// Whether `lease` is `task`'s latest and the task was withdrawn after it was granted: the run
+/// under it finished as it was being stopped, before any second grant, so the allocator took
+/// that completion as the task's and withdrew the waiting task (no second run).
+fn stopped_as_it_ended(
+    latest: &BTreeMap<TaskId, (LeaseId, bool)>,
+    task: TaskId,
+    lease: LeaseId,
+) -> bool {
+    latest.get(&task) == Some(&(lease, true))
 }
 
 /// Every lease in the journal against the cost events (`allot_billing::reconcile`, at the H100
@@ -646,6 +670,18 @@ fn preempt(seq: u64, task: u64, lease: u64, at: u64) -> Applied {
             for_task: None,
             lost: 0,
             reason: String::new(),
+        }],
+        Vec::new(),
+    )
+}
+
+fn withdraw(seq: u64, task: u64, at: u64) -> Applied {
+    entry(
+        seq,
+        vec![Decision::Withdrawn {
+            task: TaskId(task),
+            reason: String::new(),
+            at,
         }],
         Vec::new(),
     )
@@ -1433,6 +1469,27 @@ fn the_run_check_catches_a_task_lost_started_twice_or_completed_twice() {
             ]
             .concat(),
             want_problems: 0,
+            want_late: 1,
+        },
+        Case {
+            name: "a run that completed as it was preempted, its waiting task withdrawn",
+            journal: journal(
+                [
+                    released(&[1, 3]),
+                    vec![preempt(20, 2, 2, 3), withdraw(21, 2, 4)],
+                ]
+                .concat(),
+            ),
+            events: runs(&[1, 2, 3]),
+            want_problems: 0,
+            want_late: 0,
+        },
+        Case {
+            name: "a run that completed as it was preempted, and nothing ran it again",
+            journal: journal([released(&[1, 3]), vec![preempt(20, 2, 2, 3)]].concat()),
+            events: runs(&[1, 2, 3]),
+            // Its completion was refused, and the task never ran again.
+            want_problems: 1,
             want_late: 1,
         },
     ];
