@@ -154,14 +154,17 @@ fn step(
         AnyEvent::Workload(WorkloadEvent::Submitted(s)) => submitted(c, pool, teams, fleet, s, d),
         AnyEvent::Workload(WorkloadEvent::Aborted(a)) => aborted(c, a, d),
         AnyEvent::Task(TaskEvent::Completed(t)) => {
-            on_attempt(c, t.task, Some(at), |w, name, attempt| {
+            on_attempt(c, t.task, Some((at, t.lease)), |w, name, attempt| {
                 w.completed(name, attempt)
             })
         }
         AnyEvent::Task(TaskEvent::Failed(t)) => {
+            if superseded(c, t.task, t.lease)? {
+                return Ok(Step::handled(false));
+            }
             // A retry is a new attempt: it starts with the latest advice, if opted in.
             right_size_next(c, t.task)?;
-            on_attempt(c, t.task, Some(at), |w, name, attempt| {
+            on_attempt(c, t.task, Some((at, t.lease)), |w, name, attempt| {
                 w.failed(name, attempt, &t.reason, at)
             })
         }
@@ -180,7 +183,8 @@ fn step(
                     Decision::Granted {
                         task, lease, at, ..
                     } => {
-                        store::run_granted(c, *task, &nodes_of(applied, *task, *lease), *at)?;
+                        let nodes = nodes_of(applied, *task, *lease);
+                        store::run_granted(c, *task, *lease, &nodes, *at)?;
                         on_attempt(c, *task, None, |w, name, attempt| {
                             w.granted(name, attempt, *lease, *at, window)
                         })?
@@ -379,7 +383,7 @@ fn nodes_of(applied: &Applied, task: TaskId, lease: LeaseId) -> Vec<TaskNode> {
 fn on_attempt(
     c: &Connection,
     id: TaskId,
-    ends: Option<Time>,
+    ends: Option<(Time, LeaseId)>,
     transition: impl FnOnce(&mut Workload, &str, u32) -> Vec<Effect>,
 ) -> Result<Step, StoreError> {
     let Some(attempt) = store::attempt(c, id)? else {
@@ -388,7 +392,14 @@ fn on_attempt(
     if attempt.ended {
         return Ok(Step::handled(false));
     }
-    if let Some(at) = ends {
+    if let Some((at, lease)) = ends {
+        if stale(&attempt, lease) {
+            warn!(
+                task = %id, lease = lease.0, "a run's end under a lease the task was granted \
+                 again after is not the attempt's: ignored (the allocator refuses it too)"
+            );
+            return Ok(Step::handled(false));
+        }
         store::ended(c, id, at)?;
     }
     let Some(mut w) = store::load(c, &attempt.workload)? else {
@@ -400,6 +411,23 @@ fn on_attempt(
     let before = w.clone();
     let effects = transition(&mut w, &attempt.name, attempt.attempt);
     commit(c, &before, &w, effects)
+}
+
+/// [`stale`] for attempt `id`, if it is one of the planner's.
+fn superseded(c: &Connection, id: TaskId, lease: LeaseId) -> Result<bool, StoreError> {
+    Ok(store::attempt(c, id)?.is_some_and(|a| stale(&a, lease)))
+}
+
+/// Whether a run's end reported for `attempt` under `lease` comes from a run that was
+/// stopped and superseded: the attempt was granted a later lease since (leases are numbered in
+/// the order the allocator grants them). The allocator refuses such a report — the task runs
+/// again under its new lease — so it ends nothing: taken as the attempt's failure, it would
+/// start the next attempt while the new run goes on. A report under the latest lease the
+/// planner has read, or under a later one whose grant it has not read yet, counts (a run
+/// that ended as it was stopped, before any new grant, is the task's: the allocator
+/// withdraws the waiting task then).
+fn stale(attempt: &store::Attempt, lease: LeaseId) -> bool {
+    attempt.lease.is_some_and(|latest| lease < latest)
 }
 
 /// Keeps the predictor's right-sizing `advice`, which came with the prediction of attempt

@@ -14,7 +14,7 @@ use allot_events::node::NodeRegistered;
 use allot_events::query::planner::TaskNode;
 use allot_events::task::RunSpec;
 use allot_events::workload::WorkloadSubmitted;
-use allot_sched::{TaskId, TaskSpec, Time};
+use allot_sched::{LeaseId, TaskId, TaskSpec, Time};
 use allot_store::rusqlite::{self, Connection, OptionalExtension, params};
 use allot_workload::{ClusterShape, NodeShape};
 
@@ -128,6 +128,11 @@ INSERT INTO fleet (id, version) VALUES (1, 0);
 -- tasks are read in the spec's order on every event about it.
 CREATE INDEX outbox_msg_id ON outbox (msg_id);
 CREATE INDEX tasks_by_position ON tasks (workload, position);
+",
+    "
+-- The latest lease granted to each attempt: a run's end reported under an earlier lease is
+-- one the allocator refused (the task was granted again after that run was stopped).
+ALTER TABLE attempts ADD COLUMN lease INTEGER;
 ",
 ];
 
@@ -455,12 +460,14 @@ pub struct Attempt {
     pub attempt: u32,
     /// Its completion or failure was seen.
     pub ended: bool,
+    /// The latest lease it was granted, if the planner has read its grant.
+    pub lease: Option<LeaseId>,
 }
 
 /// The attempt whose scheduler id is `id`, if it is one of the planner's.
 pub fn attempt(conn: &Connection, id: TaskId) -> Result<Option<Attempt>, rusqlite::Error> {
     conn.query_row(
-        "SELECT workload, name, attempt, ended FROM attempts WHERE task_id = ?1",
+        "SELECT workload, name, attempt, ended, lease FROM attempts WHERE task_id = ?1",
         [id.0 as i64],
         |r| {
             Ok(Attempt {
@@ -468,6 +475,7 @@ pub fn attempt(conn: &Connection, id: TaskId) -> Result<Option<Attempt>, rusqlit
                 name: r.get(1)?,
                 attempt: r.get(2)?,
                 ended: r.get(3)?,
+                lease: r.get::<_, Option<i64>>(4)?.map(|l| LeaseId(l as u64)),
             })
         },
     )
@@ -483,17 +491,19 @@ pub fn ended(conn: &Connection, id: TaskId, at: Time) -> Result<(), rusqlite::Er
     Ok(())
 }
 
-/// Records that attempt `id` was granted at `at` on `nodes`: its run, until it stops (a
-/// no-op for an id that is not the planner's).
+/// Records that attempt `id` was granted `lease` at `at` on `nodes`: its run, until it stops
+/// (a no-op for an id that is not the planner's).
 pub fn run_granted(
     conn: &Connection,
     id: TaskId,
+    lease: LeaseId,
     nodes: &[TaskNode],
     at: Time,
 ) -> Result<(), rusqlite::Error> {
     conn.execute(
-        "UPDATE attempts SET nodes = ?2, granted_ms = ?3, ended_ms = NULL WHERE task_id = ?1",
-        params![id.0 as i64, json(&nodes), at as i64],
+        "UPDATE attempts SET nodes = ?2, granted_ms = ?3, ended_ms = NULL, lease = ?4
+         WHERE task_id = ?1",
+        params![id.0 as i64, json(&nodes), at as i64, lease.0 as i64],
     )?;
     Ok(())
 }

@@ -12,9 +12,10 @@ use async_nats::jetstream::{self, consumer::DeliverPolicy};
 use futures::StreamExt;
 
 use allot_allocator::journal;
+use allot_events::remediation::OperatorCordon;
 use allot_events::task::{TaskCompleted, TaskFailed};
 use allot_events::workload::{Workload, WorkloadAborted, WorkloadOutcome};
-use allot_events::{AllocEvent, AnyEvent, TaskEvent, WorkloadEvent, decode};
+use allot_events::{AllocEvent, AnyEvent, RemediationEvent, TaskEvent, WorkloadEvent, decode};
 use allot_planner::plan::task_id;
 use allot_sched::journal::Entry;
 use allot_sched::{Decision, Input, LeaseId, TaskId};
@@ -208,7 +209,6 @@ async fn entries(js: &jetstream::Context) -> Vec<Entry> {
         .collect()
 }
 
-/// Grants in journal order, with whether each holds GPUs.
 /// The lease of `task`'s latest grant (what its executor's reports name).
 fn lease_of(entries: &[Entry], task: TaskId) -> LeaseId {
     entries
@@ -222,6 +222,7 @@ fn lease_of(entries: &[Entry], task: TaskId) -> LeaseId {
         .expect("the task was granted")
 }
 
+/// Grants in journal order, with whether each holds GPUs.
 fn grants(entries: &[Entry]) -> Vec<(TaskId, bool)> {
     entries
         .iter()
@@ -802,4 +803,113 @@ fn right_sizing_advice_is_applied_to_later_attempts_of_opted_in_tasks_only() {
             .unwrap_or_else(|| panic!("{id} was not made ready"));
         assert_eq!(spec, want, "{id}");
     }
+}
+
+impl Harness {
+    /// Publishes what an executor on `n1` reports of the run of `task` under `lease`:
+    /// completed, or failed.
+    fn report(&self, task: TaskId, lease: LeaseId, completed: bool) {
+        let (pool, node) = (POOL.into(), "n1".into());
+        let event = if completed {
+            TaskEvent::Completed(TaskCompleted {
+                pool,
+                task,
+                node,
+                lease,
+            })
+        } else {
+            TaskEvent::Failed(TaskFailed {
+                pool,
+                task,
+                node,
+                lease,
+                reason: "exit status 1".into(),
+            })
+        };
+        self.stack
+            .rt
+            .block_on(async { self.stack.publisher.publish(event).await.unwrap() });
+    }
+
+    /// An operator cordons `n1` and drains it (`held`), or lets it go.
+    fn cordon(&self, held: bool) {
+        let event = RemediationEvent::OperatorCordon(OperatorCordon {
+            node: "n1".into(),
+            cordoned: held,
+            drain: held,
+            reason: "test".into(),
+            by: "alice".into(),
+        });
+        self.stack
+            .rt
+            .block_on(async { self.stack.publisher.publish(event).await.unwrap() });
+    }
+
+    /// Waits until the journal holds `(what, task)` `times` times.
+    fn wait_journal(&self, what: &str, task: TaskId, times: usize) {
+        let seen = self.until(|h| {
+            let n = timeline(&h.journal())
+                .iter()
+                .filter(|(w, t)| *w == what && *t == task)
+                .count();
+            (n >= times).then_some(())
+        });
+        assert!(seen.is_some(), "{task} not {what} {times} times");
+    }
+
+    /// The latest lease the planner has read a grant of for attempt `task`.
+    fn planner_lease(&self, task: TaskId) -> Option<i64> {
+        let conn = allot_store::rusqlite::Connection::open(&self.stack.db).unwrap();
+        conn.query_row(
+            "SELECT lease FROM attempts WHERE task_id = ?1",
+            [task.0 as i64],
+            |r| r.get(0),
+        )
+        .unwrap()
+    }
+}
+
+#[test]
+fn a_run_that_ends_as_it_is_stopped_counts_once_and_one_granted_again_since_counts_not() {
+    let h = Harness::start();
+
+    // Drained off the only node, a run completes before the task is granted again: the
+    // allocator withdraws the waiting task (no second run), and the planner takes that
+    // completion as the task's.
+    let first = h.submit(whole_node("first"));
+    let task = task_id(&first, "train", 1);
+    h.wait_journal("granted", task, 1);
+    let l1 = lease_of(&h.journal(), task);
+    h.cordon(true);
+    h.wait_journal("preempted", task, 1);
+    h.report(task, l1, true);
+    assert_eq!(h.finished(&first), Some(WorkloadOutcome::Succeeded));
+    h.wait_journal("withdrawn", task, 1);
+    h.cordon(false);
+
+    // Drained, then granted again: a failure reported under the first lease is of a run that
+    // was superseded (the allocator refuses it), so the planner neither fails the task (it
+    // has one attempt) nor runs it a second time; the run under the new lease decides.
+    let second = h.submit(whole_node("second"));
+    let task = task_id(&second, "train", 1);
+    h.wait_journal("granted", task, 1);
+    let l1 = lease_of(&h.journal(), task);
+    h.cordon(true);
+    h.wait_journal("preempted", task, 1);
+    h.cordon(false);
+    h.wait_journal("granted", task, 2);
+    let l2 = lease_of(&h.journal(), task);
+    assert!(l2 > l1);
+    let read = h.until(|h| (h.planner_lease(task) == Some(l2.0 as i64)).then_some(()));
+    assert!(read.is_some(), "the planner read the second grant");
+    h.report(task, l1, false);
+    h.report(task, l2, true);
+    assert_eq!(h.finished(&second), Some(WorkloadOutcome::Succeeded));
+    assert_eq!(h.tasks(&second), "train:succeeded#1");
+    let attempts: Vec<_> = ready_names(&h, &second);
+    assert_eq!(
+        attempts,
+        vec![("train".to_owned(), task)],
+        "one attempt only"
+    );
 }
