@@ -510,19 +510,7 @@ fn an_aborted_workload_waiting_in_the_queue_leaves_it_and_is_never_granted() {
     );
 
     // The node frees: the next in line gets it; the aborted task never holds a GPU.
-    let lease = lease_of(&h.journal(), hog);
-    h.stack.rt.block_on(async {
-        h.stack
-            .publisher
-            .publish(TaskEvent::Completed(TaskCompleted {
-                pool: POOL.into(),
-                task: hog,
-                node: "n1".into(),
-                lease,
-            }))
-            .await
-            .unwrap()
-    });
+    h.report(hog, lease_of(&h.journal(), hog), true);
     let line = h.until(|h| {
         let line = timeline(&h.journal());
         line.contains(&("granted", after)).then_some(line)
