@@ -393,11 +393,7 @@ fn on_attempt(
         return Ok(Step::handled(false));
     }
     if let Some((at, lease)) = ends {
-        if stale(&attempt, lease) {
-            warn!(
-                task = %id, lease = lease.0, "a run's end under a lease the task was granted \
-                 again after is not the attempt's: ignored (the allocator refuses it too)"
-            );
+        if stale(&attempt, id, lease) {
             return Ok(Step::handled(false));
         }
         store::ended(c, id, at)?;
@@ -415,7 +411,7 @@ fn on_attempt(
 
 /// [`stale`] for attempt `id`, if it is one of the planner's.
 fn superseded(c: &Connection, id: TaskId, lease: LeaseId) -> Result<bool, StoreError> {
-    Ok(store::attempt(c, id)?.is_some_and(|a| stale(&a, lease)))
+    Ok(store::attempt(c, id)?.is_some_and(|a| stale(&a, id, lease)))
 }
 
 /// Whether a run's end reported for `attempt` under `lease` comes from a run that was
@@ -425,9 +421,16 @@ fn superseded(c: &Connection, id: TaskId, lease: LeaseId) -> Result<bool, StoreE
 /// start the next attempt while the new run goes on. A report under the latest lease the
 /// planner has read, or under a later one whose grant it has not read yet, counts (a run
 /// that ended as it was stopped, before any new grant, is the task's: the allocator
-/// withdraws the waiting task then).
-fn stale(attempt: &store::Attempt, lease: LeaseId) -> bool {
-    attempt.lease.is_some_and(|latest| lease < latest)
+/// withdraws the waiting task then). Says so in the log when it is.
+fn stale(attempt: &store::Attempt, id: TaskId, lease: LeaseId) -> bool {
+    let stale = attempt.lease.is_some_and(|latest| lease < latest);
+    if stale {
+        warn!(
+            task = %id, lease = lease.0, "a run's end under a lease the task was granted \
+             again after is not the attempt's: ignored (the allocator refuses it too)"
+        );
+    }
+    stale
 }
 
 /// Keeps the predictor's right-sizing `advice`, which came with the prediction of attempt

@@ -833,6 +833,19 @@ impl Harness {
             .block_on(async { self.stack.publisher.publish(event).await.unwrap() });
     }
 
+    /// Submits a whole-node workload named `name`, waits for its grant, then drains `n1`
+    /// (left cordoned) and waits for the preemption: its id, its task and the lease it ran
+    /// under.
+    fn granted_then_drained(&self, name: &str) -> (String, TaskId, LeaseId) {
+        let id = self.submit(whole_node(name));
+        let task = task_id(&id, "train", 1);
+        self.wait_journal("granted", task, 1);
+        let lease = lease_of(&self.journal(), task);
+        self.cordon(true);
+        self.wait_journal("preempted", task, 1);
+        (id, task, lease)
+    }
+
     /// Waits until the journal holds `(what, task)` `times` times.
     fn wait_journal(&self, what: &str, task: TaskId, times: usize) {
         let seen = self.until(|h| {
@@ -864,12 +877,7 @@ fn a_run_that_ends_as_it_is_stopped_counts_once_and_one_granted_again_since_coun
     // Drained off the only node, a run completes before the task is granted again: the
     // allocator withdraws the waiting task (no second run), and the planner takes that
     // completion as the task's.
-    let first = h.submit(whole_node("first"));
-    let task = task_id(&first, "train", 1);
-    h.wait_journal("granted", task, 1);
-    let l1 = lease_of(&h.journal(), task);
-    h.cordon(true);
-    h.wait_journal("preempted", task, 1);
+    let (first, task, l1) = h.granted_then_drained("first");
     h.report(task, l1, true);
     assert_eq!(h.finished(&first), Some(WorkloadOutcome::Succeeded));
     h.wait_journal("withdrawn", task, 1);
@@ -878,12 +886,7 @@ fn a_run_that_ends_as_it_is_stopped_counts_once_and_one_granted_again_since_coun
     // Drained, then granted again: a failure reported under the first lease is of a run that
     // was superseded (the allocator refuses it), so the planner neither fails the task (it
     // has one attempt) nor runs it a second time; the run under the new lease decides.
-    let second = h.submit(whole_node("second"));
-    let task = task_id(&second, "train", 1);
-    h.wait_journal("granted", task, 1);
-    let l1 = lease_of(&h.journal(), task);
-    h.cordon(true);
-    h.wait_journal("preempted", task, 1);
+    let (second, task, l1) = h.granted_then_drained("second");
     h.cordon(false);
     h.wait_journal("granted", task, 2);
     let l2 = lease_of(&h.journal(), task);
