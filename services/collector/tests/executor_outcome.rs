@@ -243,6 +243,18 @@ async fn wait_started(client: &async_nats::Client, tasks: &[u64]) -> anyhow::Res
     }
 }
 
+/// Waits until a run has created `path`, which it does when it has done `what`.
+async fn wait_for_file(path: &Path, what: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + PATIENCE;
+    while !path.exists() {
+        if Instant::now() > deadline {
+            bail!("waited {PATIENCE:?} for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    Ok(())
+}
+
 /// The leases the executor has on record and whether each has its end recorded.
 fn on_record(db: &Path) -> anyhow::Result<Vec<(u64, bool)>> {
     Ok(State::open(Some(db))?
@@ -389,7 +401,10 @@ async fn a_run_that_ends_while_the_executor_stops_is_reported_before_it_returns(
         checkpoint_dir: dir.path().join("checkpoints"),
         grace: Duration::from_secs(3),
     });
-    // Preempted, it takes a second to exit: it ends while the executor is stopping.
+    // Preempted, it takes a second to exit: it ends while the executor is stopping. It says
+    // when its trap is set: a run reported started may not have set it yet, and a TERM before
+    // then ends it at once.
+    let trapping = dir.path().join("trapping");
     let termed = dir.path().join("termed");
     let slow_to_stop = RunSpec {
         attempt: 1,
@@ -397,8 +412,9 @@ async fn a_run_that_ends_while_the_executor_stops_is_reported_before_it_returns(
             "sh".into(),
             "-c".into(),
             format!(
-                "trap 'touch \"{}\"; sleep 1; exit 0' TERM; while :; do sleep 0.05; done",
-                termed.display()
+                "trap 'touch \"{}\"; sleep 1; exit 0' TERM; touch \"{}\"; while :; do sleep 0.05; done",
+                termed.display(),
+                trapping.display()
             ),
         ],
         ..RunSpec::default()
@@ -407,14 +423,9 @@ async fn a_run_that_ends_while_the_executor_stops_is_reported_before_it_returns(
     let node = Node::start(&server.url(), &db, processes.clone())?;
     publish_grants(&client, vec![grant(7, 70, 0, slow_to_stop)]).await?;
     wait_started(&client, &[7]).await?;
+    wait_for_file(&trapping, "the run to set its trap").await?;
     publish_preemption(&client, 7, 70).await?;
-    let deadline = Instant::now() + PATIENCE;
-    while !termed.exists() {
-        if Instant::now() > deadline {
-            bail!("the run was not told to stop within {PATIENCE:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    wait_for_file(&termed, "the run to be told to stop").await?;
     node.stop().await?;
     assert_eq!(ends(&client).await?, vec!["stopped 7"]);
     assert_eq!(on_record(&db)?, vec![], "an acknowledged end is forgotten");

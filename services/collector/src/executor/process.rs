@@ -277,15 +277,23 @@ mod tests {
         let mut out = Vec::new();
         let mut tx = Some(tx);
         while let Some(r) = reports.recv().await {
-            let started = matches!(r, Report::Started { .. });
+            let log = match &r {
+                Report::Started { log, .. } => log.clone(),
+                _ => None,
+            };
             let ended = matches!(r, Report::Ended(_));
             out.push(r);
-            if started
+            if let Some(log) = log
                 && let Some(s) = stop
                 && let Some(tx) = tx.take()
             {
-                // Give the shell time to install its trap.
-                tokio::time::sleep(Duration::from_millis(300)).await;
+                // A script that is to be stopped logs `trapped` once its trap is set: a signal
+                // before then would end it at once, whatever its trap says.
+                let deadline = std::time::Instant::now() + Duration::from_secs(20);
+                while !std::fs::read_to_string(&log).is_ok_and(|t| t.contains("trapped")) {
+                    assert!(std::time::Instant::now() < deadline, "no trap set in 20 s");
+                    tokio::time::sleep(Duration::from_millis(25)).await;
+                }
                 let _ = tx.send(s);
             }
             if ended {
@@ -380,19 +388,19 @@ mod tests {
         let cases = [
             Case {
                 name: "checkpoints on SIGTERM and exits",
-                script: "trap 'touch \"$ALLOT_CHECKPOINT_FILE\"; exit 0' TERM; while :; do sleep 0.05; done",
+                script: "trap 'touch \"$ALLOT_CHECKPOINT_FILE\"; exit 0' TERM; echo trapped; while :; do sleep 0.05; done",
                 want_killed: false,
                 want_checkpointed: true,
             },
             Case {
                 name: "exits on SIGTERM without a checkpoint",
-                script: "trap 'exit 0' TERM; while :; do sleep 0.05; done",
+                script: "trap 'exit 0' TERM; echo trapped; while :; do sleep 0.05; done",
                 want_killed: false,
                 want_checkpointed: false,
             },
             Case {
                 name: "ignores SIGTERM: killed after the grace",
-                script: "trap '' TERM; while :; do sleep 0.05; done",
+                script: "trap '' TERM; echo trapped; while :; do sleep 0.05; done",
                 want_killed: true,
                 want_checkpointed: false,
             },
