@@ -404,9 +404,14 @@ fn history(entry: &Entry, task: TaskId, nodes: &[String]) -> Vec<String> {
                 when(*expected_at)
             ));
         }
-        Input::TaskFinished { task: t, at } if *t == task => {
-            out.push(format!("#{seq} {} finished", when(*at)));
-        }
+        Input::TaskFinished { task: t, at, run } if *t == task => match run {
+            Some(run) => out.push(format!(
+                "#{seq} {} finished: {}",
+                when(*at),
+                journal::run_end(run)
+            )),
+            None => out.push(format!("#{seq} {} finished", when(*at))),
+        },
         Input::TaskPredicted {
             task: t,
             duration,

@@ -598,6 +598,7 @@ fn entry(seq: u64, decisions: Vec<Decision>, dispatch: Vec<Dispatch>) -> Applied
             input: Input::TaskFinished {
                 task: TaskId(0),
                 at: 0,
+                run: None,
             },
             decisions,
             rejected: None,

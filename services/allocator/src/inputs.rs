@@ -8,7 +8,7 @@
 //! | task preload (its pool) | task preloaded: room is held for it until it is ready |
 //! | task checkpointed | task checkpointed |
 //! | task predicted (a task the scheduler holds) | task predicted: its estimate from now on |
-//! | task completed / failed | task finished |
+//! | task completed / failed (under the task's running lease: the leader refuses any other) | task finished, with how its run ended (or, for a run that ended as it was being stopped, task withdrawn with it) |
 //! | task cancelled (a task the scheduler holds, or parked) | task withdrawn: queued, it leaves the queue; running, its lease is released |
 //! | budget exceeded / within again (billing, any pool) | team budget: its new work below the floor waits, or is flagged |
 //! | remediation: soft-cordon, cordon / drain / return to service (any node: one not yet joined joins held) | node held by remediation / held and drained / let go |
@@ -34,7 +34,7 @@ use allot_events::{
 };
 use std::collections::BTreeMap;
 
-use allot_sched::{Holder, Input, LeaseId, NodeSpec, Scheduler, TaskId, TaskSpec, Time};
+use allot_sched::{Holder, Input, LeaseId, NodeSpec, RunEnd, Scheduler, TaskId, TaskSpec, Time};
 
 /// The input `event` means for `pool`'s scheduler at `at`, if any; `parked` are the tasks
 /// waiting outside the scheduler for the pool to grow (a cancellation withdraws them too).
@@ -87,12 +87,23 @@ pub fn input(
         AnyEvent::Task(TaskEvent::Checkpointed(t)) if t.pool == pool => {
             Some(Input::TaskCheckpointed { task: t.task, at })
         }
-        AnyEvent::Task(TaskEvent::Completed(t)) if t.pool == pool => {
-            Some(ended(scheduler, t.task, t.lease, &t.node, "completed", at))
-        }
-        AnyEvent::Task(TaskEvent::Failed(t)) if t.pool == pool => {
-            Some(ended(scheduler, t.task, t.lease, &t.node, "failed", at))
-        }
+        AnyEvent::Task(TaskEvent::Completed(t)) if t.pool == pool => Some(ended(
+            scheduler,
+            t.task,
+            RunEnd::Completed { lease: t.lease },
+            &t.node,
+            at,
+        )),
+        AnyEvent::Task(TaskEvent::Failed(t)) if t.pool == pool => Some(ended(
+            scheduler,
+            t.task,
+            RunEnd::Failed {
+                lease: t.lease,
+                reason: t.reason.clone(),
+            },
+            &t.node,
+            at,
+        )),
         // The predictor publishes only after it read the task's announcement in the same
         // stream, so the scheduler holds the task unless it has already ended: then the
         // prediction changes nothing and is not journalled.
@@ -128,6 +139,7 @@ pub fn input(
                 task: t.task,
                 reason: t.reason.clone(),
                 at,
+                run: None,
             })
         }
         _ => None,
@@ -197,18 +209,17 @@ pub fn ends_stopped_run(scheduler: &Scheduler, task: TaskId, lease: LeaseId, nod
         })
 }
 
-/// The input a run's end (`how`: completed, failed) under `lease` on `node` means: the task
-/// finished — or, when it [`ends_stopped_run`], the waiting task is withdrawn: its work is done
-/// (or its failure is the planner's to retry as a new attempt), so it must not run twice.
-fn ended(
-    scheduler: &Scheduler,
-    task: TaskId,
-    lease: LeaseId,
-    node: &str,
-    how: &str,
-    at: Time,
-) -> Input {
+/// The input a run's end on `node` means: the task finished — or, when it
+/// [`ends_stopped_run`], the waiting task is withdrawn: its work is done (or its failure is the
+/// planner's to retry as a new attempt), so it must not run twice. Either carries the run's
+/// end, which the planner takes from the journal.
+fn ended(scheduler: &Scheduler, task: TaskId, run: RunEnd, node: &str, at: Time) -> Input {
+    let lease = run.lease();
     if ends_stopped_run(scheduler, task, lease, node) {
+        let how = match run {
+            RunEnd::Completed { .. } => "completed",
+            RunEnd::Failed { .. } => "failed",
+        };
         return Input::TaskWithdrawn {
             task,
             reason: format!(
@@ -216,9 +227,14 @@ fn ended(
                 lease.0
             ),
             at,
+            run: Some(run),
         };
     }
-    Input::TaskFinished { task, at }
+    Input::TaskFinished {
+        task,
+        at,
+        run: Some(run),
+    }
 }
 
 /// The scheduler's view of a registered node: its GPUs (one model: the first GPU's; the
@@ -320,6 +336,9 @@ mod tests {
                 want: Some(Input::TaskFinished {
                     task: TaskId(7),
                     at: 5,
+                    run: Some(RunEnd::Completed {
+                        lease: allot_sched::LeaseId(1),
+                    }),
                 }),
             },
             Case {
@@ -352,6 +371,7 @@ mod tests {
             task: TaskId(7),
             reason: "aborted by alice: wrong data".into(),
             at: 6,
+            run: None,
         });
         parked.insert(TaskId(7), ready.task.clone());
         assert_eq!(
@@ -417,8 +437,9 @@ mod tests {
         let parked = BTreeMap::new();
         let got = input("p", &s, &parked, &completed(lease), 20);
         assert!(
-            matches!(&got, Some(Input::TaskWithdrawn { task, reason, .. })
-                if task.0 == 1 && reason.contains("completed as it was being stopped")),
+            matches!(&got, Some(Input::TaskWithdrawn { task, reason, run: Some(run), .. })
+                if task.0 == 1 && reason.contains("completed as it was being stopped")
+                    && *run == RunEnd::Completed { lease }),
             "{got:?}"
         );
         let stale = input("p", &s, &parked, &completed(LeaseId(lease.0 + 99)), 20);

@@ -11,7 +11,7 @@ use allot_events::alloc::{Applied, Dispatch, Launch, NodeGrant};
 use allot_events::cost::CostAccrued;
 use allot_events::{AllocEvent, AnyEvent, CostEvent, decode};
 use allot_sched::journal::Entry;
-use allot_sched::{Decision, Input, LeaseId, TaskId, TaskSpec};
+use allot_sched::{Decision, Input, LeaseId, RunEnd, TaskId, TaskSpec};
 use allot_testkit::NatsServer;
 
 const POOL: &str = "default";
@@ -103,6 +103,9 @@ impl Journal {
             Input::TaskFinished {
                 task: TaskId(task),
                 at: to,
+                run: Some(RunEnd::Completed {
+                    lease: LeaseId(task),
+                }),
             },
             vec![end],
             vec![],

@@ -19,7 +19,7 @@ use allot_events::{
     AccessEvent, AllocEvent, AnyEvent, CostEvent, InventoryEvent, NodeEvent, RemediationEvent,
     TaskEvent, WorkloadEvent,
 };
-use allot_sched::{Decision, Input};
+use allot_sched::{Decision, Input, RunEnd};
 use allot_store::rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
@@ -580,6 +580,12 @@ pub fn apply_decisions(tx: &Connection, d: &Delivery) -> Result<()> {
     Ok(())
 }
 
+/// A run's end as a decision's detail: `{"run": {"outcome": "completed", "lease": 7}}`, or `{}`.
+fn ended(run: &Option<RunEnd>) -> Value {
+    run.as_ref()
+        .map_or_else(|| json!({}), |run| json!({ "run": run }))
+}
+
 /// What one journal entry says, task by task: `(kind, task, detail)`.
 pub fn facts(a: &Applied) -> Vec<(&'static str, Option<u64>, Value)> {
     let mut out = Vec::new();
@@ -591,11 +597,12 @@ pub fn facts(a: &Applied) -> Vec<(&'static str, Option<u64>, Value)> {
             json!({"priority": task.priority, "gpus": task.gpus, "gpu_milli": task.gpu_milli,
                    "models": task.gpu_models, "predicted_ms": task.predicted_duration}),
         )),
-        Input::TaskFinished { task, .. } => {
-            out.push(("finished", Some(task.0), json!({})));
-        }
+        // How the run ended, with its lease, where the journal says.
+        Input::TaskFinished { task, run, .. } => out.push(("finished", Some(task.0), ended(run))),
         Input::TaskRequeued { task, .. } => out.push(("requeued", Some(task.0), json!({}))),
-        Input::TaskWithdrawn { task, .. } => out.push(("withdrawn", Some(task.0), json!({}))),
+        Input::TaskWithdrawn { task, run, .. } => {
+            out.push(("withdrawn", Some(task.0), ended(run)));
+        }
         Input::TaskPredicted { task, duration, .. } => {
             out.push(("predicted", Some(task.0), json!({"predicted_ms": duration})));
         }

@@ -1,7 +1,13 @@
 //! Applying bus events to the planner's state, exactly once: one handler type serves its three
-//! durable consumers (WORKLOADS: submissions, aborts, completions, failures; DECISIONS: the
-//! allocators' journals, for grants and preemptions; FLEET: node registrations, for the
+//! durable consumers (WORKLOADS: submissions, aborts, predictions; DECISIONS: the allocators'
+//! journals, for grants, preemptions and the ends of runs; FLEET: node registrations, for the
 //! capacity check).
+//!
+//! A run's end is taken from the journal, not from the executor's report: the allocator
+//! journals a report only when it is about the task's run (its running lease, or the run that
+//! ended as it was being stopped), with how the run ended. A report it refused (a run stopped
+//! and superseded by a new grant) never reaches the planner, whichever of its two consumers
+//! is ahead.
 //!
 //! A batch of messages is applied in one transaction with the consumer's position and the
 //! events their transitions produced ([`crate::store`]), so the planner takes its database's
@@ -23,7 +29,7 @@ use allot_events::workload::{
     WorkloadSubmitted,
 };
 use allot_events::{AllocEvent, AnyEvent, Envelope, NodeEvent, TaskEvent, WorkloadEvent};
-use allot_sched::{Decision, LeaseId, TaskId, Time};
+use allot_sched::{Decision, Input, LeaseId, RunEnd, TaskId, Time};
 use allot_store::rusqlite::Connection;
 use allot_workload::TeamsConfig;
 
@@ -153,21 +159,6 @@ fn step(
     match &d.event.data {
         AnyEvent::Workload(WorkloadEvent::Submitted(s)) => submitted(c, pool, teams, fleet, s, d),
         AnyEvent::Workload(WorkloadEvent::Aborted(a)) => aborted(c, a, d),
-        AnyEvent::Task(TaskEvent::Completed(t)) => {
-            on_attempt(c, t.task, Some((at, t.lease)), |w, name, attempt| {
-                w.completed(name, attempt)
-            })
-        }
-        AnyEvent::Task(TaskEvent::Failed(t)) => {
-            if superseded(c, t.task, t.lease)? {
-                return Ok(Step::handled(false));
-            }
-            // A retry is a new attempt: it starts with the latest advice, if opted in.
-            right_size_next(c, t.task)?;
-            on_attempt(c, t.task, Some((at, t.lease)), |w, name, attempt| {
-                w.failed(name, attempt, &t.reason, at)
-            })
-        }
         AnyEvent::Task(TaskEvent::Predicted(p)) => {
             if let Some(advice) = &p.right_size {
                 keep_advice(c, p.task, advice)?;
@@ -178,6 +169,21 @@ fn step(
         }
         AnyEvent::Alloc(AllocEvent::Applied(applied)) => {
             let mut queued = false;
+            if applied.entry.rejected.is_none()
+                && let Input::TaskFinished {
+                    task,
+                    at,
+                    run: Some(run),
+                }
+                | Input::TaskWithdrawn {
+                    task,
+                    at,
+                    run: Some(run),
+                    ..
+                } = &applied.entry.input
+            {
+                queued |= run_ended(c, *task, run, *at)?.queued;
+            }
             for decision in &applied.entry.decisions {
                 let step = match decision {
                     Decision::Granted {
@@ -409,25 +415,44 @@ fn on_attempt(
     commit(c, &before, &w, effects)
 }
 
+/// Attempt `id`'s run under `run`'s lease ended, as the journal records it: the attempt
+/// completed, or failed (a retry is a new attempt, which starts with the latest advice if its
+/// task opted in).
+fn run_ended(c: &Connection, id: TaskId, run: &RunEnd, at: Time) -> Result<Step, StoreError> {
+    let ends = Some((at, run.lease()));
+    match run {
+        RunEnd::Completed { .. } => {
+            on_attempt(c, id, ends, |w, name, attempt| w.completed(name, attempt))
+        }
+        RunEnd::Failed { lease, reason } => {
+            if superseded(c, id, *lease)? {
+                return Ok(Step::handled(false));
+            }
+            right_size_next(c, id)?;
+            on_attempt(c, id, ends, |w, name, attempt| {
+                w.failed(name, attempt, reason, at)
+            })
+        }
+    }
+}
+
 /// [`stale`] for attempt `id`, if it is one of the planner's.
 fn superseded(c: &Connection, id: TaskId, lease: LeaseId) -> Result<bool, StoreError> {
     Ok(store::attempt(c, id)?.is_some_and(|a| stale(&a, id, lease)))
 }
 
-/// Whether a run's end reported for `attempt` under `lease` comes from a run that was
-/// stopped and superseded: the attempt was granted a later lease since (leases are numbered in
-/// the order the allocator grants them). The allocator refuses such a report — the task runs
-/// again under its new lease — so it ends nothing: taken as the attempt's failure, it would
-/// start the next attempt while the new run goes on. A report under the latest lease the
-/// planner has read, or under a later one whose grant it has not read yet, counts (a run
-/// that ended as it was stopped, before any new grant, is the task's: the allocator
-/// withdraws the waiting task then). Says so in the log when it is.
+/// Whether a run's end for `attempt` under `lease` comes from a run that was stopped and
+/// superseded: the attempt was granted a later lease since (leases are numbered in the order
+/// the allocator grants them). The allocator refuses such a report — the task runs again under
+/// its new lease — so a journal in order never records one; this guards against one that is
+/// not (taken as the attempt's failure, it would start the next attempt while the new run goes
+/// on). Says so in the log when it is.
 fn stale(attempt: &store::Attempt, id: TaskId, lease: LeaseId) -> bool {
     let stale = attempt.lease.is_some_and(|latest| lease < latest);
     if stale {
         warn!(
             task = %id, lease = lease.0, "a run's end under a lease the task was granted \
-             again after is not the attempt's: ignored (the allocator refuses it too)"
+             again after is not the attempt's: ignored"
         );
     }
     stale

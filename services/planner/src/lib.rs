@@ -34,9 +34,8 @@
 //! |---|---|
 //! | WORKLOADS `allot.workload.submitted.>` | new workloads (a known id is a no-op) |
 //! | WORKLOADS `allot.workload.aborted.>` | aborts of a workload, or of one task and what follows it |
-//! | WORKLOADS `allot.task.completed.*.*`, `allot.task.failed.*.*` (`<pool>.<node>`) | runs that ended |
 //! | WORKLOADS `allot.task.predicted.*` | the predictor's run-time estimates, which time running tasks' successors' preloads, and its right-sizing advice per task key, which the attempts of tasks that opt in (`resources.rightSize`) start with |
-//! | DECISIONS `allot.alloc.*.journal` | grants (ready → running) and preemptions (running → ready) |
+//! | DECISIONS `allot.alloc.*.journal` | grants (ready → running), preemptions (running → ready) and the ends of runs (completed or failed, with their lease) |
 //! | FLEET `allot.node.registered.>` | the nodes of its pool, to check what a submission asks against them |
 //!
 //! It publishes `TaskReady` (pool from [`Config::pool`]) for each task whose dependencies all
@@ -49,10 +48,19 @@
 //!
 //! The scheduler refuses a task id it has seen, so **every attempt has its own id**:
 //! [`plan::task_id`]`(workload, task, attempt)`. A failed run with attempts left is published
-//! again as attempt n+1 once `backoff × 2^(n-1)` has passed since the failure (the server's
-//! timestamp of the failure event); a gang member's failure retries its whole gang (the other
+//! again as attempt n+1 once `backoff × 2^(n-1)` has passed since the failure (the time the
+//! allocator journalled it); a gang member's failure retries its whole gang (the other
 //! members' runs are cancelled) as gang `<workload>/<gang>#<n+1>`. After the last attempt the
 //! task fails, every task not done is cancelled, and the workload finishes as failed.
+//!
+//! **A run's end comes from the journal.** Executors report runs' ends on WORKLOADS, but a
+//! report can be stale: a run stopped as it ended, whose task was granted again since. The
+//! allocator refuses such a report and journals the others with how the run ended
+//! (`Input::TaskFinished`, or `Input::TaskWithdrawn` for a run that ended as it was being
+//! stopped, each with its `RunEnd`), so the planner acts on a run's end only as the journal
+//! records it: it never believes a report the allocator refused, whichever of its consumers is
+//! ahead. (A journal entry from an allocator older than this, without the run's end, ends
+//! nothing here: upgrade the allocator before the planner.)
 //!
 //! An abort cancels the workload's tasks (or one task, its dependents and their gang mates)
 //! that are not done. A running or ready (queued in the allocator) one gets a
@@ -207,9 +215,6 @@ pub async fn run(
         &[
             "allot.workload.submitted.>",
             "allot.workload.aborted.>",
-            // `allot.task.<event>.<pool>.<node>`: runs end on a node, whose collector reports them.
-            "allot.task.completed.*.*",
-            "allot.task.failed.*.*",
             // `allot.task.predicted.<pool>`: the predictor's estimates time the look-ahead.
             "allot.task.predicted.*",
         ],

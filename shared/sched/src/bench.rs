@@ -163,7 +163,14 @@ pub fn prepared_at(policy: &str, size: Size) -> Scheduler {
         .collect();
     departing.sort_unstable();
     for (at, task) in departing {
-        apply(&mut s, Input::TaskFinished { task, at });
+        apply(
+            &mut s,
+            Input::TaskFinished {
+                task,
+                at,
+                run: None,
+            },
+        );
     }
 
     while (s.pending() as u64) < size.pending {

@@ -12,7 +12,7 @@ pub mod invariants;
 use crate::decision::Decision;
 use crate::model::Time;
 use crate::policy::{self, Policy};
-use crate::scheduler::{Input, Scheduler};
+use crate::scheduler::{Input, RunEnd, Scheduler};
 
 use self::invariants::{Checker, Violation};
 
@@ -197,10 +197,19 @@ pub fn describe(input: &Input) -> String {
             format!("team {team} budget exceeded={exceeded}")
         }
         Input::TaskSubmitted { task, at } => format!("{} submitted at {at}", task.id),
-        Input::TaskFinished { task, at } => format!("{task} finished at {at}"),
+        Input::TaskFinished { task, at, run } => match run {
+            Some(run) => format!("{task} finished at {at} ({})", run_end(run)),
+            None => format!("{task} finished at {at}"),
+        },
         Input::TaskCheckpointed { task, at } => format!("{task} checkpointed at {at}"),
         Input::TaskRequeued { task, at, .. } => format!("{task} requeued at {at}"),
-        Input::TaskWithdrawn { task, at, .. } => format!("{task} withdrawn at {at}"),
+        Input::TaskWithdrawn { task, at, run, .. } => match run {
+            Some(run) => format!(
+                "{task} withdrawn at {at} (its stopped run {})",
+                run_end(run)
+            ),
+            None => format!("{task} withdrawn at {at}"),
+        },
         Input::TaskPredicted { task, duration, at } => {
             format!("{task} predicted to run {duration} ms, at {at}")
         }
@@ -210,6 +219,14 @@ pub fn describe(input: &Input) -> String {
             at,
         } => format!("{} preloaded at {at}, expected at {expected_at}", task.id),
         Input::Schedule { at } => format!("pass at {at}"),
+    }
+}
+
+/// A run's end in words: `lease 7 completed`, `lease 7 failed: exit code 1`.
+pub fn run_end(run: &RunEnd) -> String {
+    match run {
+        RunEnd::Completed { lease } => format!("lease {} completed", lease.0),
+        RunEnd::Failed { lease, reason } => format!("lease {} failed: {reason}", lease.0),
     }
 }
 
@@ -285,7 +302,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{NodeSpec, TaskId, TaskSpec};
+    use crate::model::{LeaseId, NodeSpec, TaskId, TaskSpec};
 
     fn journal() -> Vec<Entry> {
         let mut s = Scheduler::new(policy::by_name("allot").unwrap());
@@ -304,10 +321,12 @@ mod tests {
             Input::TaskFinished {
                 task: TaskId(9),
                 at: 20,
+                run: None,
             },
             Input::TaskFinished {
                 task: TaskId(1),
                 at: 30,
+                run: Some(RunEnd::Completed { lease: LeaseId(1) }),
             },
             Input::Schedule { at: 30 },
         ];

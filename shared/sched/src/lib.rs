@@ -41,4 +41,4 @@ pub use cluster::{Cluster, Placement};
 pub use decision::{Decision, WaitReason};
 pub use model::{DagFacts, Gang, LeaseId, NodeIdx, NodeSpec, TaskId, TaskSpec, Time};
 pub use policy::Policy;
-pub use scheduler::{ApplyError, Holder, Input, Scheduler};
+pub use scheduler::{ApplyError, Holder, Input, RunEnd, Scheduler};

@@ -40,6 +40,39 @@ use crate::policy::packing::Incremental;
 use crate::policy::{Contender, DeadlineRisk, PendingView, Policy, QueueKey, WhenBlocked};
 use crate::quota::{self, Amounts, Quota, Quotas};
 
+/// How a task's run ended, as its executor reported it: carried by the input that ends the
+/// run ([`Input::TaskFinished`], or [`Input::TaskWithdrawn`] for a run that ended as it was
+/// being stopped), so the journal records which run ended and how, and whoever acts on a run's
+/// end (the planner: the next task, a retry) reads it from the journal, where a report the
+/// allocator refused never appears.
+#[derive(
+    Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum RunEnd {
+    /// It completed.
+    Completed {
+        /// The lease it ran under.
+        lease: LeaseId,
+    },
+    /// It failed.
+    Failed {
+        /// The lease it ran under.
+        lease: LeaseId,
+        /// Why, as its executor reported it.
+        reason: String,
+    },
+}
+
+impl RunEnd {
+    /// The lease the run held.
+    pub fn lease(&self) -> LeaseId {
+        match self {
+            RunEnd::Completed { lease } | RunEnd::Failed { lease, .. } => *lease,
+        }
+    }
+}
+
 /// Something that happened, in the one total order the scheduler sees.
 #[derive(
     Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
@@ -61,6 +94,11 @@ pub enum Input {
         task: TaskId,
         /// When.
         at: Time,
+        /// How its run ended, as its executor reported it (absent in older journals, and
+        /// where no report is behind the input): it must be the task's running lease, and the
+        /// journal is then the record of the run's end that readers (the planner) act on.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        run: Option<RunEnd>,
     },
     /// A running task wrote a checkpoint: a preemption from now on loses only what follows.
     TaskCheckpointed {
@@ -167,6 +205,11 @@ pub enum Input {
         reason: String,
         /// When.
         at: Time,
+        /// Set when the withdrawal is because the task's stopped run ended as it was being
+        /// stopped ([`Scheduler::stopped_run`]): how it ended. That run was the task's; it
+        /// must not run again.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        run: Option<RunEnd>,
     },
     /// The predictor's estimate of how long a task it holds (preloaded, queued or running)
     /// runs in all. It replaces any estimate the task was submitted with — a queued task takes
@@ -229,6 +272,15 @@ pub enum ApplyError {
     /// A finish, checkpoint or requeue for a task that is not running.
     #[error("{0} is not running")]
     NotRunning(TaskId),
+    /// A run's end under a lease that is not the task's run: not its running lease (a
+    /// finish), or not its stopped run's (a withdrawal because that run ended).
+    #[error("{task} has no run under lease {} to end", lease.0)]
+    NoSuchRun {
+        /// The task.
+        task: TaskId,
+        /// The lease named.
+        lease: LeaseId,
+    },
     /// A withdrawal of a task the scheduler does not hold (never submitted, or already
     /// finished).
     #[error("{0} is neither queued, preloaded nor running")]
@@ -889,7 +941,17 @@ impl Scheduler {
                 self.no_room.clear();
             }
             Input::TaskSubmitted { task, at } => self.submit(task, at)?,
-            Input::TaskFinished { task, at } => self.end(task, at, true, out)?,
+            Input::TaskFinished { task, at, run } => {
+                if let (Some(run), Some((held, _))) = (&run, self.running_lease(task))
+                    && held != run.lease()
+                {
+                    return Err(ApplyError::NoSuchRun {
+                        task,
+                        lease: run.lease(),
+                    });
+                }
+                self.end(task, at, true, out)?
+            }
             Input::TaskCheckpointed { task, at } => match self.tasks.get_mut(&task) {
                 Some(Task {
                     state:
@@ -908,7 +970,22 @@ impl Scheduler {
             Input::TaskRequeued { task, reason, at } => {
                 self.requeue(task, &reason, at, false, out)?;
             }
-            Input::TaskWithdrawn { task, reason, at } => self.withdraw(task, reason, at, out)?,
+            Input::TaskWithdrawn {
+                task,
+                reason,
+                at,
+                run,
+            } => {
+                if let Some(run) = run
+                    && self.stopped_run(task).map(|(l, _)| l) != Some(run.lease())
+                {
+                    return Err(ApplyError::NoSuchRun {
+                        task,
+                        lease: run.lease(),
+                    });
+                }
+                self.withdraw(task, reason, at, out)?
+            }
             Input::TaskPredicted { task, duration, at } => self.predicted(task, duration, at)?,
             Input::TeamBudget {
                 team,

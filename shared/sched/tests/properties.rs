@@ -742,7 +742,14 @@ fn drive(policy: &'static str, scenario: &Scenario) -> Run {
             .map(|(id, _)| *id)
             .collect();
         for id in done {
-            let decisions = run.apply(&mut scheduler, Input::TaskFinished { task: id, at: now });
+            let decisions = run.apply(
+                &mut scheduler,
+                Input::TaskFinished {
+                    task: id,
+                    at: now,
+                    run: None,
+                },
+            );
             follow(
                 &decisions,
                 now,
@@ -820,6 +827,7 @@ fn drive(policy: &'static str, scenario: &Scenario) -> Run {
                     task: *task,
                     reason: "workload aborted".into(),
                     at: now,
+                    run: None,
                 },
             };
             let decisions = run.apply(&mut scheduler, input);

@@ -456,6 +456,7 @@ fn simulate(
                 Input::TaskFinished {
                     task: TaskId(task),
                     at: now,
+                    run: None,
                 },
                 &mut decisions,
                 observer,

@@ -1,7 +1,7 @@
 use super::*;
 use allot_events::alloc::{Launch, NodeGrant};
 use allot_sched::journal::Entry;
-use allot_sched::{TaskSpec, Time};
+use allot_sched::{RunEnd, TaskSpec, Time};
 
 pub(crate) const POOL: &str = "p";
 pub(crate) const MINUTE: Time = 60_000;
@@ -108,6 +108,9 @@ impl Journal {
             Input::TaskFinished {
                 task: TaskId(task),
                 at,
+                run: Some(RunEnd::Completed {
+                    lease: LeaseId(lease),
+                }),
             },
             vec![d],
             vec![],

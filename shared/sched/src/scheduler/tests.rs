@@ -169,6 +169,7 @@ fn a_finished_task_frees_its_gpus_for_the_blocked_head() {
         .apply(Input::TaskFinished {
             task: TaskId(1),
             at: 10,
+            run: None,
         })
         .unwrap();
     assert!(matches!(
@@ -230,7 +231,8 @@ fn bad_inputs_are_typed_errors() {
     assert_eq!(
         s.apply(Input::TaskFinished {
             task: TaskId(1),
-            at: 0
+            at: 0,
+            run: None,
         }),
         Err(ApplyError::NotRunning(TaskId(1)))
     );
@@ -250,6 +252,101 @@ fn bad_inputs_are_typed_errors() {
         matches!(wrong_model, Err(ApplyError::Unplaceable { .. })),
         "{wrong_model:?}"
     );
+}
+
+#[test]
+fn a_run_end_must_name_the_run_it_ends() {
+    let mut s = scheduler(Box::new(Fifo), vec![node("n1")]);
+    let lease_of = |decisions: &[Decision], id: u64| {
+        decisions.iter().find_map(|d| match d {
+            Decision::Granted { task, lease, .. } if *task == TaskId(id) => Some(*lease),
+            _ => None,
+        })
+    };
+    let requeue = |id: u64, at: u64| Input::TaskRequeued {
+        task: TaskId(id),
+        reason: "idle".into(),
+        at,
+    };
+    assert_eq!(
+        run_pass(&mut s, vec![task(1).gpus(4), task(2).gpus(4)]).len(),
+        2
+    );
+    let one = s.running_lease(TaskId(1)).unwrap().0;
+    let two = s.running_lease(TaskId(2)).unwrap().0;
+    s.apply(requeue(1, 2)).unwrap();
+
+    // Stopped, task 1 has no running lease; its stopped run is `one`, not `two`.
+    let refused = |s: &mut Scheduler, input: Input, lease: LeaseId| {
+        assert_eq!(
+            s.apply(input),
+            Err(ApplyError::NoSuchRun {
+                task: TaskId(1),
+                lease
+            })
+        );
+    };
+    refused(
+        &mut s,
+        Input::TaskWithdrawn {
+            task: TaskId(1),
+            reason: "its run ended".into(),
+            at: 3,
+            run: Some(RunEnd::Completed { lease: two }),
+        },
+        two,
+    );
+    let again = s.apply(pass(4)).unwrap();
+    let three = lease_of(&again, 1).expect("task 1 runs again");
+    refused(
+        &mut s,
+        Input::TaskFinished {
+            task: TaskId(1),
+            at: 5,
+            run: Some(RunEnd::Failed {
+                lease: one,
+                reason: "exit code 1".into(),
+            }),
+        },
+        one,
+    );
+    assert_eq!(s.running_lease(TaskId(1)).map(|(l, _)| l), Some(three));
+    let released = s
+        .apply(Input::TaskFinished {
+            task: TaskId(1),
+            at: 6,
+            run: Some(RunEnd::Completed { lease: three }),
+        })
+        .unwrap();
+    assert!(matches!(
+        released[..],
+        [Decision::Released {
+            task: TaskId(1),
+            ..
+        }]
+    ));
+
+    // Stopped, task 2 waits to run again; its stopped run ended, so it is withdrawn.
+    s.apply(requeue(2, 6)).unwrap();
+    let withdrawn = s
+        .apply(Input::TaskWithdrawn {
+            task: TaskId(2),
+            reason: "its run ended as it was stopped".into(),
+            at: 6,
+            run: Some(RunEnd::Completed { lease: two }),
+        })
+        .unwrap();
+    assert!(
+        matches!(
+            withdrawn[..],
+            [Decision::Withdrawn {
+                task: TaskId(2),
+                ..
+            }]
+        ),
+        "{withdrawn:?}"
+    );
+    assert!(!s.holds(TaskId(2)));
 }
 
 /// Applies `inputs` in order and returns every decision, rendered short for comparison:
@@ -297,6 +394,7 @@ fn finish(id: u64, at: u64) -> Input {
     Input::TaskFinished {
         task: TaskId(id),
         at,
+        run: None,
     }
 }
 

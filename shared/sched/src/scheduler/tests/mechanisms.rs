@@ -227,6 +227,7 @@ fn withdraw(id: u64, at: u64) -> Input {
         task: TaskId(id),
         reason: "workload aborted".into(),
         at,
+        run: None,
     }
 }
 

@@ -41,7 +41,12 @@ fn run(seed: u64, rule_out: bool) -> (Vec<String>, Scheduler) {
         }
         if !running.is_empty() {
             let done = running.swap_remove(draw.below(running.len() as u64) as usize);
-            s.apply(Input::TaskFinished { task: done, at }).unwrap();
+            s.apply(Input::TaskFinished {
+                task: done,
+                at,
+                run: None,
+            })
+            .unwrap();
         }
         for d in s.apply(Input::Schedule { at }).unwrap() {
             match &d {

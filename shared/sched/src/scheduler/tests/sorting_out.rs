@@ -82,7 +82,12 @@ fn run(
         }
         if !running.is_empty() && draw.below(2) == 0 {
             let done = running.swap_remove(draw.below(running.len() as u64) as usize);
-            s.apply(Input::TaskFinished { task: done, at }).unwrap();
+            s.apply(Input::TaskFinished {
+                task: done,
+                at,
+                run: None,
+            })
+            .unwrap();
         }
         for d in s.apply(Input::Schedule { at }).unwrap() {
             match &d {
