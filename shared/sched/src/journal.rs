@@ -256,6 +256,9 @@ where
     let mut checker = Checker::new();
     let mut summary = Summary::default();
     let mut previous = 0;
+    // One buffer for every entry's recomputed decisions; the recomputed entry is built only to
+    // report a difference.
+    let mut decisions = Vec::new();
     for logged in entries {
         if logged.seq != previous + 1 {
             return Err(VerifyError::Sequence {
@@ -270,9 +273,20 @@ where
         {
             break;
         }
-        let recomputed = apply(&mut scheduler, logged.seq, logged.input.clone());
+        decisions.clear();
+        let rejected = scheduler
+            .apply_into(logged.input.clone(), &mut decisions)
+            .err()
+            .map(|e| e.to_string());
+        let same = decisions == logged.decisions && rejected == logged.rejected;
+        let recomputed = |logged: &Entry| Entry {
+            seq: logged.seq,
+            input: logged.input.clone(),
+            decisions: decisions.clone(),
+            rejected: rejected.clone(),
+        };
         if let Err(violation) = checker.check(&logged) {
-            let recomputed = (recomputed != logged).then_some(recomputed);
+            let recomputed = (!same).then(|| recomputed(&logged));
             return Err(VerifyError::Invariant(Box::new(Broken {
                 violation,
                 logged,
@@ -287,14 +301,14 @@ where
         if !compare {
             continue;
         }
-        if recomputed != logged {
+        if !same {
             return Err(VerifyError::Mismatch(Box::new(Mismatch {
+                recomputed: recomputed(&logged),
                 logged,
-                recomputed,
             })));
         }
         summary.verified += 1;
-        summary.decisions += recomputed.decisions.len() as u64;
+        summary.decisions += decisions.len() as u64;
     }
     Ok(summary)
 }

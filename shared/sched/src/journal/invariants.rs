@@ -298,7 +298,7 @@ pub struct Checker {
     /// Leases that ended, with the entries that granted and ended them.
     ended: HashMap<LeaseId, (u64, u64)>,
     /// Who holds each GPU now.
-    gpus: BTreeMap<(NodeIdx, u32), Vec<Holder>>,
+    gpus: HashMap<(NodeIdx, u32), Vec<Holder>>,
 }
 
 impl Checker {
@@ -389,25 +389,21 @@ impl Checker {
                     });
                 }
                 let key = (share.node, *gpu);
-                let mut holders = self.gpus.get(&key).cloned().unwrap_or_default();
-                if let Some(before) = taken.get(&key) {
-                    // The same GPU named twice in one placement.
-                    holders.push(Holder {
-                        lease,
-                        task,
-                        milli: *before,
-                    });
-                }
-                let held: u32 = holders.iter().map(|h| h.milli).sum();
+                let holding = self.gpus.get(&key).map_or(&[][..], Vec::as_slice);
+                // The same GPU named twice in one placement holds it twice.
+                let before = taken.get(&key).map(|&milli| Holder { lease, task, milli });
+                let holders = || holding.iter().chain(before.as_ref());
+                let held: u32 = holders().map(|h| h.milli).sum();
                 let whole = |milli: u32| milli >= WHOLE_GPU_MILLI;
-                let fits = if holders.is_empty() {
+                let fits = if holders().next().is_none() {
                     *milli <= WHOLE_GPU_MILLI
                 } else {
                     !whole(*milli)
-                        && !holders.iter().any(|h| whole(h.milli))
+                        && !holders().any(|h| whole(h.milli))
                         && held + milli <= WHOLE_GPU_MILLI
                 };
                 if !fits {
+                    let holders = holders().copied().collect();
                     return Err(Broken::GpuOverbooked {
                         task,
                         lease,
