@@ -216,15 +216,12 @@ pub fn ends_stopped_run(scheduler: &Scheduler, task: TaskId, lease: LeaseId, nod
 fn ended(scheduler: &Scheduler, task: TaskId, run: RunEnd, node: &str, at: Time) -> Input {
     let lease = run.lease();
     if ends_stopped_run(scheduler, task, lease, node) {
-        let how = match run {
-            RunEnd::Completed { .. } => "completed",
-            RunEnd::Failed { .. } => "failed",
-        };
         return Input::TaskWithdrawn {
             task,
             reason: format!(
-                "its run under lease {} {how} as it was being stopped: no second run",
-                lease.0
+                "its run under lease {} {} as it was being stopped: no second run",
+                lease.0,
+                run.outcome()
             ),
             at,
             run: Some(run),

@@ -37,7 +37,7 @@ spec:
 "#;
 
 /// The planner's two consumers of runs' news, each with its own position, on one database.
-struct Planner2 {
+struct Consumers {
     db: std::path::PathBuf,
     workloads: Planner,
     decisions: Planner,
@@ -45,7 +45,7 @@ struct Planner2 {
     seq: (u64, u64),
 }
 
-impl Planner2 {
+impl Consumers {
     fn new(dir: &std::path::Path) -> Self {
         let db = dir.join("planner.db");
         let open = || allot_store::open(&db, store::MIGRATIONS).unwrap();
@@ -60,7 +60,7 @@ impl Planner2 {
                 wake.clone(),
             )
         };
-        Planner2 {
+        Consumers {
             workloads: planner("planner-workloads"),
             decisions: planner("planner-decisions"),
             db: db.clone(),
@@ -132,7 +132,7 @@ impl Allocator {
 #[tokio::test]
 async fn a_stale_failure_read_before_the_grant_that_superseded_its_run_ends_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let mut planner = Planner2::new(dir.path());
+    let mut planner = Consumers::new(dir.path());
     let mut allocator = Allocator {
         scheduler: Scheduler::new(allot_sched::policy::by_name("fifo").unwrap()),
         seq: 0,

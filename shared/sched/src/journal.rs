@@ -224,9 +224,10 @@ pub fn describe(input: &Input) -> String {
 
 /// A run's end in words: `lease 7 completed`, `lease 7 failed: exit code 1`.
 pub fn run_end(run: &RunEnd) -> String {
+    let how = format!("lease {} {}", run.lease().0, run.outcome());
     match run {
-        RunEnd::Completed { lease } => format!("lease {} completed", lease.0),
-        RunEnd::Failed { lease, reason } => format!("lease {} failed: {reason}", lease.0),
+        RunEnd::Completed { .. } => how,
+        RunEnd::Failed { reason, .. } => format!("{how}: {reason}"),
     }
 }
 

@@ -71,6 +71,14 @@ impl RunEnd {
             RunEnd::Completed { lease } | RunEnd::Failed { lease, .. } => *lease,
         }
     }
+
+    /// How it ended, in a word: `completed`, `failed`.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            RunEnd::Completed { .. } => "completed",
+            RunEnd::Failed { .. } => "failed",
+        }
+    }
 }
 
 /// Something that happened, in the one total order the scheduler sees.
