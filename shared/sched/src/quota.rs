@@ -18,6 +18,8 @@
 //! Usage is kept current by the scheduler on every grant, release and preemption, and counts
 //! what tasks request (as Kueue does) — not the whole nodes a large task may occupy.
 
+use std::sync::Arc;
+
 use rustc_hash::FxHashMap as HashMap;
 
 use crate::model::TaskSpec;
@@ -122,9 +124,13 @@ impl Quota {
 /// Quotas and usage of every team.
 #[derive(Debug, Clone, Default)]
 pub struct Quotas {
+    /// Where each team's entry is in `teams`. Shared between copies: a preemption search
+    /// weighs its victims against a copy of the quotas as they were, and a copy should cost
+    /// no more than the entries.
+    index: Arc<HashMap<String, usize>>,
     /// Each team's quota (if it has one) and usage, in one entry: preemption searches ask
     /// about both for every victim they weigh.
-    teams: HashMap<String, TeamQuota>,
+    teams: Vec<TeamQuota>,
     /// How many teams have a quota.
     with_quota: usize,
     /// Sum of what teams lend, per resource.
@@ -168,7 +174,8 @@ impl Quotas {
             }
         }
         self.cohort_nominal += quota.nominal_milli;
-        let entry = self.teams.entry(team.to_owned()).or_default();
+        let at = self.slot(team);
+        let entry = &mut self.teams[at];
         if entry.limits.replace(new).is_none() {
             self.with_quota += 1;
         }
@@ -181,7 +188,7 @@ impl Quotas {
 
     /// A team's GPU quota (zero if it has none).
     pub fn quota(&self, team: &str) -> Quota {
-        let Some(limits) = self.teams.get(team).and_then(|t| t.limits.as_ref()) else {
+        let Some(limits) = self.get(team).and_then(|t| t.limits.as_ref()) else {
             return Quota::default();
         };
         let gpu = limits[GPU].unwrap_or_default();
@@ -200,12 +207,12 @@ impl Quotas {
     }
 
     fn usage_of(&self, team: &str) -> Amounts {
-        self.teams.get(team).map(|t| t.usage).unwrap_or_default()
+        self.get(team).map(|t| t.usage).unwrap_or_default()
     }
 
     /// A team's limits (see [`TeamQuota::limits`]) and usage, in one look-up.
     fn state(&self, team: &str) -> ([Option<Limit>; 3], Amounts) {
-        let t = self.teams.get(team).copied().unwrap_or_default();
+        let t = self.get(team).copied().unwrap_or_default();
         (t.limits(), t.usage)
     }
 
@@ -355,12 +362,28 @@ impl Quotas {
         self.cohort_usage = self.cohort_usage.saturating_sub(amounts[GPU]);
     }
 
-    fn adjust(&mut self, team: &str, change: impl Fn(&mut Amounts, usize)) {
+    fn get(&self, team: &str) -> Option<&TeamQuota> {
+        self.index.get(team).map(|at| &self.teams[*at])
+    }
+
+    /// Where a team's entry is, made (empty) if it has none.
+    fn slot(&mut self, team: &str) -> usize {
         // One look-up for a team seen before (every refund and charge but a team's first).
-        let entry = match self.teams.get_mut(team) {
-            Some(entry) => entry,
-            None => self.teams.entry(team.to_owned()).or_default(),
+        let at = match self.index.get(team) {
+            Some(at) => *at,
+            None => {
+                let at = self.teams.len();
+                Arc::make_mut(&mut self.index).insert(team.to_owned(), at);
+                self.teams.push(TeamQuota::default());
+                at
+            }
         };
+        at
+    }
+
+    fn adjust(&mut self, team: &str, change: impl Fn(&mut Amounts, usize)) {
+        let at = self.slot(team);
+        let entry = &mut self.teams[at];
         let limits = entry.limits();
         let usage = &mut entry.usage;
         for r in 0..3 {

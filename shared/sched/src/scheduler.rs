@@ -27,6 +27,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::sync::Arc;
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use smallvec::{SmallVec, smallvec};
 
 use crate::cluster::{Cluster, Freeing, FreeingNodes, NodeShare, Placement};
 use crate::decision::{Decision, WaitReason};
@@ -486,6 +487,9 @@ pub struct Scheduler {
     no_room: NoRoom,
     queue: BTreeMap<QueueKey, TaskId>,
     tasks: HashMap<TaskId, Task>,
+    /// How many tasks of the table have a deadline: with none, a pass judges no deadlines
+    /// without walking the queue to find out.
+    with_deadline: usize,
     /// Members of every gang with a member not yet finished, in submission order.
     gangs: HashMap<String, Vec<TaskId>>,
     /// Distinct request shapes among pending tasks outside gangs, with how many tasks have
@@ -613,9 +617,11 @@ const SORT_OUT_SHARE: usize = 8;
 
 /// The resources of a unit, in placement order, and what it asks of the quota.
 struct Unit {
-    members: Vec<TaskId>,
-    /// Shared with the task table: a pass builds a unit for every task it looks at.
-    specs: Vec<Arc<TaskSpec>>,
+    /// Inline for one task (see `specs`).
+    members: SmallVec<[TaskId; 1]>,
+    /// Shared with the task table: a pass builds a unit for every task it looks at, so a unit
+    /// of one task allocates nothing.
+    specs: SmallVec<[Arc<TaskSpec>; 1]>,
     demand: Amounts,
     gpus: u32,
     /// One task outside any gang: its shape caches apply.
@@ -642,6 +648,7 @@ impl Scheduler {
             no_room: NoRoom::default(),
             queue: BTreeMap::new(),
             tasks: HashMap::default(),
+            with_deadline: 0,
             gangs: HashMap::default(),
             shapes: HashMap::default(),
             next_seq: 0,
@@ -843,6 +850,17 @@ impl Scheduler {
     /// decision that says so. At most [`DEADLINE_JUDGEMENTS_PER_PASS`] units are judged per
     /// pass, earliest deadline first. Returns whether any judgement rose.
     fn judge_deadlines(&mut self, now: Time, out: &mut Vec<Decision>) -> bool {
+        debug_assert_eq!(
+            self.with_deadline,
+            self.tasks
+                .values()
+                .filter(|t| t.spec.deadline.is_some())
+                .count(),
+            "the count of tasks with a deadline is the task table's"
+        );
+        if self.with_deadline == 0 {
+            return false;
+        }
         let mut due: Vec<(Time, QueueKey, TaskId)> = self
             .queue
             .iter()
@@ -1163,6 +1181,7 @@ impl Scheduler {
                 team
             }
         };
+        self.with_deadline += usize::from(spec.deadline.is_some());
         self.tasks.insert(
             id,
             Task {
@@ -1199,7 +1218,7 @@ impl Scheduler {
         let specs: Vec<&TaskSpec> = unit.specs.iter().map(|s| &**s).collect();
         if gang::place(&mut self.pristine, &specs).is_none() {
             for member in self.gangs.remove(&gang.name).unwrap_or_default() {
-                self.tasks.remove(&member);
+                self.remove_task(member);
             }
             return Err(ApplyError::Unplaceable {
                 task: id,
@@ -1365,20 +1384,27 @@ impl Scheduler {
         }
     }
 
+    /// Takes a task out of the table.
+    fn remove_task(&mut self, id: TaskId) -> Option<Task> {
+        let task = self.tasks.remove(&id)?;
+        self.with_deadline -= usize::from(task.spec.deadline.is_some());
+        Some(task)
+    }
+
     fn unit(&self, leader: TaskId) -> Unit {
         let task = &self.tasks[&leader];
         if task.spec.gang.is_none() {
             // One task: no gang to look up (a pass builds a unit for every task it looks at).
             return Unit {
-                members: vec![leader],
+                members: smallvec![leader],
                 gpus: task.spec.gpus,
                 single: true,
                 demand: quota::demand(&task.spec),
-                specs: vec![Arc::clone(&task.spec)],
+                specs: smallvec![Arc::clone(&task.spec)],
             };
         }
-        let members = self.unit_ids(leader);
-        let specs: Vec<Arc<TaskSpec>> = members
+        let members = SmallVec::from_vec(self.unit_ids(leader));
+        let specs: SmallVec<[Arc<TaskSpec>; 1]> = members
             .iter()
             .map(|m| Arc::clone(&self.tasks[m].spec))
             .collect();
@@ -1556,7 +1582,7 @@ impl Scheduler {
             }
         };
         for member in members {
-            if let Some(task) = self.tasks.remove(&member)
+            if let Some(task) = self.remove_task(member)
                 && let State::Pending { key, .. } = task.state
                 && self.queue.get(&key) == Some(&member)
             {
@@ -1586,7 +1612,7 @@ impl Scheduler {
         if !self.tasks.get(&id).is_some_and(Task::is_running) {
             return Err(ApplyError::NotRunning(id));
         }
-        let Some(task) = self.tasks.remove(&id) else {
+        let Some(task) = self.remove_task(id) else {
             return Ok(());
         };
         self.running
@@ -3093,12 +3119,30 @@ impl Scheduler {
     }
 
     fn rekey(&mut self, now: Time) {
-        let queue = std::mem::take(&mut self.queue);
-        let keyed: Vec<(QueueKey, TaskId)> = queue
-            .into_values()
-            .filter_map(|id| Some((self.key_of(self.tasks.get(&id)?, now), id)))
-            .collect();
-        for (key, id) in &keyed {
+        // Most keys do not move from one pass to the next: only the tasks whose key did are
+        // taken out and put back. Keys end in the task's sequence number, so no two are equal
+        // and the queue's order is the same whichever way it is built.
+        let mut moved: Vec<(QueueKey, QueueKey, TaskId)> = Vec::new();
+        let mut gone: Vec<QueueKey> = Vec::new();
+        for (old, id) in &self.queue {
+            match self.tasks.get(id) {
+                Some(task) => {
+                    let key = self.key_of(task, now);
+                    if key != *old {
+                        moved.push((*old, key, *id));
+                    }
+                }
+                None => gone.push(*old),
+            }
+        }
+        for old in gone {
+            self.queue.remove(&old);
+        }
+        if moved.is_empty() {
+            return;
+        }
+        for (old, key, id) in &moved {
+            self.queue.remove(old);
             if let Some(Task {
                 state: State::Pending { key: k, .. },
                 ..
@@ -3107,9 +3151,10 @@ impl Scheduler {
                 *k = *key;
             }
         }
-        // Built in one go (a stable sort, then a bulk build) rather than key by key; a key
-        // repeated keeps its last task, as inserting one by one did.
-        self.queue = keyed.into_iter().collect();
+        for (_, key, id) in moved {
+            let displaced = self.queue.insert(key, id);
+            debug_assert!(displaced.is_none(), "two queued tasks keyed {key:?}");
+        }
     }
 }
 
