@@ -369,7 +369,7 @@ impl Quotas {
     /// Where a team's entry is, made (empty) if it has none.
     fn slot(&mut self, team: &str) -> usize {
         // One look-up for a team seen before (every refund and charge but a team's first).
-        let at = match self.index.get(team) {
+        match self.index.get(team) {
             Some(at) => *at,
             None => {
                 let at = self.teams.len();
@@ -377,8 +377,7 @@ impl Quotas {
                 self.teams.push(TeamQuota::default());
                 at
             }
-        };
-        at
+        }
     }
 
     fn adjust(&mut self, team: &str, change: impl Fn(&mut Amounts, usize)) {
