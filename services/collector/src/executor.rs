@@ -676,6 +676,7 @@ impl Executor {
                                 checkpointed,
                                 killed,
                                 ran_ms,
+                                lease: Some(lease),
                             })
                         });
                         (progress, event)

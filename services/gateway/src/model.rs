@@ -232,6 +232,10 @@ CREATE TABLE fleet_version (
     version INTEGER NOT NULL
 ) STRICT;
 INSERT INTO fleet_version (id, version) VALUES (1, 0);
+", "
+-- The lease of each attempt's newest run seen starting: a late report about a run superseded
+-- since (a moved task's old run, stopping while the new one starts) leaves the state alone.
+ALTER TABLE attempts ADD COLUMN lease INTEGER;
 "];
 
 /// The fleet's version: it moves with every node registration.
@@ -457,16 +461,39 @@ fn apply_task(tx: &Connection, d: &Delivery, e: &TaskEvent, now: &str) -> Result
             )?;
             (r.task.id.0, "waiting", None, None)
         }
-        TaskEvent::Started(s) => (s.task.0, "running", Some(s.node.as_str()), None),
-        TaskEvent::Completed(c) => (c.task.0, "succeeded", Some(c.node.as_str()), None),
-        TaskEvent::Failed(f) => (
-            f.task.0,
-            "failed",
-            Some(f.node.as_str()),
-            Some(f.reason.clone()),
-        ),
+        TaskEvent::Started(s) => {
+            if newest_lease(tx, s.task.0)?.is_some_and(|newest| newest > s.lease.0) {
+                return Ok(());
+            }
+            exec(
+                tx,
+                "UPDATE attempts SET lease = ?2 WHERE task_id = ?1",
+                params![s.task.0 as i64, s.lease.0 as i64],
+            )?;
+            (s.task.0, "running", Some(s.node.as_str()), None)
+        }
+        TaskEvent::Completed(c) => {
+            if superseded(tx, c.task.0, Some(c.lease.0))? {
+                return Ok(());
+            }
+            (c.task.0, "succeeded", Some(c.node.as_str()), None)
+        }
+        TaskEvent::Failed(f) => {
+            if superseded(tx, f.task.0, Some(f.lease.0))? {
+                return Ok(());
+            }
+            (
+                f.task.0,
+                "failed",
+                Some(f.node.as_str()),
+                Some(f.reason.clone()),
+            )
+        }
         TaskEvent::Cancelled(c) => (c.task.0, "cancelled", None, Some(c.reason.clone())),
         TaskEvent::Stopped(s) => {
+            if superseded(tx, s.task.0, s.lease.map(|l| l.0))? {
+                return Ok(());
+            }
             let state = match s.cause {
                 StopCause::Preempted => "preempted",
                 StopCause::Cancelled => "cancelled",
@@ -504,6 +531,26 @@ fn apply_task(tx: &Connection, d: &Delivery, e: &TaskEvent, now: &str) -> Result
         json!({"workload": workload, "task": name, "task_id": task_id, "state": state,
                "node": node, "reason": reason}),
     )
+}
+
+/// The lease of attempt `task_id`'s newest run seen starting, if any was.
+fn newest_lease(tx: &Connection, task_id: u64) -> Result<Option<u64>> {
+    Ok(tx
+        .prepare_cached("SELECT lease FROM attempts WHERE task_id = ?1")?
+        .query_row([task_id as i64], |r| r.get::<_, Option<i64>>(0))
+        .optional()?
+        .flatten()
+        .map(|l| l as u64))
+}
+
+/// Whether a report about run `lease` of attempt `task_id` is about a run superseded since
+/// (a newer one started): late news that must not overwrite the newer run's state. A report
+/// that names no lease (from an executor older than the field) is taken as it comes.
+fn superseded(tx: &Connection, task_id: u64, lease: Option<u64>) -> Result<bool> {
+    let Some(lease) = lease else {
+        return Ok(false);
+    };
+    Ok(newest_lease(tx, task_id)?.is_some_and(|newest| newest != lease))
 }
 
 /// The workload, name and team of attempt `task_id`, if its `TaskReady` was seen.
@@ -1042,6 +1089,114 @@ mod tests {
             );
             assert_eq!(read(WORKLOADS_BY_STATE), counted, "team {team:?}");
         }
+    }
+
+    /// A moved task's old run stops and fails (killed at the end of its grace period) after
+    /// the new run started elsewhere: those late reports name the old lease and leave the
+    /// task running where it runs now; the new run's own end is shown.
+    #[test]
+    fn late_reports_of_a_superseded_run_leave_the_new_run_shown() {
+        use allot_events::task::{
+            RunSpec, StopCause, TaskCompleted, TaskFailed, TaskReady, TaskStarted, TaskStopped,
+        };
+        use allot_sched::{LeaseId, TaskId, TaskSpec};
+        let c = allot_store::open_in_memory(MIGRATIONS).unwrap();
+        let checked = allot_workload::check(
+            "apiVersion: allot/v1\nkind: Workload\nmetadata: {name: job, team: vision}\n\
+             spec:\n  tasks:\n    - {name: train, command: [\"true\"], resources: {gpus: 1}}\n",
+            allot_workload::Format::Yaml,
+            Default::default(),
+        )
+        .unwrap();
+        let key = allot_workload::submit::idempotency_key(&checked.workload, None);
+        let s = allot_workload::submit::submission(
+            checked.workload,
+            key,
+            None,
+            "ci".into(),
+            "/test",
+            Utc::now(),
+        );
+        let mut seq = 0;
+        let mut apply = |event: AnyEvent| {
+            seq += 1;
+            let d = Delivery::first(seq, allot_events::Envelope::new("/test", event), Utc::now());
+            apply_workloads(&c, &d).unwrap();
+        };
+        let AnyEvent::Workload(WorkloadEvent::Submitted(sub)) = s.envelope.data.clone() else {
+            unreachable!()
+        };
+        let workload = sub.workload_id.clone();
+        apply(WorkloadEvent::Submitted(sub).into());
+        apply(
+            TaskEvent::Ready(TaskReady {
+                pool: "default".into(),
+                workload: workload.clone(),
+                name: "train".into(),
+                task: TaskSpec::new(100, "vision", 1),
+                run: RunSpec::default(),
+            })
+            .into(),
+        );
+        let started = |lease: u64, node: &str| -> AnyEvent {
+            TaskEvent::Started(TaskStarted {
+                pool: "default".into(),
+                task: TaskId(100),
+                node: node.into(),
+                lease: LeaseId(lease),
+                workload: workload.clone(),
+                name: "train".into(),
+                how: "simulated".into(),
+                log: None,
+            })
+            .into()
+        };
+        apply(started(1, "n1"));
+        apply(started(2, "n2"));
+        apply(
+            TaskEvent::Stopped(TaskStopped {
+                pool: "default".into(),
+                task: TaskId(100),
+                node: "n1".into(),
+                cause: StopCause::Preempted,
+                checkpointed: false,
+                killed: true,
+                ran_ms: 4_000,
+                lease: Some(LeaseId(1)),
+            })
+            .into(),
+        );
+        apply(
+            TaskEvent::Failed(TaskFailed {
+                pool: "default".into(),
+                task: TaskId(100),
+                node: "n1".into(),
+                lease: LeaseId(1),
+                reason: "killed by signal 9".into(),
+            })
+            .into(),
+        );
+        // A start of the old run delivered late changes nothing either.
+        apply(started(1, "n1"));
+        let shown = |c: &Connection| -> (String, String) {
+            c.query_row(
+                "SELECT state, node FROM tasks WHERE name = 'train'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap()
+        };
+        assert_eq!(shown(&c), ("running".to_owned(), "n2".to_owned()));
+        apply(
+            TaskEvent::Completed(TaskCompleted {
+                pool: "default".into(),
+                task: TaskId(100),
+                node: "n2".into(),
+                lease: LeaseId(2),
+            })
+            .into(),
+        );
+        assert_eq!(shown(&c), ("succeeded".to_owned(), "n2".to_owned()));
     }
 
     /// Retention takes out what finished before the cut-off — the workload, its tasks, its

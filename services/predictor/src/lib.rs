@@ -71,7 +71,7 @@ use allot_predict::rightsize::Request;
 use allot_predict::{Job, Prediction, Predictor, TrainParams};
 use allot_prices::PriceTable;
 use allot_runtime::Service;
-use allot_sched::{TaskId, TaskSpec};
+use allot_sched::{LeaseId, TaskId, TaskSpec};
 use allot_store::Projection;
 use allot_store::rusqlite::{Connection, OptionalExtension, Transaction, params};
 
@@ -630,19 +630,29 @@ impl Handler for Predicting {
                     Ok(None)
                 })?,
                 TaskEvent::Stopped(s) => self.on_run(seq, |tx| {
-                    tx.execute(
+                    // A stopped run that was superseded already (a move's old run, stopping
+                    // while the new one started) adds its time without ending the new run.
+                    let current = match s.lease {
+                        Some(lease) => newest_run(tx, s.task)?.is_none_or(|l| l == lease),
+                        None => true,
+                    };
+                    let sql = if current {
                         "UPDATE tasks SET ran_ms = ran_ms + ?2, run_since_ms = NULL
-                         WHERE task = ?1 AND outcome IS NULL AND run_since_ms IS NOT NULL",
-                        params![s.task.0 as i64, s.ran_ms as i64],
-                    )
-                    .map_err(db)?;
+                         WHERE task = ?1 AND outcome IS NULL AND run_since_ms IS NOT NULL"
+                    } else {
+                        "UPDATE tasks SET ran_ms = ran_ms + ?2
+                         WHERE task = ?1 AND outcome IS NULL"
+                    };
+                    tx.execute(sql, params![s.task.0 as i64, s.ran_ms as i64])
+                        .map_err(db)?;
                     Ok(None)
                 })?,
                 TaskEvent::Completed(c) => {
-                    self.on_run(seq, |tx| ended(tx, c.task, "completed", None, at))?;
+                    self.on_run(seq, |tx| ended(tx, c.task, c.lease, "completed", None, at))?;
                 }
                 TaskEvent::Failed(f) => {
-                    self.on_run(seq, |tx| ended(tx, f.task, "failed", Some(&f.reason), at))?;
+                    let reason = Some(f.reason.as_str());
+                    self.on_run(seq, |tx| ended(tx, f.task, f.lease, "failed", reason, at))?;
                 }
                 TaskEvent::Cancelled(c) => {
                     let task = c.task;
@@ -670,15 +680,24 @@ impl Handler for Predicting {
     }
 }
 
-/// Ends attempt `task`'s row (`how`: completed, failed) at `at`; the run to learn from, if
-/// its run was seen starting.
+/// Ends attempt `task`'s row (`how`: completed, failed) at `at` with the report of run
+/// `lease`; the run to learn from, if its run was seen starting.
+///
+/// A report of a run other than the newest seen starting (leases only grow) is late news of a
+/// run that was stopped and superseded (its executor reports it as it dies): the attempt goes
+/// on, so it is ignored — as the allocator, which journals only the running lease's end,
+/// ignores it.
 fn ended(
     tx: &Transaction<'_>,
     task: TaskId,
+    lease: LeaseId,
     how: &str,
     reason: Option<&str>,
     at: u64,
 ) -> Result<Option<(u64, Job, u64)>, HandlerError> {
+    if newest_run(tx, task)?.is_some_and(|newest| newest != lease) {
+        return Ok(None);
+    }
     let row = tx
         .query_row(
             "SELECT team, identity, gpus, gpu_milli, submit_ms, declared_ms, ran_ms, run_since_ms
@@ -721,6 +740,17 @@ fn ended(
     )
     .map_err(db)?;
     Ok(ran.map(|ran| (task.0, job, ran)))
+}
+
+/// The lease of `task`'s newest run seen starting, if any was.
+fn newest_run(tx: &Transaction<'_>, task: TaskId) -> Result<Option<LeaseId>, HandlerError> {
+    tx.query_row(
+        "SELECT max(lease) FROM runs WHERE task = ?1",
+        [task.0 as i64],
+        |r| r.get::<_, Option<i64>>(0),
+    )
+    .map(|lease| lease.map(|l| LeaseId(l as u64)))
+    .map_err(db)
 }
 
 /// The event for `task`'s `prediction`.

@@ -1,14 +1,16 @@
 //! The predictor against a real nats-server: each announced task gets one prediction, naming
 //! its fallback on a cold start; finished runs (preempted runs included) teach the next
 //! prediction of the same task; a restart rebuilds what was learned from SQLite; an
-//! announcement delivered twice is predicted once.
+//! announcement delivered twice is predicted once; a late report of a superseded run is
+//! not taken for the attempt's end.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use allot_bus::{Publisher, catalog, ensure_streams};
 use allot_events::task::{
-    RunSpec, StopCause, TaskCompleted, TaskPredicted, TaskReady, TaskStarted, TaskStopped,
+    RunSpec, StopCause, TaskCompleted, TaskFailed, TaskPredicted, TaskReady, TaskStarted,
+    TaskStopped,
 };
 use allot_events::{AnyEvent, TaskEvent, decode};
 use allot_predict::Basis;
@@ -60,6 +62,29 @@ fn completed(id: u64, lease: u64) -> TaskEvent {
         task: TaskId(id),
         node: "node-1".into(),
         lease: LeaseId(lease),
+    })
+}
+
+fn failed(id: u64, lease: u64) -> TaskEvent {
+    TaskEvent::Failed(TaskFailed {
+        pool: POOL.into(),
+        task: TaskId(id),
+        node: "node-1".into(),
+        lease: LeaseId(lease),
+        reason: "exit code 137".into(),
+    })
+}
+
+fn preempted(id: u64, lease: u64, ran_ms: u64) -> TaskEvent {
+    TaskEvent::Stopped(TaskStopped {
+        pool: POOL.into(),
+        task: TaskId(id),
+        node: "node-1".into(),
+        cause: StopCause::Preempted,
+        checkpointed: false,
+        killed: false,
+        ran_ms,
+        lease: Some(LeaseId(lease)),
     })
 }
 
@@ -134,18 +159,7 @@ async fn predictions_fall_back_by_name_learn_from_finished_runs_and_survive_a_re
     tokio::time::sleep(Duration::from_millis(300)).await;
     executor.publish(completed(1, 1)).await.unwrap();
     executor.publish(started(2, 2)).await.unwrap();
-    executor
-        .publish(TaskEvent::Stopped(TaskStopped {
-            pool: POOL.into(),
-            task: TaskId(2),
-            node: "node-1".into(),
-            cause: StopCause::Preempted,
-            checkpointed: false,
-            killed: false,
-            ran_ms: 4_000,
-        }))
-        .await
-        .unwrap();
+    executor.publish(preempted(2, 2, 4_000)).await.unwrap();
     executor.publish(started(2, 3)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     executor.publish(completed(2, 3)).await.unwrap();
@@ -189,4 +203,44 @@ async fn predictions_fall_back_by_name_learn_from_finished_runs_and_survive_a_re
     assert_eq!(all[3].1.duration_ms, 90_000);
     assert_eq!(all[4].1.basis, Basis::Global);
     assert!((2_300..4_000).contains(&all[4].1.duration_ms));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_report_of_a_superseded_run_neither_ends_the_attempt_nor_teaches_its_length() {
+    let (server, client) = bus().await;
+    let planner = Publisher::new(client.clone(), "/allot/planner");
+    let executor = Publisher::new(client.clone(), "/allot/collector/node-1");
+    let dir = tempfile::tempdir().unwrap();
+    planner
+        .publish(ready(1, "vision", "train-0123456789", 1, Some(60_000)))
+        .await
+        .unwrap();
+
+    // The task is moved: lease 2 starts on another node while lease 1 is still being stopped
+    // (its grace period), so lease 1's stop (after 4 s) and its failure (killed) arrive after
+    // lease 2's start. Lease 2 then completes.
+    executor.publish(started(1, 1)).await.unwrap();
+    executor.publish(started(1, 2)).await.unwrap();
+    executor.publish(preempted(1, 1, 4_000)).await.unwrap();
+    executor.publish(failed(1, 1)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    executor.publish(completed(1, 2)).await.unwrap();
+    predict(&server.url(), dir.path(), &client).await;
+
+    let db = allot_store::rusqlite::Connection::open(dir.path().join("predictor.db")).unwrap();
+    let (outcome, ran_ms): (String, i64) = db
+        .query_row(
+            "SELECT outcome, ran_ms FROM tasks WHERE task = 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!(
+        outcome, "completed",
+        "the attempt ended with lease 2's report"
+    );
+    assert!(
+        (4_300..10_000).contains(&ran_ms),
+        "both runs counted, the second until its completion: {ran_ms} ms"
+    );
 }

@@ -199,6 +199,11 @@ pub struct TaskStopped {
     pub killed: bool,
     /// How long the run lasted, ms.
     pub ran_ms: u64,
+    /// The run's lease: a report that arrives after the task's next run began (a move's old
+    /// run stops within its grace period while the new one starts) names the run it is about.
+    /// Absent from executors older than the field; consumers then take the report as it comes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<LeaseId>,
 }
 
 /// A running task checkpointed.

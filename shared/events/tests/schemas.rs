@@ -241,6 +241,7 @@ fn samples() -> Vec<AnyEvent> {
             checkpointed: true,
             killed: false,
             ran_ms: 1_800_000,
+            lease: Some(LeaseId(5)),
         }
         .into(),
         TaskCheckpointed {

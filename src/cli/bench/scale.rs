@@ -934,6 +934,7 @@ fn execute(
                     checkpointed: false,
                     killed: false,
                     ran_ms: 0,
+                    lease: Some(*lease),
                 };
                 let publisher = publisher.clone();
                 tokio::spawn(async move {

@@ -169,6 +169,7 @@ fn stopped(name: &str) -> Observed {
         checkpointed: true,
         killed: false,
         ran_ms: 1_500,
+        lease: Some(LeaseId(7)),
     }))
 }
 
