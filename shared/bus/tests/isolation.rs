@@ -160,6 +160,27 @@ impl Bus {
         Ok(())
     }
 
+    /// Publishes `team`'s cost event of `workload` until `live` (a subscription of the team's
+    /// own) receives it, and returns what it received. The server wires an account's stream
+    /// import when the account's first client connects, and a new subscription into the
+    /// imports after the client's flush; under load a publish can overtake either (seen: 1 run
+    /// in 3 with the other tests beside it, and once in CI a single publish that B waited 3 s
+    /// for in vain).
+    async fn published_until_seen(
+        &self,
+        team: &str,
+        workload: &str,
+        live: &mut async_nats::Subscriber,
+    ) -> anyhow::Result<async_nats::Message> {
+        for _ in 0..10 {
+            self.publish_cost(team, workload).await?;
+            if let Ok(Some(m)) = timeout(Duration::from_secs(1), live.next()).await {
+                return Ok(m);
+            }
+        }
+        bail!("{team}'s live event {workload} never arrived in 10 publishes")
+    }
+
     async fn costs_messages(&self) -> anyhow::Result<u64> {
         let js = jetstream::new(self.platform.client.clone());
         Ok(js
@@ -238,19 +259,9 @@ async fn a_team_receives_its_own_cost_events_live_and_through_its_durable_stream
     let mut live = a.client.subscribe(subject::cost_of_team("A")).await?;
     a.client.flush().await?;
 
-    // The server wires an account's stream import when the account's first client connects,
-    // and under load a publish can overtake that (seen here: 1 run in 3 with the other tests
-    // beside it). So A's event is published until A sees it; JetStream stores it once (same
-    // message id), and the extra live copies are skipped below.
-    let mut event = None;
-    for _ in 0..10 {
-        bus.publish_cost("A", "train-1").await?;
-        if let Ok(Some(m)) = timeout(Duration::from_secs(1), live.next()).await {
-            event = Some(m);
-            break;
-        }
-    }
-    let event = event.context("A's live event arrives")?;
+    // JetStream stores A's event once (same message id); the extra live copies
+    // `published_until_seen` may have caused are skipped below.
+    let event = bus.published_until_seen("A", "train-1", &mut live).await?;
     assert_eq!(event.subject.as_str(), "allot.cost.A.train-1");
     while let Ok(Some(m)) = timeout(QUIET, live.next()).await {
         assert_eq!(
@@ -295,18 +306,9 @@ async fn a_team_cannot_subscribe_to_another_teams_subjects() -> anyhow::Result<(
     let mut a_on_sync = a.client.subscribe("allot.sync.cost.B.>").await?;
     a.violation("allot.sync.cost.B.>").await?;
 
-    // As in the test above, a loaded server may wire B's new subscription into its imports
-    // after the first publish (CI saw B wait 3 s for a single one): B's event is published
-    // until B sees it. Each copy would have reached A's subscriptions too, had they leaked.
-    let mut to_b = None;
-    for _ in 0..10 {
-        bus.publish_cost("B", "secret").await?;
-        if let Ok(Some(m)) = timeout(Duration::from_secs(1), b_live.next()).await {
-            to_b = Some(m);
-            break;
-        }
-    }
-    let to_b = to_b.context("B receives its own event")?;
+    // Every copy B's event may take to arrive would have reached A's subscriptions too, had
+    // they leaked.
+    let to_b = bus.published_until_seen("B", "secret", &mut b_live).await?;
     assert_eq!(to_b.subject.as_str(), "allot.cost.B.secret");
     receives_nothing(&mut a_on_b).await?;
     receives_nothing(&mut a_on_all).await?;
