@@ -24,12 +24,6 @@ pub trait DurationEstimator: Send + std::fmt::Debug {
     fn learned(&self, _task: &TaskSpec) -> bool {
         true
     }
-    /// Whether [`Self::estimate`] and [`Self::learned`] of `task` depend on nothing of it but
-    /// its team and GPU count (and what was observed): the scheduler may then ask once per
-    /// pair within a pass.
-    fn by_team_and_gpus(&self, _task: &TaskSpec) -> bool {
-        false
-    }
     /// Its name, printed with results.
     fn name(&self) -> &'static str;
 }
@@ -110,9 +104,6 @@ impl DurationEstimator for History {
     fn learned(&self, task: &TaskSpec) -> bool {
         task.predicted_duration.is_some() || self.all.n > 0
     }
-    fn by_team_and_gpus(&self, task: &TaskSpec) -> bool {
-        task.predicted_duration.is_none()
-    }
     fn name(&self) -> &'static str {
         "history(team, gpus)"
     }
@@ -121,35 +112,6 @@ impl DurationEstimator for History {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// What `by_team_and_gpus` promises the scheduler: a task it says so of gets the estimate
-    /// of any other task of its team and GPU count, whatever else differs; a predicted task
-    /// is not one.
-    #[test]
-    fn history_estimates_depend_on_team_and_gpu_count_alone_unless_predicted() {
-        let mut h = History::default();
-        for (i, (team, gpus, ran)) in [("a", 1, 100), ("a", 1, 300), ("a", 1, 500), ("b", 2, 70)]
-            .into_iter()
-            .enumerate()
-        {
-            h.observe(&TaskSpec::new(i as u64, team, gpus), ran);
-        }
-        for (team, gpus) in [("a", 1), ("a", 2), ("b", 2), ("c", 8)] {
-            let plain = TaskSpec::new(100, team, gpus);
-            let mut other = TaskSpec::new(200, team, gpus);
-            other.priority = 7;
-            other.cpu_milli = 64_000;
-            other.gpu_models = vec!["H100".into()];
-            other.checkpoint_every = Some(60_000);
-            assert!(h.by_team_and_gpus(&plain) && h.by_team_and_gpus(&other));
-            assert_eq!(h.estimate(&plain), h.estimate(&other), "{team}/{gpus}");
-            assert_eq!(h.learned(&plain), h.learned(&other), "{team}/{gpus}");
-        }
-        let mut predicted = TaskSpec::new(300, "a", 1);
-        predicted.predicted_duration = Some(42);
-        assert!(!h.by_team_and_gpus(&predicted));
-        assert!(!Oracle.by_team_and_gpus(&TaskSpec::new(1, "a", 1)));
-    }
 
     #[test]
     fn history_learns_per_team_and_gpu_count_and_falls_back_when_it_has_too_few() {

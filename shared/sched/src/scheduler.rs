@@ -1267,13 +1267,7 @@ impl Scheduler {
     }
 
     fn key_of(&self, task: &Task, now: Time) -> QueueKey {
-        self.key_with(task, now, self.estimate_of(task))
-    }
-
-    /// [`Self::key_of`] with the estimate of `task` and whether it was learned, as
-    /// [`Self::estimate_of`] gives them.
-    fn key_with(&self, task: &Task, now: Time, estimate: (Time, bool)) -> QueueKey {
-        let key = self.policy_key_with(task, now, estimate);
+        let key = self.policy_key_of(task, now);
         if task.displaced && !task.is_running() {
             displaced_key(key)
         } else {
@@ -1284,44 +1278,14 @@ impl Scheduler {
     /// The policy's own key of `task` at `now` — without a displaced task's place ahead:
     /// what preemption weighs it by.
     fn policy_key_of(&self, task: &Task, now: Time) -> QueueKey {
-        self.policy_key_with(task, now, self.estimate_of(task))
-    }
-
-    /// What the policy's key reads of the estimator about `task`: its estimate and whether it
-    /// was learned (nothing, for a policy that reads no estimates).
-    fn estimate_of(&self, task: &Task) -> (Time, bool) {
-        if self.policy.needs_estimates() {
+        let (estimate, learned) = if self.policy.needs_estimates() {
             (
                 self.estimator.estimate(&task.spec),
                 self.estimator.learned(&task.spec),
             )
         } else {
             (0, false)
-        }
-    }
-
-    /// [`Self::estimate_of`], asked once per team and GPU count where the estimator says that
-    /// is all it depends on: `memo` must not outlive a change to the estimator.
-    fn estimate_memo(
-        &self,
-        memo: &mut HashMap<(usize, u32), (Time, bool)>,
-        task: &Task,
-    ) -> (Time, bool) {
-        if self.policy.needs_estimates() && self.estimator.by_team_and_gpus(&task.spec) {
-            *memo
-                .entry((task.team, task.spec.gpus))
-                .or_insert_with(|| self.estimate_of(task))
-        } else {
-            self.estimate_of(task)
-        }
-    }
-
-    fn policy_key_with(
-        &self,
-        task: &Task,
-        now: Time,
-        (estimate, learned): (Time, bool),
-    ) -> QueueKey {
+        };
         let mut view = task.view(now, estimate);
         // Hook (openb-allot): whether the estimate was learned, for policies that must not act
         // on a default guess (`allot` does not preempt for one).
@@ -2085,7 +2049,7 @@ impl Scheduler {
                             task.spec.max_runtime.is_some(),
                             self.policy.class(&task.spec),
                         ),
-                        |_| self.runner(task, now, self.estimate_of(task)),
+                        |_| self.runner(task, now),
                     );
                 }
             }
@@ -2182,7 +2146,6 @@ impl Scheduler {
             return None;
         }
         let mark = self.cluster.changes().len();
-        let mut estimates = HashMap::default();
         let (mut victims, most) = running.search(
             |team| match self
                 .policy
@@ -2197,11 +2160,7 @@ impl Scheduler {
                     floor: floor.filter(|_| team.limited == 0),
                 }),
             },
-            |id| {
-                let task = &self.tasks[&id];
-                let estimate = self.estimate_memo(&mut estimates, task);
-                self.runner(task, now, estimate)
-            },
+            |id| self.runner(&self.tasks[&id], now),
         );
         let quotas = self.quotas.clone();
         let own = self.tasks[&unit.specs[0].id].team;
@@ -2840,12 +2799,10 @@ impl Scheduler {
     }
 
     /// A running task as preemption searches weigh it during a pass at `now`.
-    /// What a search weighs of running `task`, with its estimate as [`Self::estimate_of`] gives
-    /// it.
-    fn runner(&self, task: &Task, now: Time, estimate: (Time, bool)) -> Runner {
+    fn runner(&self, task: &Task, now: Time) -> Runner {
         Runner::new(
             task.team,
-            self.key_with(task, now, estimate),
+            self.key_of(task, now),
             task.spec.id,
             task.spec.gpus,
             task.over_limit(now),
@@ -3167,14 +3124,10 @@ impl Scheduler {
         // and the queue's order is the same whichever way it is built.
         let mut moved: Vec<(QueueKey, QueueKey, TaskId)> = Vec::new();
         let mut gone: Vec<QueueKey> = Vec::new();
-        // The estimator does not change during the pass, and most tasks' estimates depend on
-        // their team and GPU count alone: asked once per pair.
-        let mut estimates: HashMap<(usize, u32), (Time, bool)> = HashMap::default();
         for (old, id) in &self.queue {
             match self.tasks.get(id) {
                 Some(task) => {
-                    let estimate = self.estimate_memo(&mut estimates, task);
-                    let key = self.key_with(task, now, estimate);
+                    let key = self.key_of(task, now);
                     if key != *old {
                         moved.push((*old, key, *id));
                     }
