@@ -462,14 +462,17 @@ fn apply_task(tx: &Connection, d: &Delivery, e: &TaskEvent, now: &str) -> Result
             (r.task.id.0, "waiting", None, None)
         }
         TaskEvent::Started(s) => {
-            if newest_lease(tx, s.task.0)?.is_some_and(|newest| newest > s.lease.0) {
-                return Ok(());
-            }
-            exec(
+            // The newest run so far (or the same one again), or a late start of an older one
+            // (or of an attempt never seen): nothing to show then.
+            let newest = exec(
                 tx,
-                "UPDATE attempts SET lease = ?2 WHERE task_id = ?1",
+                "UPDATE attempts SET lease = ?2 \
+                 WHERE task_id = ?1 AND (lease IS NULL OR lease <= ?2)",
                 params![s.task.0 as i64, s.lease.0 as i64],
             )?;
+            if newest == 0 {
+                return Ok(());
+            }
             (s.task.0, "running", Some(s.node.as_str()), None)
         }
         TaskEvent::Completed(c) => {
@@ -533,16 +536,6 @@ fn apply_task(tx: &Connection, d: &Delivery, e: &TaskEvent, now: &str) -> Result
     )
 }
 
-/// The lease of attempt `task_id`'s newest run seen starting, if any was.
-fn newest_lease(tx: &Connection, task_id: u64) -> Result<Option<u64>> {
-    Ok(tx
-        .prepare_cached("SELECT lease FROM attempts WHERE task_id = ?1")?
-        .query_row([task_id as i64], |r| r.get::<_, Option<i64>>(0))
-        .optional()?
-        .flatten()
-        .map(|l| l as u64))
-}
-
 /// Whether a report about run `lease` of attempt `task_id` is about a run superseded since
 /// (a newer one started): late news that must not overwrite the newer run's state. A report
 /// that names no lease (from an executor older than the field) is taken as it comes.
@@ -550,7 +543,12 @@ fn superseded(tx: &Connection, task_id: u64, lease: Option<u64>) -> Result<bool>
     let Some(lease) = lease else {
         return Ok(false);
     };
-    Ok(newest_lease(tx, task_id)?.is_some_and(|newest| newest != lease))
+    let newest: Option<i64> = tx
+        .prepare_cached("SELECT lease FROM attempts WHERE task_id = ?1")?
+        .query_row([task_id as i64], |r| r.get(0))
+        .optional()?
+        .flatten();
+    Ok(newest.is_some_and(|newest| newest != lease as i64))
 }
 
 /// The workload, name and team of attempt `task_id`, if its `TaskReady` was seen.

@@ -632,16 +632,12 @@ impl Handler for Predicting {
                 TaskEvent::Stopped(s) => self.on_run(seq, |tx| {
                     // A stopped run that was superseded already (a move's old run, stopping
                     // while the new one started) adds its time without ending the new run.
-                    let current = match s.lease {
-                        Some(lease) => newest_run(tx, s.task)?.is_none_or(|l| l == lease),
-                        None => true,
-                    };
-                    let sql = if current {
-                        "UPDATE tasks SET ran_ms = ran_ms + ?2, run_since_ms = NULL
-                         WHERE task = ?1 AND outcome IS NULL AND run_since_ms IS NOT NULL"
-                    } else {
+                    let sql = if superseded(tx, s.task, s.lease)? {
                         "UPDATE tasks SET ran_ms = ran_ms + ?2
                          WHERE task = ?1 AND outcome IS NULL"
+                    } else {
+                        "UPDATE tasks SET ran_ms = ran_ms + ?2, run_since_ms = NULL
+                         WHERE task = ?1 AND outcome IS NULL AND run_since_ms IS NOT NULL"
                     };
                     tx.execute(sql, params![s.task.0 as i64, s.ran_ms as i64])
                         .map_err(db)?;
@@ -683,10 +679,7 @@ impl Handler for Predicting {
 /// Ends attempt `task`'s row (`how`: completed, failed) at `at` with the report of run
 /// `lease`; the run to learn from, if its run was seen starting.
 ///
-/// A report of a run other than the newest seen starting (leases only grow) is late news of a
-/// run that was stopped and superseded (its executor reports it as it dies): the attempt goes
-/// on, so it is ignored — as the allocator, which journals only the running lease's end,
-/// ignores it.
+/// A report of a [`superseded`] run is ignored: the attempt goes on.
 fn ended(
     tx: &Transaction<'_>,
     task: TaskId,
@@ -695,7 +688,7 @@ fn ended(
     reason: Option<&str>,
     at: u64,
 ) -> Result<Option<(u64, Job, u64)>, HandlerError> {
-    if newest_run(tx, task)?.is_some_and(|newest| newest != lease) {
+    if superseded(tx, task, Some(lease))? {
         return Ok(None);
     }
     let row = tx
@@ -742,15 +735,27 @@ fn ended(
     Ok(ran.map(|ran| (task.0, job, ran)))
 }
 
-/// The lease of `task`'s newest run seen starting, if any was.
-fn newest_run(tx: &Transaction<'_>, task: TaskId) -> Result<Option<LeaseId>, HandlerError> {
-    tx.query_row(
-        "SELECT max(lease) FROM runs WHERE task = ?1",
-        [task.0 as i64],
-        |r| r.get::<_, Option<i64>>(0),
-    )
-    .map(|lease| lease.map(|l| LeaseId(l as u64)))
-    .map_err(db)
+/// Whether a report about run `lease` of `task` is late news of a run superseded since: a
+/// newer run (leases only grow) was seen starting — as a moved task's old run reports its stop
+/// and end within its grace period, after the new run began. The allocator, which journals
+/// only the running lease's end, ignores such reports too. A report naming no lease (from an
+/// executor older than the field) is taken as it comes.
+fn superseded(
+    tx: &Transaction<'_>,
+    task: TaskId,
+    lease: Option<LeaseId>,
+) -> Result<bool, HandlerError> {
+    let Some(lease) = lease else {
+        return Ok(false);
+    };
+    let newest: Option<i64> = tx
+        .query_row(
+            "SELECT max(lease) FROM runs WHERE task = ?1",
+            [task.0 as i64],
+            |r| r.get(0),
+        )
+        .map_err(db)?;
+    Ok(newest.is_some_and(|newest| newest != lease.0 as i64))
 }
 
 /// The event for `task`'s `prediction`.

@@ -30,23 +30,23 @@ async fn bus() -> (NatsServer, async_nats::Client) {
 }
 
 /// A bus, publishers as the planner and node-1's executor, and a folder for the predictor.
-struct Setup {
-    server: NatsServer,
-    client: async_nats::Client,
-    planner: Publisher,
-    executor: Publisher,
-    dir: tempfile::TempDir,
-}
-
-async fn setup() -> Setup {
+async fn setup() -> (
+    NatsServer,
+    async_nats::Client,
+    Publisher,
+    Publisher,
+    tempfile::TempDir,
+) {
     let (server, client) = bus().await;
-    Setup {
-        planner: Publisher::new(client.clone(), "/allot/planner"),
-        executor: Publisher::new(client.clone(), "/allot/collector/node-1"),
-        dir: tempfile::tempdir().unwrap(),
+    let planner = Publisher::new(client.clone(), "/allot/planner");
+    let executor = Publisher::new(client.clone(), "/allot/collector/node-1");
+    (
         server,
         client,
-    }
+        planner,
+        executor,
+        tempfile::tempdir().unwrap(),
+    )
 }
 
 fn ready(id: u64, team: &str, workload: &str, gpus: u32, declared_ms: Option<u64>) -> TaskEvent {
@@ -150,13 +150,7 @@ async fn predict(url: &str, dir: &std::path::Path, client: &async_nats::Client) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn predictions_fall_back_by_name_learn_from_finished_runs_and_survive_a_restart() {
-    let Setup {
-        server,
-        client,
-        planner,
-        executor,
-        dir,
-    } = setup().await;
+    let (server, client, planner, executor, dir) = setup().await;
 
     // Nothing finished yet: the declared estimate, then nothing at all.
     planner
@@ -230,13 +224,7 @@ async fn predictions_fall_back_by_name_learn_from_finished_runs_and_survive_a_re
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_report_of_a_superseded_run_neither_ends_the_attempt_nor_teaches_its_length() {
-    let Setup {
-        server,
-        client,
-        planner,
-        executor,
-        dir,
-    } = setup().await;
+    let (server, client, planner, executor, dir) = setup().await;
     planner
         .publish(ready(1, "vision", "train-0123456789", 1, Some(60_000)))
         .await
