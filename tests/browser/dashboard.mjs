@@ -81,6 +81,11 @@ try {
       const queue = [...document.querySelectorAll("#queue tbody tr[data-task]")].map((r) => r.dataset.task).join(",");
       return running !== before.running && queue !== before.queue;
     }, first, { timeout: 120_000 }));
+  // The changes behind it reach the page as SSE events too, a little later: the views above
+  // come from the allocators' journals, which the gateway follows as they grow, and the events
+  // from its change log, which its read models write as they commit (every 200 ms at most).
+  await step("the change log's events reach the page", () =>
+    page.waitForFunction(() => document.querySelectorAll("#events li").length > 0, null, { timeout: 60_000 }));
   report.later = await view(page);
   report.events = await page.$$eval("#events li", (ls) => ls.length);
   report.reloaded = (await page.evaluate(() => performance.getEntriesByType("navigation").length)) !== loads;

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{allot, free_port, gateway_of, log_of, spawn_logged, terminate, wait_exit};
+use crate::support::{
+    allot, free_port, gateway_of, log_of, spawn_logged, terminate, wait_exit, warnings_in,
+};
 
 /// Two 4-GPU trainers of a minute each (six seconds at the test's speed-up).
 fn workload(name: &str, team: &str) -> String {
@@ -123,10 +125,11 @@ fn the_dashboard_shows_the_cluster_live_looks_back_and_scopes_a_member() {
     let report = String::from_utf8_lossy(&run.stdout).into_owned();
     assert!(
         run.status.success(),
-        "the browser run failed:\n{}\n{report}\nscreenshots: {}\nallot up:\n{}",
-        String::from_utf8_lossy(&run.stderr),
+        "allot up:\n{}\n{}\nscreenshots: {}\nthe browser run failed:\n{}\n{report}",
+        log_of(dir.path(), "up"),
+        warnings_in(dir.path(), 10),
         shots.display(),
-        log_of(dir.path(), "up")
+        String::from_utf8_lossy(&run.stderr),
     );
     let r: Value = serde_json::from_str(report.trim()).unwrap();
     let list = |v: &Value| -> Vec<String> {
@@ -164,7 +167,8 @@ fn the_dashboard_shows_the_cluster_live_looks_back_and_scopes_a_member() {
     assert_eq!(r["reloaded"], false, "{r}");
     assert!(
         r["events"].as_u64().unwrap() > 0,
-        "no SSE event reached the page: {r}"
+        "no SSE event reached the page: {r}\n{}",
+        warnings_in(dir.path(), 10)
     );
     // Look-back: what ran at the first view's moment, not what runs now.
     assert!(

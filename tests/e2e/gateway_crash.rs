@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::cluster::Cluster;
-use crate::support::{free_port, log_of, wait_for};
+use crate::support::{free_port, log_of, wait_for, warnings_in};
 
 /// Three 1-GPU steps in a chain, a minute each (0.1 s at the cluster's speed-up).
 fn pipeline(i: usize) -> String {
@@ -119,12 +119,29 @@ fn a_gateway_killed_again_and_again_and_paused_beside_another_ends_with_the_same
         (done && steady == crashy).then_some(steady)
     });
     let Some(settled) = settled else {
+        let steady = dump(&steady_db).unwrap_or_default();
+        let crashy = dump(&crashy_db).unwrap_or_default();
+        // What tells why comes last, where a report cut in the middle still shows it.
+        let unfinished: Vec<&String> = ids
+            .iter()
+            .filter(|id| !steady.contains(&format!("{id} succeeded")))
+            .collect();
+        let only = |a: &str, b: &str| -> Vec<String> {
+            let b: std::collections::BTreeSet<&str> = b.lines().collect();
+            a.lines()
+                .filter(|l| !b.contains(l))
+                .map(str::to_owned)
+                .collect()
+        };
         panic!(
-            "the gateways never agreed on a finished cluster:\nsteady:\n{}\ncrashy:\n{}\n\
-             crashy's log:\n{}",
-            dump(&steady_db).unwrap_or_default(),
-            dump(&crashy_db).unwrap_or_default(),
-            log_of(cluster.dir.path(), "crashy")
+            "the gateways never agreed on a finished cluster:\nsteady:\n{steady}\ncrashy:\n\
+             {crashy}\ncrashy's log:\n{}\n{}\nnot succeeded as the steady gateway shows \
+             them: {unfinished:?}\nonly the steady gateway shows: {:?}\nonly the crashy \
+             gateway shows: {:?}",
+            log_of(cluster.dir.path(), "crashy"),
+            warnings_in(cluster.dir.path(), 10),
+            only(&steady, &crashy),
+            only(&crashy, &steady),
         )
     };
     // Exactly once: three tasks per workload, one attempt each, and one change per transition.

@@ -38,6 +38,32 @@ pub fn log_of(dir: &Path, name: &str) -> String {
     std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default()
 }
 
+/// The warnings and errors of every process log in `dir` (`*.log`), the last `per_log` of
+/// each: for the end of a failure message, where a truncated report still shows them.
+pub fn warnings_in(dir: &Path, per_log: usize) -> String {
+    let mut logs: Vec<_> = std::fs::read_dir(dir)
+        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    logs.retain(|p| p.extension().is_some_and(|e| e == "log"));
+    logs.sort();
+    let mut out = String::new();
+    for log in logs {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let bad: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+            .collect();
+        let name = log.file_name().unwrap_or_default().to_string_lossy();
+        out.push_str(&format!("{name}: {} warnings and errors\n", bad.len()));
+        for line in &bad[bad.len().saturating_sub(per_log)..] {
+            out.push_str("  ");
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
 /// Polls `probe` every 50 ms until it returns `Some`, for at most `limit`.
 pub fn wait_for<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
     let start = Instant::now();
