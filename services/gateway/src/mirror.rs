@@ -242,7 +242,29 @@ impl Pool {
         if let Input::TaskFinished { task, .. } = &entry.input {
             self.running.remove(task);
         }
+        self.forget_gone(a);
         self.fits = self.scheduler.some_pending_fits();
+    }
+
+    /// Forgets the names and submission times of the tasks `a` took out of the scheduler
+    /// (finished, withdrawn, or refused as they were submitted): nothing shows them again, and
+    /// a gateway that kept them would grow by every task it ever saw.
+    fn forget_gone(&mut self, a: &Applied) {
+        let from_input = match &a.entry.input {
+            Input::TaskSubmitted { task, .. } => Some(task.id),
+            Input::TaskFinished { task, .. } | Input::TaskWithdrawn { task, .. } => Some(*task),
+            _ => None,
+        };
+        let from_decisions = a.entry.decisions.iter().filter_map(|d| match d {
+            Decision::Released { task, .. } | Decision::Withdrawn { task, .. } => Some(*task),
+            _ => None,
+        });
+        for task in from_input.into_iter().chain(from_decisions) {
+            if !self.scheduler.holds(task) {
+                self.names.remove(&task);
+                self.submitted.remove(&task);
+            }
+        }
     }
 
     fn queue(&self, pool: &str, now: Time) -> Vec<QueueEntry> {

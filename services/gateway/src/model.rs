@@ -553,12 +553,10 @@ fn superseded(tx: &Connection, task_id: u64, lease: Option<u64>) -> Result<bool>
 
 /// The workload, name and team of attempt `task_id`, if its `TaskReady` was seen.
 pub fn attempt(tx: &Connection, task_id: u64) -> Result<Option<(String, String, String)>> {
-    tx.query_row(
-        "SELECT workload, name, team FROM attempts WHERE task_id = ?1",
-        [task_id as i64],
-        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-    )
-    .optional()
+    // Asked for every decision and every task report: the statement is parsed once.
+    tx.prepare_cached("SELECT workload, name, team FROM attempts WHERE task_id = ?1")?
+        .query_row([task_id as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()
 }
 
 /// DECISIONS: every input about a task and every decision, per task and team.
