@@ -39,8 +39,9 @@ fn apply(mirror: &mut Mirror, reference: &mut Scheduler, seq: u64, input: Input)
     }));
 }
 
-#[test]
-fn kpis_start_at_the_journals_first_entry_and_integrate_each_minute() {
+/// A mirror that has seen pool `default`'s leader (policy `fifo`) elected, and the scheduler
+/// that plays its allocator.
+fn fifo_pool() -> (Mirror, Scheduler) {
     let mut mirror = Mirror::default();
     mirror.apply(&AllocEvent::LeaderElected(LeaderElected {
         pool: "default".into(),
@@ -49,7 +50,15 @@ fn kpis_start_at_the_journals_first_entry_and_integrate_each_minute() {
         format: allot_sched::journal::FORMAT.into(),
         entries: 0,
     }));
-    let mut reference = Scheduler::new(allot_sched::policy::by_name("fifo").unwrap());
+    (
+        mirror,
+        Scheduler::new(allot_sched::policy::by_name("fifo").unwrap()),
+    )
+}
+
+#[test]
+fn kpis_start_at_the_journals_first_entry_and_integrate_each_minute() {
+    let (mut mirror, mut reference) = fifo_pool();
     apply(
         &mut mirror,
         &mut reference,
@@ -105,15 +114,7 @@ fn kpis_start_at_the_journals_first_entry_and_integrate_each_minute() {
 /// task's before. Those still queued or running keep theirs.
 #[test]
 fn the_names_of_tasks_gone_from_the_scheduler_are_forgotten() {
-    let mut mirror = Mirror::default();
-    mirror.apply(&AllocEvent::LeaderElected(LeaderElected {
-        pool: "default".into(),
-        leader: "a".into(),
-        policy: "fifo".into(),
-        format: allot_sched::journal::FORMAT.into(),
-        entries: 0,
-    }));
-    let mut reference = Scheduler::new(allot_sched::policy::by_name("fifo").unwrap());
+    let (mut mirror, mut reference) = fifo_pool();
     let mut seq = 0;
     let mut step = |mirror: &mut Mirror, input: Input| {
         seq += 1;
