@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::cluster::Cluster;
-use crate::support::{free_port, log_of, wait_for, warnings_in};
+use crate::support::{free_port, wait_for, warnings_in};
 
 /// Three 1-GPU steps in a chain, a minute each (0.1 s at the cluster's speed-up).
 fn pipeline(i: usize) -> String {
@@ -135,10 +135,10 @@ fn a_gateway_killed_again_and_again_and_paused_beside_another_ends_with_the_same
         };
         panic!(
             "the gateways never agreed on a finished cluster:\nsteady:\n{steady}\ncrashy:\n\
-             {crashy}\ncrashy's log:\n{}\n{}\nnot succeeded as the steady gateway shows \
+             {crashy}\n{}\n{}\nnot succeeded as the steady gateway shows \
              them: {unfinished:?}\nonly the steady gateway shows: {:?}\nonly the crashy \
              gateway shows: {:?}",
-            log_of(cluster.dir.path(), "crashy"),
+            cluster.logs(),
             warnings_in(cluster.dir.path(), 10),
             only(&steady, &crashy),
             only(&crashy, &steady),

@@ -748,12 +748,10 @@ fn superseded(
     let Some(lease) = lease else {
         return Ok(false);
     };
+    // Asked for every completion, failure and stop: the statement is parsed once.
     let newest: Option<i64> = tx
-        .query_row(
-            "SELECT max(lease) FROM runs WHERE task = ?1",
-            [task.0 as i64],
-            |r| r.get(0),
-        )
+        .prepare_cached("SELECT max(lease) FROM runs WHERE task = ?1")
+        .and_then(|mut s| s.query_row([task.0 as i64], |r| r.get(0)))
         .map_err(db)?;
     Ok(newest.is_some_and(|newest| newest != lease.0 as i64))
 }
