@@ -213,9 +213,10 @@ type ApplyFn = fn(&Connection, &Delivery) -> allot_store::rusqlite::Result<()>;
 ///
 /// The read models trail their streams by up to their linger, so that under load each commits
 /// a few times a second instead of every few milliseconds. Their commits are what the gateway
-/// costs at fleet scale: each writes again every page it touched, and one projection's commit
-/// makes every other one read its pages afresh (seven connections share `gateway.db`). Tokens
-/// are projected at once: a token issued is used right away.
+/// costs at fleet scale: each writes again every page it touched. They all write through one
+/// connection ([`allot_store::Projection::sharing`]), so that one projection's commit does not
+/// make the others read their pages afresh, as it would through connections of their own.
+/// Tokens are projected at once: a token issued is used right away.
 const PROJECTIONS: &[(&str, &[&str], ApplyFn, u64)] = &[
     (names::WORKLOADS, &[], model::apply_workloads, 200),
     (
@@ -231,6 +232,9 @@ const PROJECTIONS: &[(&str, &[&str], ApplyFn, u64)] = &[
     (names::ACCESS, &[], model::apply_access, 0),
 ];
 
+/// The page cache of the projections' connection, KiB.
+const PROJECTION_CACHE_KIB: i64 = 16 * 1024;
+
 /// Runs the gateway until `shutdown`.
 pub async fn run(
     config: Config,
@@ -244,16 +248,19 @@ pub async fn run(
     .await?;
     service.drain_on_stop(client.clone());
     let db_path = config.db_path();
-    drop(allot_store::open(&db_path, model::MIGRATIONS)?);
+    let writer = allot_store::open(&db_path, model::MIGRATIONS)?;
+    // The seven projections' statements, and room for their hot pages (SQLite's default
+    // cache is 2 MiB).
+    writer.set_prepared_statement_cache_capacity(128);
+    writer
+        .pragma_update(None, "cache_size", -PROJECTION_CACHE_KIB)
+        .map_err(allot_store::StoreError::from)?;
+    let writer: allot_store::SharedConnection = Arc::new(Mutex::new(writer));
 
     for (stream, filters, apply, linger) in PROJECTIONS {
         let consumer = format!("{}-{}", config.consumer, stream.to_lowercase());
-        let projection = allot_store::Projection::new(
-            allot_store::open(&db_path, model::MIGRATIONS)?,
-            consumer.clone(),
-            "gateway",
-            *apply,
-        );
+        let projection =
+            allot_store::Projection::sharing(writer.clone(), consumer.clone(), "gateway", *apply);
         let spec = ConsumerSpec {
             filter_subjects: filters.iter().map(|s| (*s).to_owned()).collect(),
             linger: Duration::from_millis(*linger),

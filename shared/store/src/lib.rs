@@ -31,7 +31,7 @@ use rusqlite_migration::{M, Migrations};
 pub use rusqlite;
 
 mod projection;
-pub use projection::Projection;
+pub use projection::{Projection, SharedConnection};
 
 /// What can go wrong opening or writing a store.
 #[derive(Debug, thiserror::Error)]

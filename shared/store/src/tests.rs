@@ -241,3 +241,88 @@ fn a_keyed_row_is_written_over_and_deleted_by_its_whole_key() {
     put_row(&conn, statements, &[&"b", &1], None).unwrap();
     assert_eq!(rows(&conn), [("a".to_owned(), 1, "[]".to_owned())]);
 }
+
+/// A heartbeat of `node` delivered from stream position `seq`.
+fn heartbeat(seq: u64, node: &str) -> allot_bus::consumer::Delivery {
+    use allot_events::node::{HeartbeatSent, NodeEvent};
+    let event = NodeEvent::HeartbeatSent(HeartbeatSent {
+        node: node.into(),
+        seq,
+        uptime_s: seq,
+    });
+    allot_bus::consumer::Delivery::first(
+        seq,
+        allot_events::Envelope::new("/allot/collector/test", event),
+        chrono::Utc::now(),
+    )
+}
+
+/// Projections that write through one connection (the gateway's) each resume from their own
+/// position, skip their own redeliveries, and a batch of one that fails takes back its own
+/// changes only — the other's commits stay, on disk.
+#[tokio::test]
+async fn projections_sharing_a_connection_keep_their_own_positions_and_batches() {
+    use allot_bus::consumer::{Handler, Outcome};
+    use allot_events::{AnyEvent, NodeEvent};
+
+    const SEEN: &str = "CREATE TABLE seen (consumer TEXT NOT NULL, node TEXT NOT NULL) STRICT;";
+    fn record(
+        consumer: &'static str,
+    ) -> impl FnMut(&Connection, &allot_bus::consumer::Delivery) -> rusqlite::Result<()> {
+        move |tx, d| {
+            let AnyEvent::Node(NodeEvent::HeartbeatSent(h)) = &d.event.data else {
+                unreachable!("only heartbeats are delivered here");
+            };
+            if h.node == "bad" {
+                return Err(rusqlite::Error::InvalidQuery);
+            }
+            tx.execute(
+                "INSERT INTO seen (consumer, node) VALUES (?1, ?2)",
+                rusqlite::params![consumer, h.node],
+            )?;
+            Ok(())
+        }
+    }
+    let seen = |conn: &Connection, consumer: &str| -> Vec<String> {
+        conn.prepare("SELECT node FROM seen WHERE consumer = ?1 ORDER BY rowid")
+            .unwrap()
+            .query_map([consumer], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shared.db");
+    let conn: SharedConnection =
+        std::sync::Arc::new(std::sync::Mutex::new(open(&path, &[SEEN]).unwrap()));
+    let mut a = Projection::sharing(conn.clone(), "a", "test", record("a"));
+    let mut b = Projection::sharing(conn.clone(), "b", "test", record("b"));
+    assert_eq!(a.resume_after().unwrap(), Some(0));
+
+    let first = [heartbeat(1, "n1"), heartbeat(2, "n2")];
+    assert_eq!(a.handle(&first).await.unwrap(), vec![Outcome::Handled; 2]);
+    assert_eq!(
+        b.resume_after().unwrap(),
+        Some(0),
+        "a's position is not b's"
+    );
+    b.handle(&first[..1]).await.unwrap();
+    // b's next batch fails half-way: its first delivery is taken back with it, a's stay.
+    assert!(
+        b.handle(&[heartbeat(2, "n2"), heartbeat(3, "bad")])
+            .await
+            .is_err()
+    );
+    // a's redelivered batch and one more: only the new one is applied.
+    let again = [heartbeat(1, "n1"), heartbeat(2, "n2"), heartbeat(3, "n3")];
+    a.handle(&again).await.unwrap();
+    drop((a, b));
+    drop(conn);
+
+    let reopened = open(&path, &[SEEN]).unwrap();
+    assert_eq!(seen(&reopened, "a"), ["n1", "n2", "n3"]);
+    assert_eq!(seen(&reopened, "b"), ["n1"]);
+    assert_eq!(position(&reopened, "a").unwrap(), Some(3));
+    assert_eq!(position(&reopened, "b").unwrap(), Some(1));
+}

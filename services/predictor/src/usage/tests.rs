@@ -115,12 +115,12 @@ async fn a_shared_gpu_is_charged_by_share_and_a_redelivered_sample_counts_once()
         ("b".to_owned(), 1, 2, 6_000, 1, 30.0),
         ("train".to_owned(), 0, 2, 30_000, 2, 120.0),
     ];
-    assert_eq!(rows(t.conn()), want);
+    assert_eq!(rows(&t.conn()), want);
 
     // The same batch again (redelivered after a crash before the acknowledgement), and a batch
     // that overlaps it: only the new sample counts.
     t.handle(&first).await.unwrap();
-    assert_eq!(rows(t.conn()), want, "a redelivered sample counted twice");
+    assert_eq!(rows(&t.conn()), want, "a redelivered sample counted twice");
     t.handle(&[
         first[1].clone(),
         delivery(
@@ -131,7 +131,7 @@ async fn a_shared_gpu_is_charged_by_share_and_a_redelivered_sample_counts_once()
     ])
     .await
     .unwrap();
-    let train = rows(t.conn()).pop().unwrap();
+    let train = rows(&t.conn()).pop().unwrap();
     assert_eq!(train, ("train".to_owned(), 0, 3, 30_000, 3, 150.0));
 }
 
