@@ -36,6 +36,8 @@ pub struct NodeState {
     free_desc: Vec<u32>,
     /// A hash of `free_desc` and [`NodeState::host_free`] (kept with them).
     state_hash: u64,
+    /// Free milli-GPU of all its GPUs together (kept with `free_desc`).
+    free_milli: u64,
 }
 
 impl NodeState {
@@ -84,6 +86,11 @@ impl NodeState {
         self.state_hash
     }
 
+    /// Free milli-GPU of all the node's GPUs together.
+    pub fn free_milli(&self) -> u64 {
+        self.free_milli
+    }
+
     /// Free CPU (millicores) and memory (MiB); a node that does not track one has all of it.
     pub fn host_free(&self) -> (u64, u64) {
         let cpu = if self.spec.cpu_milli == 0 {
@@ -104,6 +111,7 @@ impl NodeState {
         self.free_desc.clear();
         self.free_desc.extend_from_slice(&self.gpu_free);
         self.free_desc.sort_unstable_by(|a, b| b.cmp(a));
+        self.free_milli = self.free_desc.iter().map(|f| u64::from(*f)).sum();
         let mut hasher = rustc_hash::FxHasher::default();
         self.free_desc.hash(&mut hasher);
         self.host_free().hash(&mut hasher);
@@ -391,6 +399,7 @@ impl Cluster {
             gpu_out: vec![false; spec.gpus as usize],
             free_desc: Vec::new(),
             state_hash: 0,
+            free_milli: 0,
             spec,
         };
         let cost = &mut self.model_cost[model];

@@ -2199,8 +2199,9 @@ impl Scheduler {
         let mut released: Vec<Vec<(TaskId, String)>> = Vec::new();
         let mut refunded: Vec<TaskId> = Vec::new();
         // When the unit is known to fit nowhere and can only go on one node, only a node a
-        // victim freed can take it: a placement (which searches every node) is tried only once
-        // such a node might hold it. `None`: no such knowledge, try whenever there is room.
+        // victim freed can take it: a placement is tried only once such a node might hold it,
+        // and it weighs those nodes alone (`freed`, kept sorted). `None`: no such knowledge,
+        // try on every node whenever there is room.
         let unplaceable = one_node
             && self.no_room.excludes(
                 &self.tasks[&unit.members[0]].shape,
@@ -2209,6 +2210,7 @@ impl Scheduler {
                 &*self.policy,
             );
         let mut freed_fits: Option<bool> = unplaceable.then_some(false);
+        let mut freed: Vec<NodeIdx> = Vec::new();
         let mut gone: HashSet<TaskId> = HashSet::default();
         let mut found = None;
         while let Some(taken) = victims.next(running, ask!()) {
@@ -2308,6 +2310,11 @@ impl Scheduler {
                                 .shares
                                 .iter()
                                 .any(|s| self.cluster.node(s.node).might_hold(&unit.specs[0]));
+                        for share in &placement.shares {
+                            if let Err(at) = freed.binary_search(&share.node) {
+                                freed.insert(at, share.node);
+                            }
+                        }
                     }
                 }
                 if in_gang {
@@ -2323,7 +2330,20 @@ impl Scheduler {
                 && freed_fits != Some(false)
                 && self.policy.admits(&team, unit.demand, &self.quotas)
             {
-                if let Some(p) = self.place_unit(unit) {
+                let placed = if freed_fits.is_some() {
+                    let placed = self
+                        .place_among(&unit.specs[0], &freed)
+                        .map(|p| (vec![p], None));
+                    debug_assert_eq!(
+                        placed,
+                        self.place_unit(unit),
+                        "a unit that fitted nowhere can only go where victims were released"
+                    );
+                    placed
+                } else {
+                    self.place_unit(unit)
+                };
+                if let Some(p) = placed {
                     found = Some(p);
                     break;
                 }
@@ -2542,35 +2562,27 @@ impl Scheduler {
         );
         // Per node, the cheapest victims (cost in milli-GPU·ms, then arrival) whose GPUs with
         // the node's free ones cover the need; the nodes whose victims cost least are tried
-        // (ties to the earlier node). A node whose movable tasks cannot cover the need is
-        // passed over before any is weighed, and one whose victims could not cost less than
-        // those of every node kept so far before they are ordered.
+        // (ties to the earlier node). Every node is first read from what its movable tasks hold
+        // together ([`movable::Summary`]): one they cannot make room on however few are
+        // movable is passed over, and the others are weighed from the cheapest bound up, so
+        // the entries are read only on nodes whose victims could still cost less than those
+        // of every node kept so far. Which nodes are kept does not depend on the bound, only
+        // how many are weighed: each is kept or not by its own victims' cost.
         let movable = |e: &&movable::Entry| e.milli < need && e.priority <= spec.priority;
         let weigh =
             |e: &movable::Entry| u128::from(e.milli) * u128::from(restart + e.lost_work(now));
-        // Each node that could make room, with what its victims cost at least, cheapest
-        // first: the victims cost no less than the cheapest of them, nor than the GPU share
-        // missing times the least any of them would lose.
+        // Each node that might make room, with what its victims cost at least: no less than
+        // the smallest of their shares, nor than the GPU share missing, each times the least
+        // work any of the node's movable tasks would lose.
         let mut floors: Vec<Reverse<(u128, NodeIdx, u64)>> = Vec::new();
-        for (node, entries) in self.movable.nodes() {
+        for (node, summary) in self.movable.summaries() {
             let state = self.cluster.node(node);
-            if !state.schedulable {
+            let free = state.free_milli();
+            if free >= need || free + summary.milli < need || !state.schedulable {
                 continue;
             }
-            let free: u64 = state.gpu_free.iter().map(|f| u64::from(*f)).sum();
-            if free >= need {
-                continue;
-            }
-            let (mut could_free, mut least, mut least_lost) = (0, u128::MAX, Time::MAX);
-            for e in entries.iter().filter(movable) {
-                could_free += e.milli;
-                least = least.min(weigh(e));
-                least_lost = least_lost.min(e.lost_work(now));
-            }
-            if free + could_free < need {
-                continue;
-            }
-            let floor = least.max(u128::from(need - free) * u128::from(restart + least_lost));
+            let lost = u128::from(restart + summary.least_lost(now));
+            let floor = u128::from(summary.least_milli.max(need - free)) * lost;
             #[cfg(test)]
             let floor = if self.rule_out_moves { floor } else { 0 };
             floors.push(Reverse((floor, node, free)));
@@ -2585,12 +2597,20 @@ impl Scheduler {
                 break;
             }
             let entries = self.movable.on(node);
+            let could_free: u64 = entries.iter().filter(movable).map(|e| e.milli).sum();
+            if free + could_free < need {
+                continue;
+            }
             let (cost, n) = cover(
                 entries.iter().filter(movable),
                 free,
                 need,
                 weigh,
                 &mut on_node,
+            );
+            debug_assert!(
+                floor <= cost,
+                "a node's victims cost no less than its bound"
             );
             let at = cheapest.partition_point(|(c, at, _)| (*c, *at) <= (cost, node));
             if at < RELOCATION_TRIES {

@@ -17,6 +17,7 @@
 //!   under [`Measure::HostAware`], which also counts GPUs that a node's remaining CPU and memory
 //!   can no longer feed.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap as HashMap;
@@ -126,8 +127,13 @@ pub struct Fgd {
     counts: BTreeMap<Shape, u64>,
     /// The shapes accepting any model, by per-GPU request.
     rows_any: Vec<Row>,
-    /// For each model some shape names: the shapes accepting that model, by per-GPU request.
-    rows_by_model: HashMap<String, Vec<Row>>,
+    /// For each model some shape names: its scope and the shapes accepting that model, by
+    /// per-GPU request.
+    rows_by_model: HashMap<String, (Scope, Vec<Row>)>,
+    /// Each model some shape names, by its scope (numbered from 1 as they are first named).
+    scopes: HashMap<String, Scope>,
+    /// Weighted usable capacities worked out so far, by node state.
+    memo: RefCell<Memo>,
 }
 
 /// What [`Fgd`] counts as the GPU capacity a node still offers a task shape m (the rest of its
@@ -210,6 +216,18 @@ struct Row {
     count: u64,
 }
 
+impl Row {
+    fn of(shape: &Shape, count: u64) -> Self {
+        Self {
+            gpu_milli: shape.gpu_milli,
+            gpus: shape.gpus,
+            cpu_milli: shape.cpu_milli,
+            memory_mib: shape.memory_mib,
+            count,
+        }
+    }
+}
+
 impl Fgd {
     /// An FGD policy that has seen no tasks yet (it places by best fit until it has).
     pub fn new() -> Self {
@@ -224,22 +242,22 @@ impl Fgd {
         }
     }
 
-    /// The shapes that accept GPUs of `model`, by per-GPU request.
-    fn rows(&self, model: &str) -> &[Row] {
-        if self.rows_by_model.is_empty() {
-            return &self.rows_any;
+    /// The shapes that accept GPUs of `model`, by per-GPU request, and which they are.
+    fn scoped_rows(&self, model: &str) -> (Scope, &[Row]) {
+        match self.rows_by_model.get(model) {
+            Some((scope, rows)) => (*scope, rows),
+            None => (memo::ANY, &self.rows_any),
         }
-        self.rows_by_model.get(model).unwrap_or(&self.rows_any)
+    }
+
+    /// The shapes that accept GPUs of `model`, by per-GPU request.
+    #[cfg(test)]
+    fn rows(&self, model: &str) -> &[Row] {
+        self.scoped_rows(model).1
     }
 
     fn rebuild_rows(&mut self) {
-        let row = |shape: &Shape, count: u64| Row {
-            gpu_milli: shape.gpu_milli,
-            gpus: shape.gpus,
-            cpu_milli: shape.cpu_milli,
-            memory_mib: shape.memory_mib,
-            count,
-        };
+        let row = Row::of;
         let by_request = |rows: &mut Vec<Row>| rows.sort_unstable_by_key(|r| r.gpu_milli);
         self.rows_any = self
             .counts
@@ -261,7 +279,8 @@ impl Fgd {
                 .map(|(s, c)| row(s, *c))
                 .collect();
             by_request(&mut rows);
-            self.rows_by_model.insert(model.clone(), rows);
+            self.rows_by_model
+                .insert(model.clone(), (self.scopes[model], rows));
         }
     }
 
@@ -304,14 +323,33 @@ impl Fgd {
         usable
     }
 
+    /// [`Self::usable_by`] the shapes `rows` of `scope`, under this policy's measure, as
+    /// remembered ([`Memo`]).
+    fn remembered_usable(
+        &self,
+        scope: Scope,
+        rows: &[Row],
+        free: &[u32],
+        cpu: u64,
+        memory: u64,
+    ) -> u64 {
+        let measure = self.measure;
+        self.memo
+            .borrow_mut()
+            .usable(measure, scope, free, cpu, memory, || {
+                Self::usable_by(measure, rows, free, cpu, memory)
+            })
+    }
+
     /// The loss of usable capacity of each way to place `task` on a node whose GPUs have `free`
-    /// milli-GPU free (largest first), appended to `out` as `(free share of the GPU used, loss)`:
-    /// one entry per distinct free share that holds a fraction, a single one (share 0) for
-    /// whole GPUs, taken from the entirely free ones, or for CPU only.
+    /// milli-GPU free (largest first), weighed against the shapes `rows` of `scope`, appended
+    /// to `out` as `(free share of the GPU used, loss)`: one entry per distinct free share that
+    /// holds a fraction, a single one (share 0) for whole GPUs, taken from the entirely free
+    /// ones, or for CPU only.
     #[allow(clippy::too_many_arguments)]
     fn losses(
-        measure: Measure,
-        rows: &[Row],
+        &self,
+        (scope, rows): (Scope, &[Row]),
         free: &[u32],
         cpu: u64,
         memory: u64,
@@ -319,14 +357,18 @@ impl Fgd {
         request: Request,
         out: &mut Vec<(u32, u64)>,
     ) {
-        let before = Self::usable_by(measure, rows, free, cpu, memory);
+        let before = self.remembered_usable(scope, rows, free, cpu, memory);
         let (cpu, memory) = (
             cpu.saturating_sub(task.cpu_milli),
             memory.saturating_sub(task.memory_mib),
         );
         let mut after = Vec::with_capacity(free.len());
-        let loss =
-            |after: &[u32]| before - Self::usable_by(measure, rows, after, cpu, memory).min(before);
+        let loss = |after: &[u32]| {
+            before
+                - self
+                    .remembered_usable(scope, rows, after, cpu, memory)
+                    .min(before)
+        };
         match request {
             Request::Fraction(milli) => {
                 for (i, share) in free.iter().copied().enumerate() {
@@ -381,7 +423,15 @@ impl Policy for Fgd {
         if task.gpus == 0 {
             return;
         }
-        *self.counts.entry(Shape::of(task)).or_default() += 1;
+        let shape = Shape::of(task);
+        let mut scopes = Vec::with_capacity(shape.gpu_models.len());
+        for model in &shape.gpu_models {
+            let next = self.scopes.len() as Scope + 1;
+            scopes.push(*self.scopes.entry(model.clone()).or_insert(next));
+        }
+        let row = Row::of(&shape, 1);
+        *self.counts.entry(shape).or_default() += 1;
+        self.memo.get_mut().learnt(row, scopes);
         self.rebuild_rows();
     }
     fn one_node(&self, cluster: &Cluster, task: &TaskSpec) -> bool {
@@ -417,14 +467,13 @@ impl Fgd {
     /// (see [`Fgd::losses`]), appended to `out`.
     fn node_losses(
         &self,
-        rows: &[Row],
+        rows: (Scope, &[Row]),
         state: NodeKey<'_>,
         task: &TaskSpec,
         request: Request,
         out: &mut Vec<(u32, u64)>,
     ) {
-        Self::losses(
-            self.measure,
+        self.losses(
             rows,
             state.free,
             state.cpu,
@@ -504,7 +553,7 @@ impl<'c> Best<'c> {
     /// Weighs the placements on `node` (at `idx`), which can hold the task.
     fn weigh(&mut self, idx: NodeIdx, node: &'c NodeState) {
         let rows = self.rows.of(self.fgd, node);
-        let state = NodeKey::of(rows, node);
+        let state = NodeKey::of(rows.1, node);
         let (from, to) = match self.evaluated.get(&state) {
             Some(range) => *range,
             None => {
@@ -540,16 +589,16 @@ impl<'c> Best<'c> {
 /// Looks each model's rows up once per run of nodes of equal models.
 #[derive(Default)]
 struct ModelRows<'p> {
-    last: Option<(&'p str, &'p [Row])>,
+    last: Option<(&'p str, (Scope, &'p [Row]))>,
 }
 
 impl<'p> ModelRows<'p> {
-    fn of(&mut self, fgd: &'p Fgd, node: &'p NodeState) -> &'p [Row] {
+    fn of(&mut self, fgd: &'p Fgd, node: &'p NodeState) -> (Scope, &'p [Row]) {
         let model = node.spec.gpu_model.as_str();
         match self.last {
             Some((m, rows)) if std::ptr::eq(m, model) || m == model => rows,
             _ => {
-                let rows = fgd.rows(model);
+                let rows = fgd.scoped_rows(model);
                 self.last = Some((model, rows));
                 rows
             }
@@ -655,8 +704,8 @@ impl Incremental {
     /// Ranks the feasible node `idx` as it is now.
     fn rank(&mut self, fgd: &Fgd, cluster: &Cluster, idx: NodeIdx) {
         let node = cluster.node(idx);
-        let rows = fgd.rows(node.spec.gpu_model.as_str());
-        let state = NodeKey::of(rows, node);
+        let rows = fgd.scoped_rows(node.spec.gpu_model.as_str());
+        let state = NodeKey::of(rows.1, node);
         let key = OwnedKey {
             rows: state.rows,
             cpu: state.cpu,
@@ -917,5 +966,8 @@ fn tightest_gpu(node: &NodeState, milli: u32, memory_mib: u64) -> (u32, u32) {
         .unwrap_or((0, WHOLE_GPU_MILLI))
 }
 
+mod memo;
 #[cfg(test)]
 mod tests;
+
+use memo::{Memo, Scope};

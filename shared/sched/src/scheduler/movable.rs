@@ -42,6 +42,48 @@ impl Entry {
 pub(super) struct Movable {
     /// Indexed by node; each node's entries in no order.
     nodes: Vec<Vec<Entry>>,
+    /// Indexed by node: what its entries hold together, kept with them.
+    summaries: Vec<Summary>,
+}
+
+/// What a node's movable tasks hold together, whatever a relocation asks of them: enough for
+/// an attempt to pass over a node whose tasks could not make room, and to bound from below
+/// what moving any of them would cost, without reading the entries — an attempt reads every
+/// node's summary, laid out side by side, and the entries of the few nodes it weighs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Summary {
+    /// Their GPU shares added up, milli-GPU (0: no movable task).
+    pub milli: u64,
+    /// The smallest GPU share among them.
+    pub least_milli: u64,
+    /// The latest point from which one of them would lose work: its start or last reported
+    /// checkpoint, `Time::MAX` if one checkpoints periodically (it may lose almost nothing).
+    pub latest: Time,
+}
+
+impl Summary {
+    fn of(entries: &[Entry]) -> Self {
+        let mut summary = Self {
+            milli: 0,
+            least_milli: u64::MAX,
+            latest: 0,
+        };
+        for e in entries {
+            summary.milli += e.milli;
+            summary.least_milli = summary.least_milli.min(e.milli);
+            let from = match e.checkpoint_every {
+                Some(every) if every > 0 => Time::MAX,
+                _ => e.since.max(e.checkpointed),
+            };
+            summary.latest = summary.latest.max(from);
+        }
+        summary
+    }
+
+    /// The least work any of them would lose if moved at `now`, ms, or less.
+    pub fn least_lost(&self, now: Time) -> Time {
+        now.saturating_sub(self.latest)
+    }
 }
 
 impl Movable {
@@ -50,18 +92,31 @@ impl Movable {
         let at = node.0 as usize;
         if self.nodes.len() <= at {
             self.nodes.resize_with(at + 1, Vec::new);
+            self.summaries.resize(at + 1, Summary::default());
         }
         self.nodes[at].push(entry);
+        self.summaries[at] = Summary::of(&self.nodes[at]);
     }
 
     /// Removes task `id`, which ran at `placement`, if it is there.
     pub fn remove(&mut self, placement: &Placement, id: TaskId) {
         if let [share] = placement.shares.as_slice()
-            && let Some(entries) = self.nodes.get_mut(share.node.0 as usize)
-            && let Some(at) = entries.iter().position(|e| e.id == id)
+            && let at = share.node.0 as usize
+            && let Some(entries) = self.nodes.get_mut(at)
+            && let Some(found) = entries.iter().position(|e| e.id == id)
         {
-            entries.swap_remove(at);
+            entries.swap_remove(found);
+            self.summaries[at] = Summary::of(entries);
         }
+    }
+
+    /// Every node with a movable task, in node order, with what its tasks hold together.
+    pub fn summaries(&self) -> impl Iterator<Item = (NodeIdx, Summary)> + '_ {
+        self.summaries
+            .iter()
+            .enumerate()
+            .filter(|(_, summary)| summary.milli > 0)
+            .map(|(node, summary)| (NodeIdx(node as u32), *summary))
     }
 
     /// Every node with a movable task, in node order, with its entries.
@@ -82,10 +137,12 @@ impl Movable {
     /// `checkpointed`.
     pub fn checkpointed(&mut self, placement: &Placement, id: TaskId, checkpointed: Time) {
         if let [share] = placement.shares.as_slice()
-            && let Some(entries) = self.nodes.get_mut(share.node.0 as usize)
+            && let at = share.node.0 as usize
+            && let Some(entries) = self.nodes.get_mut(at)
             && let Some(entry) = entries.iter_mut().find(|e| e.id == id)
         {
             entry.checkpointed = checkpointed;
+            self.summaries[at] = Summary::of(entries);
         }
     }
 

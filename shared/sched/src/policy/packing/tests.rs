@@ -733,6 +733,38 @@ mod incremental {
     }
 
     proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// What FGD remembers of a node state, brought up to date as it learns more tasks
+        /// (of shapes new and seen, naming models or not, many at a time), is what it works
+        /// out afresh from every shape learnt so far.
+        #[test]
+        fn remembered_usable_capacity_is_what_it_works_out_afresh(
+            nodes in proptest::collection::vec(node_case(), 1..6),
+            steps in proptest::collection::vec((shape(), 0usize..6, 0usize..=12), 1..80),
+            host_aware in any::<bool>(),
+        ) {
+            let mut fgd = learned(&[], host_aware);
+            let cluster = build(&nodes);
+            for (task, pick, times) in steps {
+                // Mostly asked again after a task or two; now and then after many.
+                let times = if times > 9 { times * 4 } else { times / 4 };
+                for _ in 0..times {
+                    fgd.observe_submitted(&task);
+                }
+                let node = cluster.node(NodeIdx((pick % nodes.len()) as u32));
+                let (scope, rows) = fgd.scoped_rows(&node.spec.gpu_model);
+                let (cpu, memory) = node.host_free();
+                let free = node.free_desc();
+                prop_assert_eq!(
+                    fgd.remembered_usable(scope, rows, free, cpu, memory),
+                    Fgd::usable_by(fgd.measure, rows, free, cpu, memory)
+                );
+            }
+        }
+    }
+
+    proptest! {
         #![proptest_config(ProptestConfig::with_cases(200))]
 
         /// Placing tasks of a few shapes one after another — each placement taken, now and
