@@ -2571,9 +2571,8 @@ impl Scheduler {
         let movable = |e: &&movable::Entry| e.milli < need && e.priority <= spec.priority;
         let weigh =
             |e: &movable::Entry| u128::from(e.milli) * u128::from(restart + e.lost_work(now));
-        // Each node that might make room, with what its victims cost at least: no less than
-        // the smallest of their shares, nor than the GPU share missing, each times the least
-        // work any of the node's movable tasks would lose.
+        // Each node that might make room, with what its victims cost at least
+        // ([`movable::Summary::least_cost`]).
         let mut floors: Vec<Reverse<(u128, NodeIdx, u64)>> = Vec::new();
         for (node, summary) in self.movable.summaries() {
             let state = self.cluster.node(node);
@@ -2581,8 +2580,7 @@ impl Scheduler {
             if free >= need || free + summary.milli < need || !state.schedulable {
                 continue;
             }
-            let lost = u128::from(restart + summary.least_lost(now));
-            let floor = u128::from(summary.least_milli.max(need - free)) * lost;
+            let floor = summary.least_cost(need - free, restart, now);
             #[cfg(test)]
             let floor = if self.rule_out_moves { floor } else { 0 };
             floors.push(Reverse((floor, node, free)));

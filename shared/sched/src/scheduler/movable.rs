@@ -57,32 +57,51 @@ pub(super) struct Summary {
     /// The smallest GPU share among them.
     pub least_milli: u64,
     /// The latest point from which one of them would lose work: its start or last reported
-    /// checkpoint, `Time::MAX` if one checkpoints periodically (it may lose almost nothing).
+    /// checkpoint, `Time::MAX` if it checkpoints periodically (it may lose almost nothing).
     pub latest: Time,
+    /// The GPU share of that one.
+    pub latest_milli: u64,
+    /// The latest such point among the others (0 if there are none).
+    pub next: Time,
 }
 
 impl Summary {
     fn of(entries: &[Entry]) -> Self {
         let mut summary = Self {
-            milli: 0,
             least_milli: u64::MAX,
-            latest: 0,
+            ..Self::default()
         };
-        for e in entries {
+        for (i, e) in entries.iter().enumerate() {
             summary.milli += e.milli;
             summary.least_milli = summary.least_milli.min(e.milli);
             let from = match e.checkpoint_every {
                 Some(every) if every > 0 => Time::MAX,
                 _ => e.since.max(e.checkpointed),
             };
-            summary.latest = summary.latest.max(from);
+            if i == 0 || from > summary.latest {
+                summary.next = if i == 0 { 0 } else { summary.latest };
+                summary.latest = from;
+                summary.latest_milli = e.milli;
+            } else {
+                summary.next = summary.next.max(from);
+            }
         }
         summary
     }
 
-    /// The least work any of them would lose if moved at `now`, ms, or less.
-    pub fn least_lost(&self, now: Time) -> Time {
-        now.saturating_sub(self.latest)
+    /// At least what moving those of them that free `missing` milli-GPU or more would cost at
+    /// `now`, a move costing each its share × (`restart` + the work it would lose), milli-GPU·ms.
+    /// The one with the latest point loses the least; every other loses at least what one from
+    /// `next` would. So a move that takes the latest costs at least its share × its least loss,
+    /// plus the rest of what is missing at the others' least; one that leaves it, at least what
+    /// is missing (and no less than the smallest share) at the others' least.
+    pub fn least_cost(&self, missing: u64, restart: Time, now: Time) -> u128 {
+        let latest = u128::from(restart + now.saturating_sub(self.latest));
+        let others = u128::from(restart + now.saturating_sub(self.next));
+        let with_latest = u128::from(self.latest_milli) * latest
+            + u128::from(missing.saturating_sub(self.latest_milli)) * others;
+        let without = u128::from(self.least_milli.max(missing)) * others;
+        with_latest.min(without)
     }
 }
 
@@ -180,6 +199,63 @@ mod tests {
                 node: NodeIdx(node),
                 ..Default::default()
             }],
+        }
+    }
+
+    #[test]
+    fn a_summary_costs_a_move_no_more_than_any_set_of_its_tasks_that_frees_enough() {
+        // Shares, starts and checkpoint intervals of a node's movable tasks: one started last
+        // with a small share, older ones, a tie on the latest start, one checkpointing.
+        let cases: [&[(u64, Time, Option<Time>)]; 4] = [
+            &[(100, 9_000, None), (700, 1_000, None), (500, 4_000, None)],
+            &[(300, 9_000, None), (300, 9_000, None), (900, 2_000, None)],
+            &[
+                (250, 5_000, Some(600)),
+                (500, 8_000, None),
+                (250, 1_000, None),
+            ],
+            &[(800, 7_000, None)],
+        ];
+        let (restart, now) = (60, 10_000);
+        for entries in cases {
+            let entries: Vec<Entry> = entries
+                .iter()
+                .enumerate()
+                .map(|(i, (milli, since, every))| Entry {
+                    milli: *milli,
+                    since: *since,
+                    checkpointed: *since,
+                    checkpoint_every: *every,
+                    ..entry(i as u64)
+                })
+                .collect();
+            let summary = Summary::of(&entries);
+            for missing in [1, 100, 250, 301, 600, 900, 1_200, 1_500] {
+                // The cheapest set of them that frees at least `missing`, by brute force.
+                let cheapest = (1u32..1 << entries.len())
+                    .filter_map(|set| {
+                        let taken = entries
+                            .iter()
+                            .enumerate()
+                            .filter(|(i, _)| set >> i & 1 == 1);
+                        let freed: u64 = taken.clone().map(|(_, e)| e.milli).sum();
+                        (freed >= missing).then(|| {
+                            taken
+                                .map(|(_, e)| {
+                                    u128::from(e.milli) * u128::from(restart + e.lost_work(now))
+                                })
+                                .sum::<u128>()
+                        })
+                    })
+                    .min();
+                if let Some(cheapest) = cheapest {
+                    assert!(
+                        summary.least_cost(missing, restart, now) <= cheapest,
+                        "{entries:?} missing {missing}: bound {} above {cheapest}",
+                        summary.least_cost(missing, restart, now)
+                    );
+                }
+            }
         }
     }
 
