@@ -24,15 +24,15 @@ use super::{Measure, Row};
 const CAPACITY: usize = 1 << 15;
 
 /// How many learnt tasks an answer may be behind and still be brought up to date (a term is
-/// about a twentieth of a fresh answer on a node of eight GPUs and a hundred shapes). On
-/// openb, 8 is slower by a sixth; 128 is no faster.
+/// one shape's part of a fresh answer, which sums over every shape: 126 on openb). On openb,
+/// 8 is slower by a sixth; 128 is no faster.
 const MOST_BEHIND: u64 = 32;
 
 /// The GPUs a remembered state may have (larger nodes are answered afresh every time).
 const GPUS: usize = 8;
 
 /// Which shapes a state was weighed against: those accepting any model, or those a model's
-/// nodes can hold (see [`Fgd::rows`](super::Fgd::rows)), by the model's number.
+/// nodes can hold (see [`Fgd::scoped_rows`](super::Fgd::scoped_rows)), by the model's number.
 pub(super) type Scope = u32;
 
 /// The shapes that accept any model.
