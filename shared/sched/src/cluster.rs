@@ -235,10 +235,11 @@ fn freed_might_hold(
 
 /// Every node of a cluster as it would be if some of what runs there were released: a
 /// [`Freeing`] per node a release touches, kept in flat arrays (a search releases hundreds of
-/// victims over as many nodes).
+/// victims over as many nodes). It borrows nothing: each call is handed the cluster it was
+/// made from, as it was then (what is released and given back in between does not count), so
+/// a search may try placements on the cluster while it keeps one.
 #[derive(Debug)]
-pub struct FreeingNodes<'c> {
-    nodes: &'c [NodeState],
+pub struct FreeingNodes {
     /// Per node, where its state is in `touched` (`u32::MAX`: untouched).
     slot: Vec<u32>,
     /// The nodes touched: index, where their GPUs start in `gpu_free`, free CPU and memory.
@@ -246,21 +247,20 @@ pub struct FreeingNodes<'c> {
     gpu_free: Vec<u32>,
 }
 
-impl<'c> FreeingNodes<'c> {
+impl FreeingNodes {
     /// `cluster`'s nodes as they are.
-    pub fn new(cluster: &'c Cluster) -> Self {
+    pub fn new(cluster: &Cluster) -> Self {
         Self {
-            nodes: &cluster.nodes,
             slot: vec![u32::MAX; cluster.nodes.len()],
             touched: Vec::new(),
             gpu_free: Vec::new(),
         }
     }
 
-    /// Releases `share`, as [`Freeing::release`] would on its node.
-    pub fn release(&mut self, share: &NodeShare) {
+    /// Releases `share`, as [`Freeing::release`] would on its node of `cluster`.
+    pub fn release(&mut self, cluster: &Cluster, share: &NodeShare) {
         let at = share.node.0 as usize;
-        let node = &self.nodes[at];
+        let node = &cluster.nodes[at];
         if self.slot[at] == u32::MAX {
             self.slot[at] = self.touched.len() as u32;
             self.touched.push((
@@ -276,14 +276,34 @@ impl<'c> FreeingNodes<'c> {
         release_share(node, gpus, (cpu, memory), share);
     }
 
-    /// Per node, whether it might then hold `task` ([`Freeing::might_hold`]); an untouched
-    /// node is `false`.
-    pub fn might_hold(&self, task: &crate::model::TaskSpec) -> Vec<bool> {
-        let mut out = vec![false; self.nodes.len()];
-        for &(idx, start, cpu, memory) in &self.touched {
-            let node = &self.nodes[idx.0 as usize];
-            let gpus = &self.gpu_free[start..start + node.gpu_free.len()];
-            out[idx.0 as usize] = freed_might_hold(node, gpus, cpu, memory, task);
+    /// Whether node `idx` of `cluster` might then hold `task` ([`Freeing::might_hold`]); an
+    /// untouched node is `false`.
+    pub fn might_hold_on(
+        &self,
+        cluster: &Cluster,
+        idx: NodeIdx,
+        task: &crate::model::TaskSpec,
+    ) -> bool {
+        let Some(&(_, start, cpu, memory)) = self.touched.get(self.slot[idx.0 as usize] as usize)
+        else {
+            return false;
+        };
+        let node = &cluster.nodes[idx.0 as usize];
+        freed_might_hold(
+            node,
+            &self.gpu_free[start..start + node.gpu_free.len()],
+            cpu,
+            memory,
+            task,
+        )
+    }
+
+    /// Per node of `cluster`, whether it might then hold `task` ([`Freeing::might_hold`]); an
+    /// untouched node is `false`.
+    pub fn might_hold(&self, cluster: &Cluster, task: &crate::model::TaskSpec) -> Vec<bool> {
+        let mut out = vec![false; self.slot.len()];
+        for &(idx, ..) in &self.touched {
+            out[idx.0 as usize] = self.might_hold_on(cluster, idx, task);
         }
         out
     }
@@ -722,7 +742,7 @@ mod tests {
             .collect();
         for placement in &released {
             let s = &placement.shares[0];
-            many.release(s);
+            many.release(&cluster, s);
             each[s.node.0 as usize].release(s);
         }
         let tasks = [
@@ -736,11 +756,11 @@ mod tests {
         ];
         for task in &tasks {
             let alone: Vec<bool> = each.iter().map(|f| f.might_hold(task)).collect();
-            assert_eq!(many.might_hold(task), alone, "task {}", task.id.0);
+            assert_eq!(many.might_hold(&cluster, task), alone, "task {}", task.id.0);
         }
         // a holds 2 GPUs again; b only 1 (its other is out of service); c only half of one.
-        assert_eq!(many.might_hold(&tasks[0]), [true, false, false]);
-        assert_eq!(many.might_hold(&tasks[2]), [true, true, true]);
+        assert_eq!(many.might_hold(&cluster, &tasks[0]), [true, false, false]);
+        assert_eq!(many.might_hold(&cluster, &tasks[2]), [true, true, true]);
     }
 
     #[test]

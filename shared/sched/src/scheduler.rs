@@ -522,6 +522,13 @@ pub struct Scheduler {
     /// How many searches sorted their victims out.
     #[cfg(test)]
     sorted_out: usize,
+    /// Whether searches for a unit that fits nowhere walk node by node where they can (tests
+    /// compare; see [`by_node`]).
+    #[cfg(test)]
+    by_node: bool,
+    /// How many searches found a placement so.
+    #[cfg(test)]
+    walked_by_node: usize,
     /// Whether searches no node could end are ruled out before ranking (tests compare).
     #[cfg(test)]
     rule_out: bool,
@@ -663,6 +670,10 @@ impl Scheduler {
             reclaimable: Reclaimable::default(),
             #[cfg(test)]
             sorted_out: 0,
+            #[cfg(test)]
+            by_node: true,
+            #[cfg(test)]
+            walked_by_node: 0,
             #[cfg(test)]
             rule_out: true,
             #[cfg(test)]
@@ -2209,6 +2220,41 @@ impl Scheduler {
                 &self.cluster,
                 &*self.policy,
             );
+        #[cfg(test)]
+        let by_node = self.by_node;
+        #[cfg(not(test))]
+        let by_node = true;
+        if by_node && unplaceable && may_sort_out && unit.specs[0].mig_profile.is_none() {
+            let walk = victims.clone();
+            match self.preempt_by_node(unit, preemptor, &quotas, walk, running, now) {
+                ByNode::Found(found, stopped) => {
+                    #[cfg(test)]
+                    {
+                        self.walked_by_node += 1;
+                    }
+                    let nodes: Vec<NodeIdx> = found.0[0].shares.iter().map(|s| s.node).collect();
+                    let preempted = stopped.len();
+                    for (member, why) in stopped {
+                        let lost = self.tasks[&member].lost_work(now) / 1000;
+                        let reason =
+                            format!("{why}; loses {lost} s of work since its last checkpoint");
+                        let task = &self.tasks[&member];
+                        running.remove(task.team, member, task.spec.max_runtime.is_some());
+                        self.stop(member, now, Some(unit.members[0]), reason, out);
+                        requeued.push(member);
+                    }
+                    self.cluster
+                        .forget_changes_since(mark, nodes.iter().copied());
+                    self.no_room.freed(nodes);
+                    return Some((found, preempted));
+                }
+                ByNode::Nowhere => {
+                    self.cluster.forget_changes_since(mark, []);
+                    return None;
+                }
+                ByNode::Undecided => {}
+            }
+        }
         let mut freed_fits: Option<bool> = unplaceable.then_some(false);
         let mut freed: Vec<NodeIdx> = Vec::new();
         let mut gone: HashSet<TaskId> = HashSet::default();
@@ -2422,7 +2468,8 @@ impl Scheduler {
     /// `floor` (no team is taken whole, none has a usage limit) and keys have classes
     /// ([`Policy::class`]), so what the classes past the floor hold on each node
     /// ([`Reclaimable`]) is the most a search could free there. Answered from the nodes alone,
-    /// before any running task is weighed; `false` when it cannot be.
+    /// before any running task is weighed; `false` when it cannot be. A shape found so is
+    /// remembered, and asked again only of the nodes freed since ([`NoRoom::beyond_help`]).
     fn no_victims_could_make_room(
         &mut self,
         unit: &Unit,
@@ -2466,10 +2513,20 @@ impl Scheduler {
         );
         // As a search reads the classes: one wholly at or below the floor holds no victim.
         let counts = |class: i64| !victims::below(class, floor);
-        let might = self.cluster.nodes().iter().enumerate().any(|(at, node)| {
-            self.reclaimable
-                .might_hold(node, NodeIdx(at as u32), counts, task)
+        let classes = (floor.0, (floor.1, floor.2) == (i64::MAX, u64::MAX));
+        let shape = &self.tasks[&unit.members[0]].shape;
+        let (cluster, reclaimable) = (&self.cluster, &self.reclaimable);
+        let known = self.no_room.beyond_help(shape, classes, |at| {
+            reclaimable.might_hold(cluster.node(at), at, counts, task)
         });
+        let might =
+            !known
+                && cluster.nodes().iter().enumerate().any(|(at, node)| {
+                    reclaimable.might_hold(node, NodeIdx(at as u32), counts, task)
+                });
+        if !known && !might {
+            self.no_room.insert_beyond_help(shape, classes);
+        }
         #[cfg(test)]
         {
             self.ruled_out += usize::from(!might);
@@ -2502,7 +2559,7 @@ impl Scheduler {
                     Some(held) => held,
                     None => self.shares_of(runner.id),
                 };
-                held.iter().for_each(|s| freeing.release(s));
+                held.iter().for_each(|s| freeing.release(&self.cluster, s));
                 continue;
             }
             if gone.contains(&victim.id()) {
@@ -2510,10 +2567,11 @@ impl Scheduler {
             }
             let leader = self.leader(victim.id());
             if seen.insert(leader) {
-                self.group_shares(leader).for_each(|s| freeing.release(s));
+                self.group_shares(leader)
+                    .for_each(|s| freeing.release(&self.cluster, s));
             }
         }
-        freeing.might_hold(task)
+        freeing.might_hold(&self.cluster, task)
     }
 
     /// The node shares of the running group (a gang whole, as [`Self::unit_ids`] has it) led by
@@ -3228,6 +3286,7 @@ impl Reservation {
     }
 }
 
+mod by_node;
 mod movable;
 mod no_room;
 mod reclaimable;
@@ -3294,6 +3353,7 @@ fn place_with(policy: &dyn Policy, cluster: &Cluster, spec: &TaskSpec) -> Option
 mod tests;
 mod victims;
 
+use by_node::ByNode;
 use movable::Movable;
 use no_room::NoRoom;
 use reclaimable::Reclaimable;

@@ -9,6 +9,14 @@
 //! Changes that are not plain releases (a node joining or coming back into service, a quota
 //! or budget change) forget everything.
 //!
+//! The same log answers a second question: which shapes no preemption search could make room
+//! for, were every victim it may take gone ([`Scheduler::no_victims_could_make_room`]). What a
+//! node could offer so is what is free there plus what the classes a search may take hold; a
+//! task of those classes that starts takes from one and adds to the other, any other task that
+//! starts only takes. So, as for a placement, only a release can make a node newly able to.
+//!
+//! [`Scheduler::no_victims_could_make_room`]: super::Scheduler::no_victims_could_make_room
+//!
 //! [`NodeState::might_hold`]: crate::cluster::NodeState::might_hold
 
 use rustc_hash::FxHashMap as HashMap;
@@ -21,14 +29,28 @@ use crate::policy::Policy;
 pub(super) struct NoRoom {
     /// Each shape that found no room, with the length of `freed` when it last did.
     shapes: HashMap<Shape, usize>,
-    /// Nodes where capacity was freed, in order (kept only while some shape is remembered).
+    /// Each shape no preemption could make room for, by which classes a search may take
+    /// ([`Classes`]), with the length of `freed` when that was last found.
+    beyond_help: HashMap<Shape, Vec<(Classes, usize)>>,
+    /// Nodes where capacity was freed, in order (kept only while some shape is remembered, and
+    /// at most [`MAX_FREED`] long).
     freed: Vec<NodeIdx>,
 }
+
+/// The classes a preemption search may take, as its key floor names them: those above the
+/// first number, and that class itself unless the flag says the floor is its last key
+/// ([`super::victims::below`]).
+pub(super) type Classes = (i64, bool);
+
+/// How many releases are remembered before everything is forgotten (which is always correct):
+/// shapes that never fit again would otherwise keep the log growing.
+const MAX_FREED: usize = 1 << 16;
 
 impl NoRoom {
     /// Forgets every shape: what changed may let any of them fit anywhere.
     pub fn clear(&mut self) {
         self.shapes.clear();
+        self.beyond_help.clear();
         self.freed.clear();
     }
 
@@ -39,11 +61,52 @@ impl NoRoom {
 
     /// Capacity was freed on `nodes` (and nothing else changed).
     pub fn freed(&mut self, nodes: impl IntoIterator<Item = NodeIdx>) {
-        if self.shapes.is_empty() {
+        if self.shapes.is_empty() && self.beyond_help.is_empty() {
             self.freed.clear();
         } else {
             self.freed.extend(nodes);
+            if self.freed.len() > MAX_FREED {
+                self.clear();
+            }
         }
+    }
+
+    /// `shape` is beyond the help of any search that may take `classes`, on the cluster as it
+    /// is.
+    pub fn insert_beyond_help(&mut self, shape: &Shape, classes: Classes) {
+        let at = self.freed.len();
+        let known = self.beyond_help.entry(shape.clone()).or_default();
+        match known.iter_mut().find(|(c, _)| *c == classes) {
+            Some((_, since)) => *since = at,
+            None => known.push((classes, at)),
+        }
+    }
+
+    /// Whether `shape` is known to be beyond the help of any search that may take `classes`:
+    /// it was found so, and no node freed since `might_help` (whether a node might now hold
+    /// it, were every such victim gone).
+    pub fn beyond_help(
+        &mut self,
+        shape: &Shape,
+        classes: Classes,
+        might_help: impl Fn(NodeIdx) -> bool,
+    ) -> bool {
+        let Some(known) = self.beyond_help.get_mut(shape) else {
+            return false;
+        };
+        let Some(at) = known.iter().position(|(c, _)| *c == classes) else {
+            return false;
+        };
+        let since = &mut known[at].1;
+        if !self.freed[*since..].iter().any(|n| might_help(*n)) {
+            *since = self.freed.len();
+            return true;
+        }
+        known.swap_remove(at);
+        if known.is_empty() {
+            self.beyond_help.remove(shape);
+        }
+        false
     }
 
     /// Whether `task`, of `shape`, is known to fit nowhere on `cluster`: its shape found no

@@ -581,6 +581,7 @@ impl Victim {
 /// One search's victims in rank order, merged from the teams' ranked lists as the search takes
 /// them. Each call is handed the [`Running`] it was made from (unchanged since) and the
 /// policy's answer for a task (`ask`), which must not change during the search.
+#[derive(Clone)]
 pub(super) struct Search {
     parts: Vec<Part>,
     /// Each part's next victim, smallest rank first, with its part and runner's number.
@@ -591,6 +592,7 @@ pub(super) struct Search {
 }
 
 /// A team's class taking part in a search.
+#[derive(Clone)]
 struct Part {
     team: usize,
     class: usize,

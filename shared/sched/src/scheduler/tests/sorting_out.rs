@@ -1,7 +1,8 @@
 //! A preemption search that stops releasing the victims which cannot help its unit decides
 //! exactly as one that releases every victim in turn: same victims, same explanations, same
-//! placements, whatever the quotas say. So does a scheduler that rules out, from what each class
-//! holds per node, the searches no victims could end.
+//! placements, whatever the quotas say. So does one that walks node by node, for a unit that
+//! fits nowhere ([`super::super::by_node`]), and a scheduler that rules out, from what each
+//! class holds per node, the searches no victims could end.
 
 use super::*;
 
@@ -14,22 +15,26 @@ fn decisions(
     seed: u64,
     sort_out_after: (usize, usize),
 ) -> (Vec<String>, usize, usize) {
-    let (log, s, gang_preempted) = run(policy, seed, sort_out_after, true, true);
+    // Walking node by node, most searches would never sort out.
+    let (log, s, gang_preempted) = run(policy, seed, sort_out_after, true, true, false);
     (log, s.sorted_out, gang_preempted)
 }
 
-/// [`decisions`], with or without the teams' quotas and the searches no victims could end
-/// ruled out (`rule_out`); the scheduler at the end, and how many gang members were preempted.
+/// [`decisions`], with or without the teams' quotas, the searches no victims could end ruled
+/// out (`rule_out`) and searches walking node by node where they can (`by_node`); the scheduler
+/// at the end, and how many gang members were preempted.
 fn run(
     policy: &str,
     seed: u64,
     sort_out_after: (usize, usize),
     quotas: bool,
     rule_out: bool,
+    by_node: bool,
 ) -> (Vec<String>, Scheduler, usize) {
     let mut s = Scheduler::new(crate::policy::by_name(policy).unwrap());
     s.sort_out_after = sort_out_after;
     s.rule_out = rule_out;
+    s.by_node = by_node;
     for i in 0..16 {
         let mut spec = NodeSpec::new(format!("n{i}"), 8, if i % 3 == 0 { "A100" } else { "H100" });
         spec.cpu_milli = 64_000;
@@ -132,8 +137,8 @@ fn ruling_out_searches_no_victims_could_end_changes_no_decision() {
         for quotas in [false, true] {
             let mut ruled_out = 0;
             for seed in 1..=6 {
-                let (all, _, _) = run(policy, seed, each, quotas, false);
-                let (some, s, _) = run(policy, seed, each, quotas, true);
+                let (all, _, _) = run(policy, seed, each, quotas, false, true);
+                let (some, s, _) = run(policy, seed, each, quotas, true, true);
                 ruled_out += s.ruled_out;
                 assert!(
                     all.iter().any(|d| d.contains("\"preempted\"")),
@@ -155,4 +160,79 @@ fn ruling_out_searches_no_victims_could_end_changes_no_decision() {
             );
         }
     }
+}
+
+#[test]
+fn walking_node_by_node_changes_no_decision() {
+    let each = (SORT_OUT_AFTER, SORT_OUT_SHARE);
+    for policy in ["allot", "kueue"] {
+        for quotas in [false, true] {
+            let mut walked = 0;
+            for seed in 1..=6 {
+                let (all, _, _) = run(policy, seed, each, quotas, true, false);
+                let (some, s, _) = run(policy, seed, each, quotas, true, true);
+                walked += s.walked_by_node;
+                let first = all.iter().zip(&some).position(|(a, b)| a != b);
+                assert_eq!(
+                    (all.len(), first),
+                    (some.len(), None),
+                    "{policy}, quotas {quotas}, seed {seed}: the first decision that differs, \
+                     releasing every victim: {:?}; walking node by node: {:?}",
+                    first.map(|at| &all[at]),
+                    first.map(|at| &some[at]),
+                );
+            }
+            assert!(
+                walked > 0,
+                "{policy}, quotas {quotas}: no search walked node by node"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_task_no_preemption_could_help_gets_its_victims_once_the_task_in_its_way_is_gone() {
+    // Each node: one GPU held by urgent work, seven by background work. No preemption can
+    // give an urgent 8-GPU task a node, until the urgent 1-GPU task on `a` is gone (withdrawn:
+    // a finished run would teach the estimator, and a learned estimate changes which victims
+    // a search may take).
+    let urgent = |t: TaskBuilder| {
+        let mut t = t;
+        t.0.priority = 1;
+        t
+    };
+    let log = script(
+        "allot",
+        vec![node("a"), node("b")],
+        vec![
+            submit(urgent(task(1)), 0),
+            submit(urgent(task(2)), 0),
+            submit(task(3).gpus(7), 0),
+            submit(task(4).gpus(7), 0),
+            pass(0),
+            submit(urgent(task(5).gpus(8)), 60_000),
+            pass(60_000),
+            // Asked again with nothing freed: still beyond help (and remembered so).
+            pass(120_000),
+            Input::TaskWithdrawn {
+                task: TaskId(1),
+                reason: "aborted".into(),
+                at: 180_000,
+                run: None,
+            },
+            pass(180_000),
+        ],
+    );
+    assert_eq!(
+        log,
+        [
+            "grant 1@a",
+            "grant 2@b",
+            "grant 3@a",
+            "grant 4@b",
+            "release 1",
+            "preempt 3 for 5",
+            "grant 5@a",
+        ]
+    );
 }

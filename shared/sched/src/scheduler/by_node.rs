@@ -1,0 +1,160 @@
+//! A preemption search for a unit that fits nowhere and goes on one node, walked node by node.
+//!
+//! The search of [`Scheduler::preempt_for`] releases victims in rank order, and after each
+//! release tries to place the unit among the nodes released so far. For a single task that
+//! fitted nowhere, goes on one node and whose team's quota admits it already, only the node of
+//! the victim just released can newly hold it: every other node is as it was when the last try
+//! failed there, or never might hold it (capacity only grows as victims go, and a try happens
+//! whenever a released node might hold the unit). So the search ends at the first victim whose
+//! node, with every victim taken there so far released, holds the unit; its placement is the
+//! one found on that node alone; and the victims stopped are those taken there, in rank order.
+//! Victims taken on other nodes keep running, since the quota that admitted the unit admits it
+//! with them charged back (usage only falls as victims are refunded).
+//!
+//! So this walk takes the same victims in the same order, but only counts what each frees on
+//! its node ([`FreeingNodes`]) and releases on the cluster only the victims of a node that then
+//! might hold the unit, for the one try that node needs, giving them back if it fails. It leaves
+//! every other node untouched, and explains only the victims it stops, each with the quotas as
+//! the full search would have read them (everyone taken before it refunded). A victim in a gang
+//! or on more than one node ends the walk undecided: the full search, from the start, decides.
+
+use rustc_hash::FxHashMap as HashMap;
+
+use super::victims::{Running, Search, Victim};
+use super::{Contender, Placed, Scheduler, State, Unit, may_take};
+use crate::cluster::FreeingNodes;
+use crate::model::{NodeIdx, TaskId};
+use crate::quota::{self, Quotas};
+
+/// How a walk by node ended.
+pub(super) enum ByNode {
+    /// The unit's placement, and the victims to stop for it in rank order, with the words that
+    /// explain each. Their resources are released on the cluster; their quota is not refunded.
+    Found(Placed, Vec<(TaskId, String)>),
+    /// No node the victims are on could hold the unit: the cluster is as it was.
+    Nowhere,
+    /// A victim in a gang or on several nodes: the full search must decide (the cluster is as
+    /// it was).
+    Undecided,
+}
+
+impl Scheduler {
+    /// Walks `victims` (a search not started yet, of `running`, for `unit` as `preemptor`,
+    /// whose policy answers are asked of `quotas` as they were when the search began) node by
+    /// node — see the module's docs. The unit is one task that fits nowhere, goes on one node
+    /// and its quota admits now.
+    pub(super) fn preempt_by_node(
+        &mut self,
+        unit: &Unit,
+        preemptor: Contender<'_>,
+        quotas: &Quotas,
+        mut victims: Search,
+        running: &mut Running,
+        now: crate::model::Time,
+    ) -> ByNode {
+        let task = &unit.specs[0];
+        let own = self.tasks[&task.id].team;
+        let mut freeing = FreeingNodes::new(&self.cluster);
+        // Every victim taken, in rank order, and where each node's are in it.
+        let mut taken: Vec<(Victim, NodeIdx)> = Vec::new();
+        let mut on: HashMap<NodeIdx, Vec<u32>> = HashMap::default();
+        loop {
+            let policy = &*self.policy;
+            let tasks = &self.tasks;
+            let Some(victim) = victims.next(running, |r| {
+                may_take(policy, tasks, quotas, preemptor, own, r)
+            }) else {
+                return ByNode::Nowhere;
+            };
+            let runner = victims.taken(running);
+            if runner.gang {
+                return ByNode::Undecided;
+            }
+            let [share] = self.held_by(runner) else {
+                return ByNode::Undecided;
+            };
+            let node = share.node;
+            freeing.release(&self.cluster, share);
+            let here = on.entry(node).or_default();
+            here.push(taken.len() as u32);
+            taken.push((victim, node));
+            if !freeing.might_hold_on(&self.cluster, node, task) {
+                continue;
+            }
+            // The one try this release calls for, on this node alone.
+            let ids: Vec<TaskId> = here.iter().map(|i| taken[*i as usize].0.id()).collect();
+            self.hold_ids(&ids, false);
+            let placed = self.place_among(task, &[node]).map(|p| (vec![p], None));
+            debug_assert_eq!(
+                placed,
+                self.place_unit(unit),
+                "only the node of the victim just released can newly hold the unit"
+            );
+            let Some(placed) = placed else {
+                self.hold_ids(&ids, true);
+                continue;
+            };
+            let stopped = self.explain(preemptor, &taken, node, now);
+            return ByNode::Found(placed, stopped);
+        }
+    }
+
+    /// Releases (`take` false) or takes back the resources of the running tasks `ids` on the
+    /// cluster, leaving the quotas alone.
+    fn hold_ids(&mut self, ids: &[TaskId], take: bool) {
+        for id in ids {
+            if let State::Running { placement, .. } = &self.tasks[id].state {
+                if take {
+                    self.cluster.allocate(placement);
+                } else {
+                    self.cluster.release(placement);
+                }
+            }
+        }
+    }
+
+    /// The victims in `taken` (rank order) on `node`, each with the words the full search
+    /// would explain it in: read of the quotas with every victim taken before it refunded, as
+    /// that search refunds them. Those stopped are left refunded, the others charged back.
+    fn explain(
+        &mut self,
+        preemptor: Contender<'_>,
+        taken: &[(Victim, NodeIdx)],
+        node: NodeIdx,
+        now: crate::model::Time,
+    ) -> Vec<(TaskId, String)> {
+        let mut stopped = Vec::new();
+        for (victim, on) in taken {
+            let task = &self.tasks[&victim.id()];
+            if *on == node {
+                let why = if victim.over() {
+                    format!(
+                        "ran {} s, past its usage limit of {} s",
+                        task.run_time(now) / 1000,
+                        task.spec.max_runtime.unwrap_or(0) / 1000
+                    )
+                } else {
+                    let victim = Contender {
+                        spec: &task.spec,
+                        key: victim.key(),
+                        demand: quota::demand(&task.spec),
+                        lost: task.lost_work(now),
+                    };
+                    self.policy
+                        .preemption_reason(preemptor, victim, &self.quotas)
+                };
+                stopped.push((task.spec.id, why));
+            }
+            self.quotas
+                .refund(&task.spec.team, quota::demand(&task.spec));
+        }
+        // Those that keep running are charged back; those stopped stay refunded.
+        for (victim, on) in taken {
+            if *on != node {
+                let spec = &self.tasks[&victim.id()].spec;
+                self.quotas.charge(&spec.team, quota::demand(spec));
+            }
+        }
+        stopped
+    }
+}
