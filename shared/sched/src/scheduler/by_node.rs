@@ -70,7 +70,7 @@ impl Scheduler {
             if runner.gang {
                 return ByNode::Undecided;
             }
-            let [share] = self.held_by(runner) else {
+            let [share] = self.shares_of(runner.id) else {
                 return ByNode::Undecided;
             };
             let node = share.node;
