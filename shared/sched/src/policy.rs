@@ -228,6 +228,8 @@ pub trait Policy: Send + std::fmt::Debug {
         None
     }
     /// Tells the policy a task was submitted (FGD learns the distribution of task shapes).
+    /// What it learns must not change the keys of running tasks: a sweep's ranking of them is
+    /// kept for the next pass at the same time while only submissions come in between.
     fn observe_submitted(&mut self, _task: &TaskSpec) {}
     /// The parameters it runs with, printed beside results.
     fn parameters(&self) -> String {

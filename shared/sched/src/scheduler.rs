@@ -514,6 +514,11 @@ pub struct Scheduler {
     /// The running tasks by team, kept as tasks start and stop: what a sweep's preemption
     /// searches index (unranked here; a sweep ranks a copy).
     running: Running,
+    /// The last sweep's ranked copy, with the time of its pass: what a search reads of a
+    /// running task is fixed by the time, so the next pass at the same time ranks nothing
+    /// again while only submissions come in between (any other input forgets it). A trace's
+    /// arrivals often share a time: openb's re-sampled pods all arrive at its last.
+    ranked: Option<(Time, Running)>,
     /// The running tasks a relocation could move, by node, kept as tasks start and stop.
     movable: Movable,
     /// What running tasks hold on each node by class ([`Policy::class`]), kept as tasks start
@@ -529,6 +534,12 @@ pub struct Scheduler {
     /// How many searches found a placement so.
     #[cfg(test)]
     walked_by_node: usize,
+    /// Whether a sweep's ranking is kept for the next pass at the same time (tests compare).
+    #[cfg(test)]
+    keep_ranking: bool,
+    /// How many sweeps started from a kept ranking.
+    #[cfg(test)]
+    rankings_kept: usize,
     /// Whether searches no node could end are ruled out before ranking (tests compare).
     #[cfg(test)]
     rule_out: bool,
@@ -666,6 +677,7 @@ impl Scheduler {
             sort_out_after: (SORT_OUT_AFTER, SORT_OUT_SHARE),
             teams: HashMap::default(),
             running: Running::of(order, std::iter::empty()),
+            ranked: None,
             movable: Movable::default(),
             reclaimable: Reclaimable::default(),
             #[cfg(test)]
@@ -674,6 +686,10 @@ impl Scheduler {
             by_node: true,
             #[cfg(test)]
             walked_by_node: 0,
+            #[cfg(test)]
+            keep_ranking: true,
+            #[cfg(test)]
+            rankings_kept: 0,
             #[cfg(test)]
             rule_out: true,
             #[cfg(test)]
@@ -966,6 +982,9 @@ impl Scheduler {
 
     /// Applies one input, appending decisions to `out` (no allocation per call).
     pub fn apply_into(&mut self, input: Input, out: &mut Vec<Decision>) -> Result<(), ApplyError> {
+        if !matches!(input, Input::TaskSubmitted { .. } | Input::Schedule { .. }) {
+            self.ranked = None;
+        }
         match input {
             Input::NodeAdded(spec) => {
                 self.pristine.add_node(spec.clone());
@@ -1876,7 +1895,30 @@ impl Scheduler {
         let mut reservation: Option<Reservation> = None;
         let mut hopeless_gpus = u32::MAX;
         let mut unmovable_gpus = u32::MAX;
-        let mut running: Option<Running> = None;
+        let mut running: Option<Running> = self
+            .ranked
+            .take()
+            .and_then(|(at, ranked)| (at == now).then_some(ranked));
+        #[cfg(test)]
+        {
+            running = running.filter(|_| self.keep_ranking);
+            self.rankings_kept += usize::from(running.is_some());
+        }
+        #[cfg(debug_assertions)]
+        if let Some(ranked) = &running {
+            debug_assert!(
+                ranked.same_tasks(&self.running),
+                "a ranking kept from a pass at the same time holds the running tasks"
+            );
+            let stale = ranked.runners().find(|r| {
+                let fresh = self.runner(&self.tasks[&r.id], now);
+                (fresh.key, fresh.lost, fresh.over, fresh.gpus) != (r.key, r.lost, r.over, r.gpus)
+            });
+            debug_assert!(
+                stale.is_none(),
+                "a ranking kept from a pass at the same time ranks as a fresh one: {stale:?}"
+            );
+        }
         // Each shape's placer, for the sweep (the cluster logs where it changes meanwhile).
         let mut placers = Placers::default();
         self.cluster.log_changes(true);
@@ -2071,6 +2113,7 @@ impl Scheduler {
             }
         }
         self.cluster.log_changes(false);
+        self.ranked = running.map(|ranked| (now, ranked));
         self.queue = queue;
         for key in started {
             self.queue.remove(&key);

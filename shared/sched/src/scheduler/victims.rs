@@ -444,6 +444,18 @@ impl Running {
         }
     }
 
+    /// Every running task's runner computed so far (checked in debug builds against fresh
+    /// ones).
+    #[cfg(debug_assertions)]
+    pub fn runners(&self) -> impl Iterator<Item = &Runner> {
+        self.teams
+            .iter()
+            .filter_map(|team| team.ranked.as_ref())
+            .flatten()
+            .flat_map(|(_, ranked)| ranked.from(0))
+            .map(|(_, r)| r)
+    }
+
     /// Task `id` of team `number`, if its team's runners were computed.
     #[cfg(test)]
     pub fn get(&self, number: usize, id: TaskId) -> Option<&Runner> {

@@ -1,40 +1,44 @@
 //! A preemption search that stops releasing the victims which cannot help its unit decides
 //! exactly as one that releases every victim in turn: same victims, same explanations, same
 //! placements, whatever the quotas say. So does one that walks node by node, for a unit that
-//! fits nowhere ([`super::super::by_node`]), and a scheduler that rules out, from what each
-//! class holds per node, the searches no victims could end.
+//! fits nowhere ([`super::super::by_node`]), a scheduler that rules out, from what each class
+//! holds per node, the searches no victims could end, and one that keeps a sweep's ranking of
+//! the running tasks for the next pass at the same time.
 
 use super::*;
 
 /// Every decision of a busy cluster under `policy` — five teams with small quotas, nodes of two
 /// models with CPU, many small low-priority tasks (some in gangs of two) and larger urgent ones
-/// that preempt them — with searches sorting out as `sort_out_after` says; how many did, and
-/// how many gang members were preempted.
+/// that preempt them, passes after the tasks and after the gangs at each time — with searches
+/// sorting out as `sort_out_after` says; how many did, and how many gang members were
+/// preempted.
 fn decisions(
     policy: &str,
     seed: u64,
     sort_out_after: (usize, usize),
 ) -> (Vec<String>, usize, usize) {
     // Walking node by node, most searches would never sort out.
-    let (log, s, gang_preempted) = run(policy, seed, sort_out_after, true, true, false);
+    let (log, s, gang_preempted) = run(policy, seed, sort_out_after, true, true, (false, true));
     (log, s.sorted_out, gang_preempted)
 }
 
 /// [`decisions`], with or without the teams' quotas, the searches no victims could end ruled
-/// out (`rule_out`) and searches walking node by node where they can (`by_node`); the scheduler
-/// at the end, and how many gang members were preempted.
+/// out (`rule_out`), searches walking node by node where they can (`by_node`) and rankings
+/// kept between passes at one time (`keep_ranking`); the scheduler at the end, and how many
+/// gang members were preempted.
 fn run(
     policy: &str,
     seed: u64,
     sort_out_after: (usize, usize),
     quotas: bool,
     rule_out: bool,
-    by_node: bool,
+    (by_node, keep_ranking): (bool, bool),
 ) -> (Vec<String>, Scheduler, usize) {
     let mut s = Scheduler::new(crate::policy::by_name(policy).unwrap());
     s.sort_out_after = sort_out_after;
     s.rule_out = rule_out;
     s.by_node = by_node;
+    s.keep_ranking = keep_ranking;
     for i in 0..16 {
         let mut spec = NodeSpec::new(format!("n{i}"), 8, if i % 3 == 0 { "A100" } else { "H100" });
         spec.cpu_milli = 64_000;
@@ -51,6 +55,26 @@ fn run(
     let mut ganged: Vec<TaskId> = Vec::new();
     let mut gang_preempted = 0;
     let mut id = 0;
+    // One pass at `at`: what runs is kept in `running`, each decision logged.
+    let schedule = |s: &mut Scheduler,
+                    at,
+                    running: &mut Vec<TaskId>,
+                    ganged: &[TaskId],
+                    log: &mut Vec<String>| {
+        let mut gang_preempted = 0;
+        for d in s.apply(Input::Schedule { at }).unwrap() {
+            match &d {
+                Decision::Granted { task, .. } => running.push(*task),
+                Decision::Preempted { task, .. } => {
+                    running.retain(|r| r != task);
+                    gang_preempted += usize::from(ganged.contains(task));
+                }
+                _ => {}
+            }
+            log.push(serde_json::to_string(&d).unwrap());
+        }
+        gang_preempted
+    };
     for step in 0..120u64 {
         let at = step * 60_000;
         for _ in 0..draw.below(8) {
@@ -68,6 +92,7 @@ fn run(
             spec.predicted_duration = Some(lasts);
             s.apply(Input::TaskSubmitted { task: spec, at }).unwrap();
         }
+        gang_preempted += schedule(&mut s, at, &mut running, &ganged, &mut log);
         if draw.below(4) == 0 {
             // A gang of two low-priority 2-GPU tasks: preempted whole, as one victim.
             let team = teams[draw.below(teams.len() as u64) as usize].0;
@@ -94,17 +119,7 @@ fn run(
             })
             .unwrap();
         }
-        for d in s.apply(Input::Schedule { at }).unwrap() {
-            match &d {
-                Decision::Granted { task, .. } => running.push(*task),
-                Decision::Preempted { task, .. } => {
-                    running.retain(|r| r != task);
-                    gang_preempted += usize::from(ganged.contains(task));
-                }
-                _ => {}
-            }
-            log.push(serde_json::to_string(&d).unwrap());
-        }
+        gang_preempted += schedule(&mut s, at, &mut running, &ganged, &mut log);
     }
     (log, s, gang_preempted)
 }
@@ -137,8 +152,8 @@ fn ruling_out_searches_no_victims_could_end_changes_no_decision() {
         for quotas in [false, true] {
             let mut ruled_out = 0;
             for seed in 1..=6 {
-                let (all, _, _) = run(policy, seed, each, quotas, false, true);
-                let (some, s, _) = run(policy, seed, each, quotas, true, true);
+                let (all, _, _) = run(policy, seed, each, quotas, false, (true, true));
+                let (some, s, _) = run(policy, seed, each, quotas, true, (true, true));
                 ruled_out += s.ruled_out;
                 assert!(
                     all.iter().any(|d| d.contains("\"preempted\"")),
@@ -169,8 +184,8 @@ fn walking_node_by_node_changes_no_decision() {
         for quotas in [false, true] {
             let mut walked = 0;
             for seed in 1..=6 {
-                let (all, _, _) = run(policy, seed, each, quotas, true, false);
-                let (some, s, _) = run(policy, seed, each, quotas, true, true);
+                let (all, _, _) = run(policy, seed, each, quotas, true, (false, true));
+                let (some, s, _) = run(policy, seed, each, quotas, true, (true, true));
                 walked += s.walked_by_node;
                 let first = all.iter().zip(&some).position(|(a, b)| a != b);
                 assert_eq!(
@@ -235,4 +250,29 @@ fn a_task_no_preemption_could_help_gets_its_victims_once_the_task_in_its_way_is_
             "grant 5@a",
         ]
     );
+}
+
+#[test]
+fn keeping_a_ranking_for_the_next_pass_at_the_same_time_changes_no_decision() {
+    let each = (SORT_OUT_AFTER, SORT_OUT_SHARE);
+    for policy in ["allot", "kueue"] {
+        for quotas in [false, true] {
+            let mut kept = 0;
+            for seed in 1..=6 {
+                let (all, _, _) = run(policy, seed, each, quotas, true, (true, false));
+                let (some, s, _) = run(policy, seed, each, quotas, true, (true, true));
+                kept += s.rankings_kept;
+                let first = all.iter().zip(&some).position(|(a, b)| a != b);
+                assert_eq!(
+                    (all.len(), first),
+                    (some.len(), None),
+                    "{policy}, quotas {quotas}, seed {seed}: the first decision that differs, \
+                     ranking afresh: {:?}; keeping the ranking: {:?}",
+                    first.map(|at| &all[at]),
+                    first.map(|at| &some[at]),
+                );
+            }
+            assert!(kept > 0, "{policy}, quotas {quotas}: no ranking was kept");
+        }
+    }
 }
