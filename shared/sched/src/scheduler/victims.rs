@@ -5,7 +5,8 @@
 //! `now`. So they are computed once per sweep, when the first search needs them, and kept
 //! current as tasks start and stop during the sweep — instead of once per running task per
 //! preemptor. Which tasks run, by team, the scheduler keeps from sweep to sweep (an unranked
-//! [`Running`]); a sweep ranks a copy. Grouping by team lets a search settle a whole team with
+//! [`Running`]); a sweep ranks a copy, which the next pass at the same time starts from while
+//! only submissions came in between. Grouping by team lets a search settle a whole team with
 //! one question to the policy ([`Policy::may_preempt_team`]): a team that borrows is reclaimed
 //! whole, a team that may lose nothing is skipped without looking at its tasks.
 //!
