@@ -2368,25 +2368,7 @@ impl Scheduler {
             }
             // Explained now, before its resources change hands (only the victims taken pay
             // for the words).
-            let why = {
-                let task = &self.tasks[victim];
-                if taken.over() {
-                    format!(
-                        "ran {} s, past its usage limit of {} s",
-                        task.run_time(now) / 1000,
-                        task.spec.max_runtime.unwrap_or(0) / 1000
-                    )
-                } else {
-                    let victim = Contender {
-                        spec: &task.spec,
-                        key: taken.key(),
-                        demand: quota::demand(&task.spec),
-                        lost: task.lost_work(now),
-                    };
-                    self.policy
-                        .preemption_reason(preemptor, victim, &self.quotas)
-                }
-            };
+            let why = self.why_taken(preemptor, taken, now);
             for member in group {
                 let task = &self.tasks[member];
                 if let State::Running { placement, .. } = &task.state {
@@ -2504,6 +2486,26 @@ impl Scheduler {
         // Victims may have freed more than the preemptor took.
         self.no_room.freed(stopped);
         Some((found, preempted))
+    }
+
+    /// Why a search for `preemptor` takes `victim`, in words, as the quotas are now.
+    fn why_taken(&self, preemptor: Contender<'_>, victim: Victim, now: Time) -> String {
+        let task = &self.tasks[&victim.id()];
+        if victim.over() {
+            return format!(
+                "ran {} s, past its usage limit of {} s",
+                task.run_time(now) / 1000,
+                task.spec.max_runtime.unwrap_or(0) / 1000
+            );
+        }
+        let victim = Contender {
+            spec: &task.spec,
+            key: victim.key(),
+            demand: quota::demand(&task.spec),
+            lost: task.lost_work(now),
+        };
+        self.policy
+            .preemption_reason(preemptor, victim, &self.quotas)
     }
 
     /// Whether no node could hold `unit` — one its policy places on one node — were every

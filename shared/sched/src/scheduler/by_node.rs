@@ -125,28 +125,11 @@ impl Scheduler {
     ) -> Vec<(TaskId, String)> {
         let mut stopped = Vec::new();
         for (victim, on) in taken {
-            let task = &self.tasks[&victim.id()];
             if *on == node {
-                let why = if victim.over() {
-                    format!(
-                        "ran {} s, past its usage limit of {} s",
-                        task.run_time(now) / 1000,
-                        task.spec.max_runtime.unwrap_or(0) / 1000
-                    )
-                } else {
-                    let victim = Contender {
-                        spec: &task.spec,
-                        key: victim.key(),
-                        demand: quota::demand(&task.spec),
-                        lost: task.lost_work(now),
-                    };
-                    self.policy
-                        .preemption_reason(preemptor, victim, &self.quotas)
-                };
-                stopped.push((task.spec.id, why));
+                stopped.push((victim.id(), self.why_taken(preemptor, *victim, now)));
             }
-            self.quotas
-                .refund(&task.spec.team, quota::demand(&task.spec));
+            let spec = &self.tasks[&victim.id()].spec;
+            self.quotas.refund(&spec.team, quota::demand(spec));
         }
         // Those that keep running are charged back; those stopped stay refunded.
         for (victim, on) in taken {

@@ -124,6 +124,18 @@ fn run(
     (log, s, gang_preempted)
 }
 
+/// Asserts that two runs of one `case` decided alike, naming the first decision that differs.
+fn assert_same(case: &str, (one, a): (&str, &[String]), (other, b): (&str, &[String])) {
+    let first = a.iter().zip(b).position(|(x, y)| x != y);
+    assert_eq!(
+        (a.len(), first),
+        (b.len(), None),
+        "{case}: the first decision that differs, {one}: {:?}; {other}: {:?}",
+        first.map(|at| &a[at]),
+        first.map(|at| &b[at]),
+    );
+}
+
 #[test]
 fn sorting_victims_out_changes_no_decision() {
     for policy in ["allot", "kueue"] {
@@ -159,15 +171,8 @@ fn ruling_out_searches_no_victims_could_end_changes_no_decision() {
                     all.iter().any(|d| d.contains("\"preempted\"")),
                     "{policy}, quotas {quotas}, seed {seed}: nothing was preempted"
                 );
-                let first = all.iter().zip(&some).position(|(a, b)| a != b);
-                assert_eq!(
-                    (all.len(), first),
-                    (some.len(), None),
-                    "{policy}, quotas {quotas}, seed {seed}: the first decision that differs, \
-                     without ruling out: {:?}; with: {:?}",
-                    first.map(|at| &all[at]),
-                    first.map(|at| &some[at]),
-                );
+                let case = format!("{policy}, quotas {quotas}, seed {seed}");
+                assert_same(&case, ("without ruling out", &all), ("with", &some));
             }
             assert!(
                 ruled_out > 0,
@@ -187,14 +192,11 @@ fn walking_node_by_node_changes_no_decision() {
                 let (all, _, _) = run(policy, seed, each, quotas, true, (false, true));
                 let (some, s, _) = run(policy, seed, each, quotas, true, (true, true));
                 walked += s.walked_by_node;
-                let first = all.iter().zip(&some).position(|(a, b)| a != b);
-                assert_eq!(
-                    (all.len(), first),
-                    (some.len(), None),
-                    "{policy}, quotas {quotas}, seed {seed}: the first decision that differs, \
-                     releasing every victim: {:?}; walking node by node: {:?}",
-                    first.map(|at| &all[at]),
-                    first.map(|at| &some[at]),
+                let case = format!("{policy}, quotas {quotas}, seed {seed}");
+                assert_same(
+                    &case,
+                    ("releasing every victim", &all),
+                    ("walking node by node", &some),
                 );
             }
             assert!(
@@ -262,14 +264,11 @@ fn keeping_a_ranking_for_the_next_pass_at_the_same_time_changes_no_decision() {
                 let (all, _, _) = run(policy, seed, each, quotas, true, (true, false));
                 let (some, s, _) = run(policy, seed, each, quotas, true, (true, true));
                 kept += s.rankings_kept;
-                let first = all.iter().zip(&some).position(|(a, b)| a != b);
-                assert_eq!(
-                    (all.len(), first),
-                    (some.len(), None),
-                    "{policy}, quotas {quotas}, seed {seed}: the first decision that differs, \
-                     ranking afresh: {:?}; keeping the ranking: {:?}",
-                    first.map(|at| &all[at]),
-                    first.map(|at| &some[at]),
+                let case = format!("{policy}, quotas {quotas}, seed {seed}");
+                assert_same(
+                    &case,
+                    ("ranking afresh", &all),
+                    ("keeping the ranking", &some),
                 );
             }
             assert!(kept > 0, "{policy}, quotas {quotas}: no ranking was kept");
