@@ -21,7 +21,7 @@
 use rustc_hash::FxHashMap as HashMap;
 
 use super::victims::{Running, Search, Victim};
-use super::{Contender, Placed, Scheduler, State, Unit, may_take};
+use super::{Contender, Placed, Scheduler, Unit, may_take};
 use crate::cluster::FreeingNodes;
 use crate::model::{NodeIdx, TaskId};
 use crate::quota::{self, Quotas};
@@ -83,7 +83,8 @@ impl Scheduler {
             }
             // The one try this release calls for, on this node alone.
             let ids: Vec<TaskId> = here.iter().map(|i| taken[*i as usize].0.id()).collect();
-            self.hold_ids(&ids, false);
+            let held = self.placements_of(&ids);
+            held.iter().for_each(|p| self.cluster.release(p));
             let placed = self.place_among(task, &[node]).map(|p| (vec![p], None));
             debug_assert_eq!(
                 placed,
@@ -91,25 +92,11 @@ impl Scheduler {
                 "only the node of the victim just released can newly hold the unit"
             );
             let Some(placed) = placed else {
-                self.hold_ids(&ids, true);
+                held.iter().for_each(|p| self.cluster.allocate(p));
                 continue;
             };
             let stopped = self.explain(preemptor, &taken, node, now);
             return ByNode::Found(placed, stopped);
-        }
-    }
-
-    /// Releases (`take` false) or takes back the resources of the running tasks `ids` on the
-    /// cluster, leaving the quotas alone.
-    fn hold_ids(&mut self, ids: &[TaskId], take: bool) {
-        for id in ids {
-            if let State::Running { placement, .. } = &self.tasks[id].state {
-                if take {
-                    self.cluster.allocate(placement);
-                } else {
-                    self.cluster.release(placement);
-                }
-            }
         }
     }
 

@@ -97,9 +97,7 @@ impl NoRoom {
         let Some(at) = known.iter().position(|(c, _)| *c == classes) else {
             return false;
         };
-        let since = &mut known[at].1;
-        if !self.freed[*since..].iter().any(|n| might_help(*n)) {
-            *since = self.freed.len();
+        if none_since(&self.freed, &mut known[at].1, might_help) {
             return true;
         }
         known.swap_remove(at);
@@ -122,19 +120,25 @@ impl NoRoom {
         let Some(since) = self.shapes.get_mut(shape) else {
             return false;
         };
-        let fresh = &self.freed[*since..];
-        if fresh.is_empty() {
-            return true;
-        }
-        if one_node(policy, cluster, task)
-            && !fresh.iter().any(|n| cluster.node(*n).might_hold(task))
+        if self.freed.len() == *since
+            || (one_node(policy, cluster, task)
+                && none_since(&self.freed, since, |n| cluster.node(n).might_hold(task)))
         {
-            *since = self.freed.len();
             return true;
         }
         self.shapes.remove(shape);
         false
     }
+}
+
+/// Whether no node freed from `since` on is one `might` names; if so, `since` moves to the
+/// end of `freed` (those nodes need not be asked again).
+fn none_since(freed: &[NodeIdx], since: &mut usize, might: impl Fn(NodeIdx) -> bool) -> bool {
+    let none = !freed[*since..].iter().any(|n| might(*n));
+    if none {
+        *since = freed.len();
+    }
+    none
 }
 
 /// Whether every placement of `task` is on one node: no MIG instance (the scheduler places

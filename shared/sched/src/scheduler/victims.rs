@@ -155,6 +155,16 @@ impl Team {
     fn is_empty(&self) -> bool {
         self.ids.is_empty() && self.by_class.iter().all(|(_, ids)| ids.is_empty())
     }
+
+    /// The runners of its running tasks computed so far.
+    #[cfg(any(test, debug_assertions))]
+    fn runners(&self) -> impl Iterator<Item = &Runner> {
+        self.ranked
+            .iter()
+            .flatten()
+            .flat_map(|(_, ranked)| ranked.from(0))
+            .map(|(_, r)| r)
+    }
 }
 
 /// A class of a team's runners in victim order — sorted only as far as searches have read it
@@ -447,25 +457,16 @@ impl Running {
 
     /// Every running task's runner computed so far (checked in debug builds against fresh
     /// ones).
-    #[cfg(debug_assertions)]
+    #[cfg(any(test, debug_assertions))]
     pub fn runners(&self) -> impl Iterator<Item = &Runner> {
-        self.teams
-            .iter()
-            .filter_map(|team| team.ranked.as_ref())
-            .flatten()
-            .flat_map(|(_, ranked)| ranked.from(0))
-            .map(|(_, r)| r)
+        self.teams.iter().flat_map(Team::runners)
     }
 
     /// Task `id` of team `number`, if its team's runners were computed.
     #[cfg(test)]
     pub fn get(&self, number: usize, id: TaskId) -> Option<&Runner> {
-        let team = &self.teams[*self.slots.get(number)?];
-        let classes = team.ranked.as_ref()?;
-        classes
-            .iter()
-            .flat_map(|(_, ranked)| ranked.from(0))
-            .map(|(_, r)| r)
+        self.teams[*self.slots.get(number)?]
+            .runners()
             .find(|r| r.id == id)
     }
 

@@ -157,54 +157,53 @@ fn sorting_victims_out_changes_no_decision() {
     }
 }
 
-#[test]
-fn ruling_out_searches_no_victims_could_end_changes_no_decision() {
+/// Runs every case — `allot` and `kueue`, with and without quotas, six seeds — with a shortcut
+/// off and on (`shortcut(on)`: `run`'s `rule_out` and `(by_node, keep_ranking)`), and asserts
+/// that each run preempted something, that both decided alike, and that for each policy and
+/// quota setting the shortcut was taken (`taken` counts it) at least once.
+fn shortcut_changes_no_decision(
+    (off, on): (&str, &str),
+    shortcut: impl Fn(bool) -> (bool, (bool, bool)),
+    taken: impl Fn(&Scheduler) -> usize,
+) {
     let each = (SORT_OUT_AFTER, SORT_OUT_SHARE);
     for policy in ["allot", "kueue"] {
         for quotas in [false, true] {
-            let mut ruled_out = 0;
+            let mut times = 0;
             for seed in 1..=6 {
-                let (all, _, _) = run(policy, seed, each, quotas, false, (true, true));
-                let (some, s, _) = run(policy, seed, each, quotas, true, (true, true));
-                ruled_out += s.ruled_out;
+                let case = format!("{policy}, quotas {quotas}, seed {seed}");
+                let (rule_out, shortcuts) = shortcut(false);
+                let (all, _, _) = run(policy, seed, each, quotas, rule_out, shortcuts);
+                let (rule_out, shortcuts) = shortcut(true);
+                let (some, s, _) = run(policy, seed, each, quotas, rule_out, shortcuts);
+                times += taken(&s);
                 assert!(
                     all.iter().any(|d| d.contains("\"preempted\"")),
-                    "{policy}, quotas {quotas}, seed {seed}: nothing was preempted"
+                    "{case}: nothing was preempted"
                 );
-                let case = format!("{policy}, quotas {quotas}, seed {seed}");
-                assert_same(&case, ("without ruling out", &all), ("with", &some));
+                assert_same(&case, (off, &all), (on, &some));
             }
-            assert!(
-                ruled_out > 0,
-                "{policy}, quotas {quotas}: no search was ruled out"
-            );
+            assert!(times > 0, "{policy}, quotas {quotas}: no {on}");
         }
     }
 }
 
 #[test]
+fn ruling_out_searches_no_victims_could_end_changes_no_decision() {
+    shortcut_changes_no_decision(
+        ("without ruling out", "search ruled out"),
+        |on| (on, (true, true)),
+        |s| s.ruled_out,
+    );
+}
+
+#[test]
 fn walking_node_by_node_changes_no_decision() {
-    let each = (SORT_OUT_AFTER, SORT_OUT_SHARE);
-    for policy in ["allot", "kueue"] {
-        for quotas in [false, true] {
-            let mut walked = 0;
-            for seed in 1..=6 {
-                let (all, _, _) = run(policy, seed, each, quotas, true, (false, true));
-                let (some, s, _) = run(policy, seed, each, quotas, true, (true, true));
-                walked += s.walked_by_node;
-                let case = format!("{policy}, quotas {quotas}, seed {seed}");
-                assert_same(
-                    &case,
-                    ("releasing every victim", &all),
-                    ("walking node by node", &some),
-                );
-            }
-            assert!(
-                walked > 0,
-                "{policy}, quotas {quotas}: no search walked node by node"
-            );
-        }
-    }
+    shortcut_changes_no_decision(
+        ("releasing every victim", "search walked node by node"),
+        |on| (true, (on, true)),
+        |s| s.walked_by_node,
+    );
 }
 
 #[test]
@@ -256,22 +255,9 @@ fn a_task_no_preemption_could_help_gets_its_victims_once_the_task_in_its_way_is_
 
 #[test]
 fn keeping_a_ranking_for_the_next_pass_at_the_same_time_changes_no_decision() {
-    let each = (SORT_OUT_AFTER, SORT_OUT_SHARE);
-    for policy in ["allot", "kueue"] {
-        for quotas in [false, true] {
-            let mut kept = 0;
-            for seed in 1..=6 {
-                let (all, _, _) = run(policy, seed, each, quotas, true, (true, false));
-                let (some, s, _) = run(policy, seed, each, quotas, true, (true, true));
-                kept += s.rankings_kept;
-                let case = format!("{policy}, quotas {quotas}, seed {seed}");
-                assert_same(
-                    &case,
-                    ("ranking afresh", &all),
-                    ("keeping the ranking", &some),
-                );
-            }
-            assert!(kept > 0, "{policy}, quotas {quotas}: no ranking was kept");
-        }
-    }
+    shortcut_changes_no_decision(
+        ("ranking afresh", "ranking kept"),
+        |on| (true, (true, on)),
+        |s| s.rankings_kept,
+    );
 }
