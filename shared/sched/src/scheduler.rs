@@ -600,32 +600,6 @@ fn lost_work(since: Time, checkpointed: Time, every: Option<Time>, now: Time) ->
 /// How many nodes [`Scheduler::relocate_for`] tries, cheapest move first, before giving up.
 const RELOCATION_TRIES: usize = 4;
 
-/// The cheapest of a node's movable `entries` (by what `weigh` says a move costs, then by
-/// arrival) that with the node's `free` GPU share cover `need`: what they cost together, and
-/// how many they are — the first of `on_node`, which holds the entries in that order.
-fn cover<'e>(
-    entries: impl Iterator<Item = &'e movable::Entry>,
-    mut free: u64,
-    need: u64,
-    weigh: impl Fn(&movable::Entry) -> u128,
-    on_node: &mut Vec<(u128, u64, TaskId, u64)>,
-) -> (u128, usize) {
-    on_node.clear();
-    on_node.extend(entries.map(|e| (weigh(e), e.seq, e.id, e.milli)));
-    on_node.sort_unstable();
-    let mut cost = 0;
-    let mut n = 0;
-    for &(c, _, _, milli) in on_node.iter() {
-        if free >= need {
-            break;
-        }
-        free += milli;
-        cost += c;
-        n += 1;
-    }
-    (cost, n)
-}
-
 /// A preemption search that released this many victims in vain, and at least 1/`SORT_OUT_SHARE`
 /// of the tasks it has not read yet (those left, at most), sorts out those that cannot help:
 /// sorting out costs about as much as releasing a victim per task left, and most searches end
@@ -2671,9 +2645,12 @@ impl Scheduler {
         // the entries are read only on nodes whose victims could still cost less than those
         // of every node kept so far. Which nodes are kept does not depend on the bound, only
         // how many are weighed: each is kept or not by its own victims' cost.
-        let movable = |e: &&movable::Entry| e.milli < need && e.priority <= spec.priority;
-        let weigh =
-            |e: &movable::Entry| u128::from(e.milli) * u128::from(restart + e.lost_work(now));
+        let ask = movable::Ask {
+            need,
+            priority: spec.priority,
+            restart,
+            now,
+        };
         // Each node that might make room, with what its victims cost at least
         // ([`movable::Summary::least_cost`]).
         let mut floors: Vec<Reverse<(u128, NodeIdx, u64)>> = Vec::new();
@@ -2689,40 +2666,32 @@ impl Scheduler {
             floors.push(Reverse((floor, node, free)));
         }
         let mut floors = BinaryHeap::from(floors);
-        let mut cheapest: Vec<(u128, NodeIdx, Vec<TaskId>)> =
-            Vec::with_capacity(RELOCATION_TRIES + 1);
-        let mut on_node: Vec<(u128, u64, TaskId, u64)> = Vec::new();
+        let mut cheapest: Vec<(u128, NodeIdx, u64)> = Vec::with_capacity(RELOCATION_TRIES + 1);
         while let Some(Reverse((floor, node, free))) = floors.pop() {
             // Every node left costs more than each of those kept.
             if cheapest.len() == RELOCATION_TRIES && floor > cheapest[RELOCATION_TRIES - 1].0 {
                 break;
             }
-            let entries = self.movable.on(node);
-            let could_free: u64 = entries.iter().filter(movable).map(|e| e.milli).sum();
-            if free + could_free < need {
+            let Some(cost) = self.movable.cover_cost(node, free, ask) else {
                 continue;
-            }
-            let (cost, n) = cover(
-                entries.iter().filter(movable),
-                free,
-                need,
-                weigh,
-                &mut on_node,
-            );
+            };
             debug_assert!(
                 floor <= cost,
                 "a node's victims cost no less than its bound"
             );
             let at = cheapest.partition_point(|(c, at, _)| (*c, *at) <= (cost, node));
             if at < RELOCATION_TRIES {
-                let victims = on_node[..n].iter().map(|(_, _, id, _)| *id).collect();
-                cheapest.insert(at, (cost, node, victims));
+                cheapest.insert(at, (cost, node, free));
                 cheapest.truncate(RELOCATION_TRIES);
             }
         }
         if cheapest.is_empty() {
             return None;
         }
+        let cheapest: Vec<(u128, NodeIdx, Vec<TaskId>)> = cheapest
+            .into_iter()
+            .map(|(cost, node, free)| (cost, node, self.movable.cover(node, free, ask)))
+            .collect();
         // What waiting would cost the unit, asked only once a move is possible: most tries
         // fail because a victim fits nowhere else, and the question reads every running task.
         // Candidates come cheapest first, so the first possible move too costly ends the search.

@@ -10,6 +10,13 @@
 //! stops, so they are kept here by node: an attempt reads the entries alone, and weighs those
 //! only on the nodes whose movable tasks could make room.
 //!
+//! What the cheapest move off a node costs is remembered there too ([`Movable::cover_cost`]).
+//! A pass often asks again about a node that did not change: every blocked unit of a size
+//! asks, and many arrivals come at one time (on openb, four attempts in five are at the time
+//! of the one before, and an attempt weighs some 110 nodes). An answer holds while the node's
+//! entries stay as they are, and is asked for the same room, priority, restart cost, time and
+//! free GPU share; any change to the entries forgets the node's answers.
+//!
 //! [`Scheduler::relocate_for`]: super::Scheduler::relocate_for
 
 use crate::cluster::Placement;
@@ -37,6 +44,35 @@ impl Entry {
     }
 }
 
+/// What a relocation asks of a node's movable tasks: to make room for `need` milli-GPU for a
+/// task of `priority`, a move costing each task it takes its share × (`restart` + the work it
+/// would lose at `now`), milli-GPU·ms. It may take tasks of a smaller share and no higher
+/// priority.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Ask {
+    pub need: u64,
+    pub priority: i32,
+    pub restart: Time,
+    pub now: Time,
+}
+
+impl Ask {
+    fn may_take(&self, e: &Entry) -> bool {
+        e.milli < self.need && e.priority <= self.priority
+    }
+
+    fn cost(&self, e: &Entry) -> u128 {
+        u128::from(e.milli) * u128::from(self.restart + e.lost_work(self.now))
+    }
+}
+
+/// How many answers of [`Movable::cover_cost`] a node keeps (the latest).
+const COVERS_KEPT: usize = 2;
+
+/// An answer of [`Movable::cover_cost`]: what was asked, with the node's free share, and the
+/// cost.
+type Cover = (Ask, u64, Option<u128>);
+
 /// The movable running tasks, by node.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Movable {
@@ -44,6 +80,9 @@ pub(super) struct Movable {
     nodes: Vec<Vec<Entry>>,
     /// Indexed by node: what its entries hold together, kept with them.
     summaries: Vec<Summary>,
+    /// Indexed by node: its latest answers to [`Self::cover_cost`], latest first; emptied as
+    /// its entries change.
+    covers: Vec<[Option<Cover>; COVERS_KEPT]>,
 }
 
 /// What a node's movable tasks hold together, whatever a relocation asks of them: enough for
@@ -112,9 +151,16 @@ impl Movable {
         if self.nodes.len() <= at {
             self.nodes.resize_with(at + 1, Vec::new);
             self.summaries.resize(at + 1, Summary::default());
+            self.covers.resize(at + 1, [None; COVERS_KEPT]);
         }
         self.nodes[at].push(entry);
+        self.changed(at);
+    }
+
+    /// The entries of the node at `at` changed.
+    fn changed(&mut self, at: usize) {
         self.summaries[at] = Summary::of(&self.nodes[at]);
+        self.covers[at] = [None; COVERS_KEPT];
     }
 
     /// Removes task `id`, which ran at `placement`, if it is there.
@@ -125,7 +171,7 @@ impl Movable {
             && let Some(found) = entries.iter().position(|e| e.id == id)
         {
             entries.swap_remove(found);
-            self.summaries[at] = Summary::of(entries);
+            self.changed(at);
         }
     }
 
@@ -161,8 +207,43 @@ impl Movable {
             && let Some(entry) = entries.iter_mut().find(|e| e.id == id)
         {
             entry.checkpointed = checkpointed;
-            self.summaries[at] = Summary::of(entries);
+            self.changed(at);
         }
+    }
+
+    /// What moving the cheapest of `node`'s tasks that `ask` may take costs (by cost, then
+    /// arrival), taken until with the node's `free` share they make room: `None` if all of
+    /// them together do not. Remembered until the node's entries change.
+    pub fn cover_cost(&mut self, node: NodeIdx, free: u64, ask: Ask) -> Option<u128> {
+        let at = node.0 as usize;
+        let Some(kept) = self.covers.get_mut(at) else {
+            return None;
+        };
+        if let Some((_, _, cost)) = kept
+            .iter()
+            .flatten()
+            .find(|(a, f, _)| (*a, *f) == (ask, free))
+        {
+            debug_assert_eq!(
+                *cost,
+                cover(&self.nodes[at], free, ask).as_deref().map(cost_of),
+                "a remembered cover of {node:?} costs what a fresh one does"
+            );
+            return *cost;
+        }
+        let cost = cover(&self.nodes[at], free, ask).as_deref().map(cost_of);
+        kept.rotate_right(1);
+        kept[0] = Some((ask, free, cost));
+        cost
+    }
+
+    /// The tasks whose move [`Self::cover_cost`] costs, cheapest first.
+    pub fn cover(&self, node: NodeIdx, free: u64, ask: Ask) -> Vec<TaskId> {
+        cover(self.on(node), free, ask)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(_, _, id, _)| id)
+            .collect()
     }
 
     /// Every entry with its node, by node and task: checked against the task table in debug
@@ -175,6 +256,35 @@ impl Movable {
         all.sort_unstable_by_key(|(node, e)| (*node, e.id));
         all
     }
+}
+
+/// The cheapest of `entries` that `ask` may take (by cost, then arrival), taken until with
+/// `free` they cover the need, each with its cost; `None` if all of them do not.
+fn cover(entries: &[Entry], mut free: u64, ask: Ask) -> Option<Vec<(u128, u64, TaskId, u64)>> {
+    let mut weighed: Vec<(u128, u64, TaskId, u64)> = entries
+        .iter()
+        .filter(|e| ask.may_take(e))
+        .map(|e| (ask.cost(e), e.seq, e.id, e.milli))
+        .collect();
+    if free + weighed.iter().map(|w| w.3).sum::<u64>() < ask.need {
+        return None;
+    }
+    weighed.sort_unstable();
+    let taken = weighed
+        .iter()
+        .take_while(|(.., milli)| {
+            let short = free < ask.need;
+            free += milli;
+            short
+        })
+        .count();
+    weighed.truncate(taken);
+    Some(weighed)
+}
+
+/// What the tasks [`cover`] takes cost together.
+fn cost_of(taken: &[(u128, u64, TaskId, u64)]) -> u128 {
+    taken.iter().map(|(cost, ..)| cost).sum()
 }
 
 #[cfg(test)]
@@ -257,6 +367,65 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_cheapest_move_off_a_node_follows_its_tasks_as_they_change() {
+        let mut movable = Movable::default();
+        let node = NodeIdx(2);
+        // Shares 500, 300 and 400, started at 0, 5,000 and 8,000.
+        for (id, milli, since) in [(1, 500, 0), (2, 300, 5_000), (3, 400, 8_000)] {
+            movable.enter(
+                node,
+                Entry {
+                    milli,
+                    since,
+                    checkpointed: since,
+                    ..entry(id)
+                },
+            );
+        }
+        let ask = Ask {
+            need: 1_000,
+            priority: 0,
+            restart: 60,
+            now: 10_000,
+        };
+        let ids = |m: &Movable, free| -> Vec<u64> {
+            m.cover(node, free, ask).iter().map(|id| id.0).collect()
+        };
+        // 300 free: the two latest, 400 × 2,060 + 300 × 5,060.
+        assert_eq!(movable.cover_cost(node, 300, ask), Some(2_342_000));
+        assert_eq!(ids(&movable, 300), [3, 2]);
+        // Asked again, the same; with less free, or for a task of lower priority, not.
+        assert_eq!(movable.cover_cost(node, 300, ask), Some(2_342_000));
+        assert_eq!(movable.cover_cost(node, 0, ask), Some(7_372_000));
+        let lower = Ask {
+            priority: -1,
+            ..ask
+        };
+        assert_eq!(movable.cover_cost(node, 300, lower), None);
+        // A checkpoint makes the oldest the cheapest.
+        movable.checkpointed(&on(2), TaskId(1), 9_900);
+        assert_eq!(movable.cover_cost(node, 300, ask), Some(904_000));
+        assert_eq!(ids(&movable, 300), [1, 3]);
+        // It stops; a task started now costs only its restart.
+        movable.remove(&on(2), TaskId(1));
+        assert_eq!(movable.cover_cost(node, 300, ask), Some(2_342_000));
+        movable.enter(
+            node,
+            Entry {
+                milli: 700,
+                since: 10_000,
+                checkpointed: 10_000,
+                ..entry(4)
+            },
+        );
+        assert_eq!(movable.cover_cost(node, 300, ask), Some(42_000));
+        assert_eq!(ids(&movable, 300), [4]);
+        // A node without movable tasks makes no room.
+        assert_eq!(movable.cover_cost(NodeIdx(0), 300, ask), None);
+        assert_eq!(movable.cover_cost(NodeIdx(9), 300, ask), None);
     }
 
     #[test]
