@@ -2732,6 +2732,13 @@ impl Scheduler {
                     continue;
                 }
             }
+            // Worth it only if the unit would otherwise wait longer than the move costs: it
+            // must not fit by `now` + cost ÷ need. That is asked first, before when it would
+            // fit: the answer rules out most moves, and is found from one placement.
+            let by = now.saturating_add((cost / u128::from(need)).try_into().unwrap_or(Time::MAX));
+            if fits_at.is_none() && one_node && by < Time::MAX && self.fits_by(unit, now, by) {
+                break;
+            }
             let fits_at = *fits_at.get_or_insert_with(|| self.earliest_fit(unit, now, true).start);
             if cost >= saved(fits_at) {
                 break;
@@ -3195,6 +3202,37 @@ impl Scheduler {
             .copied()
             .flatten()
             .is_none_or(|floor| spec.priority >= floor)
+    }
+
+    /// Whether `unit`, one task that goes on one node, fits once every running task expected
+    /// ([`Self::expected_end`]) to end by `by` has ended: whether [`Self::earliest_fit`] (heavy
+    /// tailed) starts it by then. A release only makes room, so they are all released at once
+    /// and one placement is asked for, instead of one after each end in turn.
+    fn fits_by(&mut self, unit: &Unit, now: Time, by: Time) -> bool {
+        let ending: Vec<TaskId> = self
+            .tasks
+            .values()
+            .filter(|t| t.is_running() && self.expected_end(t, now) <= by)
+            .map(|t| t.spec.id)
+            .collect();
+        let mark = self.cluster.changes().len();
+        let placements = self.placements_of(&ending);
+        for p in &placements {
+            self.cluster.release(p);
+        }
+        let fits = self.fits_anywhere(&unit.specs[0]);
+        for p in &placements {
+            self.cluster.allocate(p);
+        }
+        // Every node is as it was (a sweep's placers need not look at them again).
+        self.cluster.forget_changes_since(mark, []);
+        debug_assert_eq!(
+            fits,
+            self.earliest_fit(unit, now, true).start <= by,
+            "{} fits by {by} as it would one end at a time",
+            unit.specs[0].id
+        );
+        fits
     }
 
     /// When a running task is expected to end, for ETAs: when its estimate says, or — once it

@@ -668,6 +668,44 @@ fn allot_moves_small_tasks_to_start_one_that_fragmentation_alone_blocks() {
     assert_eq!(moved, want, "{got:?}");
 }
 
+#[test]
+fn allot_moves_small_tasks_only_when_the_wait_would_cost_more_than_the_move() {
+    // As above, but the first 1-GPU task lasted `lasts`, and the four that finish a minute in
+    // lasted a minute: the four left are expected to last (`lasts` + 4 min) ÷ 5 in all. Moving
+    // two of them (a minute of work each, plus a 60 s restart: 2 GPUs × 120 s) costs what the
+    // 4-GPU task waiting 60 s would: the move is made only if they are expected to end more
+    // than a minute after it arrives, by a millisecond or more (`lasts` = 6 min + 5 ms).
+    let minute = 60_000;
+    let nodes = || vec![node("n1").gpus(4), node("n2").gpus(4)];
+    let moved = |lasts: u64| -> bool {
+        let mut inputs = vec![submit(task(90).gpus(1), 0), pass(0), finish(90, lasts)];
+        for id in 1..=8 {
+            inputs.push(submit(task(id).gpus(1), lasts));
+        }
+        inputs.push(pass(lasts));
+        let got = script("allot", nodes(), inputs.clone());
+        for n in ["n1", "n2"] {
+            let first_two = got
+                .iter()
+                .filter_map(|g| g.strip_prefix("grant ")?.strip_suffix(&format!("@{n}")))
+                .filter_map(|id| id.parse().ok())
+                .filter(|id| *id != 90)
+                .take(2);
+            inputs.extend(first_two.map(|id| finish(id, lasts + minute)));
+        }
+        inputs.extend([
+            submit(task(9).gpus(4), lasts + minute),
+            pass(lasts + minute),
+        ]);
+        let got = script("allot", nodes(), inputs);
+        got.iter().any(|d| d.starts_with("preempt"))
+    };
+    assert!(moved(600 * minute));
+    assert!(moved(6 * minute + 5));
+    assert!(!moved(6 * minute));
+    assert!(!moved(5 * minute));
+}
+
 /// When task 1 — a job predicted (rightly) to last 10 hours — first starts on a one-node
 /// cluster where a 30-minute job arrives every 20 minutes for 8 hours, under `policy`; and
 /// whether it was preempted after that.
