@@ -103,9 +103,16 @@ pub trait Policy: Send + std::fmt::Debug {
     fn name(&self) -> &'static str;
     /// Where a pending task stands in the queue at `now`.
     fn key(&self, task: PendingView<'_>, now: Time) -> QueueKey;
-    /// Whether keys change as time passes (then the queue is re-ordered every pass).
+    /// Whether keys change as time passes (then the queue is re-ordered as they do).
     fn dynamic(&self) -> bool {
         false
+    }
+    /// Until when (exclusive) a dynamic policy's [`Self::key`] of a waiting task stays what it
+    /// is at `now`, as long as nothing it is keyed by changes but the time. A pass re-keys a
+    /// task once that time has come (and every task after any input other than a submission).
+    /// By default, `now` only: re-keyed at every later time.
+    fn key_holds_until(&self, _task: PendingView<'_>, now: Time) -> Time {
+        now.saturating_add(1)
     }
     /// What a pass does when the next task does not fit.
     fn when_blocked(&self) -> WhenBlocked;

@@ -519,6 +519,14 @@ pub struct Scheduler {
     /// again while only submissions come in between (any other input forgets it). A trace's
     /// arrivals often share a time: openb's re-sampled pods all arrive at its last.
     ranked: Option<(Time, Running)>,
+    /// When queued tasks' keys may next change ([`Policy::key_holds_until`]), earliest first,
+    /// for a dynamic policy: a pass re-keys those whose time has come. An entry may outlive
+    /// its key (the task started, or was keyed again): re-keying it then changes nothing.
+    key_due: BinaryHeap<Reverse<(Time, QueueKey)>>,
+    /// Every queued task is to be keyed again at the next pass: an input other than a
+    /// submission came in (a task's estimate, state or risk may have changed), a deadline
+    /// judgement raised some task's risk, or `key_due` grew past twice the queue.
+    rekey_all: bool,
     /// The running tasks a relocation could move, by node, kept as tasks start and stop.
     movable: Movable,
     /// What running tasks hold on each node by class ([`Policy::class`]), kept as tasks start
@@ -652,6 +660,8 @@ impl Scheduler {
             teams: HashMap::default(),
             running: Running::of(order, std::iter::empty()),
             ranked: None,
+            key_due: BinaryHeap::new(),
+            rekey_all: true,
             movable: Movable::default(),
             reclaimable: Reclaimable::default(),
             #[cfg(test)]
@@ -958,6 +968,7 @@ impl Scheduler {
     pub fn apply_into(&mut self, input: Input, out: &mut Vec<Decision>) -> Result<(), ApplyError> {
         if !matches!(input, Input::TaskSubmitted { .. } | Input::Schedule { .. }) {
             self.ranked = None;
+            self.rekey_all = true;
         }
         match input {
             Input::NodeAdded(spec) => {
@@ -1282,6 +1293,24 @@ impl Scheduler {
     /// The policy's own key of `task` at `now` — without a displaced task's place ahead:
     /// what preemption weighs it by.
     fn policy_key_of(&self, task: &Task, now: Time) -> QueueKey {
+        self.policy.key(self.view_of(task, now), now)
+    }
+
+    /// [`Self::key_of`] `task` at `now`, and until when it holds
+    /// ([`Policy::key_holds_until`]).
+    fn keyed(&self, task: &Task, now: Time) -> (QueueKey, Time) {
+        let view = self.view_of(task, now);
+        let until = self.policy.key_holds_until(view, now);
+        let key = self.policy.key(view, now);
+        if task.displaced && !task.is_running() {
+            (displaced_key(key), until)
+        } else {
+            (key, until)
+        }
+    }
+
+    /// What the policy reads of `task` at `now`.
+    fn view_of<'t>(&self, task: &'t Task, now: Time) -> PendingView<'t> {
         let (estimate, learned) = if self.policy.needs_estimates() {
             (
                 self.estimator.estimate(&task.spec),
@@ -1294,12 +1323,15 @@ impl Scheduler {
         // Hook (openb-allot): whether the estimate was learned, for policies that must not act
         // on a default guess (`allot` does not preempt for one).
         view.estimate_learned = learned;
-        self.policy.key(view, now)
+        view
     }
 
     /// Puts the unit led by `leader` (pending) in the queue, keyed at `now`.
     fn enqueue(&mut self, leader: TaskId, now: Time) {
-        let key = self.key_of(&self.tasks[&leader], now);
+        let (key, until) = self.keyed(&self.tasks[&leader], now);
+        if self.policy.dynamic() && until != Time::MAX {
+            self.key_due.push(Reverse((until, key)));
+        }
         let Some(task) = self.tasks.get_mut(&leader) else {
             return;
         };
@@ -1794,6 +1826,7 @@ impl Scheduler {
         }
         // Work now found at risk of missing its deadline moves ahead: order and walk again.
         if self.policy.keeps_deadlines() && self.judge_deadlines(now, out) {
+            self.rekey_all = true;
             self.rekey(now);
             blocked = self.sweep(now, out, true);
             if blocked.1 {
@@ -3247,27 +3280,48 @@ impl Scheduler {
     }
 
     fn rekey(&mut self, now: Time) {
-        // Most keys do not move from one pass to the next: only the tasks whose key did are
-        // taken out and put back. Keys end in the task's sequence number, so no two are equal
-        // and the queue's order is the same whichever way it is built.
+        // Only the tasks whose key may have moved since they were keyed are keyed again
+        // (`key_due`, or all of them), and only those whose key did move are taken out and put
+        // back. Keys end in the task's sequence number, so no two are equal and the queue's
+        // order is the same whichever way it is built.
+        if self.key_due.len() > 2 * self.queue.len() + 1024 {
+            self.rekey_all = true;
+        }
+        let due: Vec<(QueueKey, TaskId)> = if std::mem::take(&mut self.rekey_all) {
+            self.key_due.clear();
+            self.queue.iter().map(|(key, id)| (*key, *id)).collect()
+        } else {
+            let mut due = Vec::new();
+            while let Some(Reverse((until, key))) = self.key_due.peek().copied()
+                && until <= now
+            {
+                self.key_due.pop();
+                if let Some(id) = self.queue.get(&key) {
+                    due.push((key, *id));
+                }
+            }
+            due.sort_unstable();
+            due.dedup();
+            due
+        };
         let mut moved: Vec<(QueueKey, QueueKey, TaskId)> = Vec::new();
         let mut gone: Vec<QueueKey> = Vec::new();
-        for (old, id) in &self.queue {
-            match self.tasks.get(id) {
+        for (old, id) in due {
+            match self.tasks.get(&id) {
                 Some(task) => {
-                    let key = self.key_of(task, now);
-                    if key != *old {
-                        moved.push((*old, key, *id));
+                    let (key, until) = self.keyed(task, now);
+                    if until != Time::MAX {
+                        self.key_due.push(Reverse((until, key)));
+                    }
+                    if key != old {
+                        moved.push((old, key, id));
                     }
                 }
-                None => gone.push(*old),
+                None => gone.push(old),
             }
         }
         for old in gone {
             self.queue.remove(&old);
-        }
-        if moved.is_empty() {
-            return;
         }
         for (old, key, id) in &moved {
             self.queue.remove(old);
@@ -3282,6 +3336,14 @@ impl Scheduler {
         for (_, key, id) in moved {
             let displaced = self.queue.insert(key, id);
             debug_assert!(displaced.is_none(), "two queued tasks keyed {key:?}");
+        }
+        #[cfg(debug_assertions)]
+        for (key, id) in &self.queue {
+            debug_assert_eq!(
+                *key,
+                self.key_of(&self.tasks[id], now),
+                "{id:?}'s key is kept until the policy says it may change"
+            );
         }
     }
 }

@@ -196,6 +196,24 @@ impl Policy for Allot {
     fn dynamic(&self) -> bool {
         true
     }
+    fn key_holds_until(&self, task: PendingView<'_>, now: Time) -> Time {
+        // What [`Self::key`] reads of the time: whether a task at risk can still make its
+        // deadline (until `deadline` − remaining; meanwhile nothing else counts), and whether
+        // it has waited past the starvation guard (from `since` + `starve_after`). Each
+        // turns once, at most.
+        let remaining = Self::remaining(&task);
+        if let Some(deadline) = task
+            .spec
+            .deadline
+            .filter(|d| task.risk != DeadlineRisk::None && now.saturating_add(remaining) <= *d)
+        {
+            return deadline - remaining + 1;
+        }
+        task.pending_since
+            .map(|since| since.saturating_add(self.starve_after))
+            .filter(|at| *at > now)
+            .unwrap_or(Time::MAX)
+    }
     fn needs_estimates(&self) -> bool {
         true
     }
@@ -393,6 +411,59 @@ mod tests {
         assert!(
             allowed > 0,
             "some victims are allowed, or the check proves nothing"
+        );
+    }
+
+    /// A waiting task's key is what it was at every time before the one `key_holds_until`
+    /// names, and differs at that time: tasks with and without a deadline, at risk or not,
+    /// waiting briefly or past the starvation guard.
+    #[test]
+    fn a_key_holds_exactly_until_the_policy_says() {
+        let policy = Allot::default();
+        let hour = 3_600_000;
+        let mut turns = 0;
+        for deadline in [None, Some(2 * hour), Some(9 * hour)] {
+            let mut spec = TaskSpec::new(1, "vision", 1);
+            spec.deadline = deadline;
+            for risk in [
+                DeadlineRisk::None,
+                DeadlineRisk::AtRisk,
+                DeadlineRisk::Urgent,
+            ] {
+                for (since, now) in [(0, 0), (0, hour / 2), (0, 2 * hour), (hour, 3 * hour / 2)] {
+                    let view = |risk| PendingView {
+                        spec: &spec,
+                        submitted: since,
+                        seq: 7,
+                        attained: 0,
+                        attained_gpu: 0,
+                        estimate: 3 * hour / 4,
+                        estimate_learned: true,
+                        pending_since: Some(since),
+                        waited_before_run: None,
+                        risk,
+                    };
+                    let key = |at| policy.key(view(risk), at);
+                    let until = policy.key_holds_until(view(risk), now);
+                    assert!(until > now);
+                    let last = until.min(now + 12 * hour) - 1;
+                    for at in [now, (now + last) / 2, last] {
+                        assert_eq!(
+                            key(at),
+                            key(now),
+                            "{deadline:?} {risk:?} {since} {now} {at}"
+                        );
+                    }
+                    if until != Time::MAX {
+                        assert_ne!(key(until), key(now), "{deadline:?} {risk:?} {since} {now}");
+                        turns += 1;
+                    }
+                }
+            }
+        }
+        assert!(
+            turns >= 10,
+            "keys turn in most cases, or this proves little"
         );
     }
 }
