@@ -529,6 +529,8 @@ pub struct Scheduler {
     rekey_all: bool,
     /// The running tasks a relocation could move, by node, kept as tasks start and stop.
     movable: Movable,
+    /// The running tasks by when they are expected to end, kept as tasks start and stop.
+    ends: Ends,
     /// What running tasks hold on each node by class ([`Policy::class`]), kept as tasks start
     /// and stop, for policies whose keys have one.
     reclaimable: Reclaimable,
@@ -662,6 +664,7 @@ impl Scheduler {
             ranked: None,
             key_due: BinaryHeap::new(),
             rekey_all: true,
+            ends: Ends::new(),
             movable: Movable::default(),
             reclaimable: Reclaimable::default(),
             #[cfg(test)]
@@ -969,6 +972,7 @@ impl Scheduler {
         if !matches!(input, Input::TaskSubmitted { .. } | Input::Schedule { .. }) {
             self.ranked = None;
             self.rekey_all = true;
+            self.ends.forget();
         }
         match input {
             Input::NodeAdded(spec) => {
@@ -1670,6 +1674,7 @@ impl Scheduler {
         {
             self.cluster.release(&placement);
             self.movable.remove(&placement, id);
+            self.ends.remove(id);
             if let Some(class) = self.policy.class(&task.spec) {
                 self.reclaimable.remove(class, &placement);
             }
@@ -1789,6 +1794,7 @@ impl Scheduler {
         self.running
             .remove(task.team, id, task.spec.max_runtime.is_some());
         self.movable.remove(&placement, id);
+        self.ends.remove(id);
         if let Some(class) = self.policy.class(&task.spec) {
             self.reclaimable.remove(class, &placement);
         }
@@ -2091,6 +2097,10 @@ impl Scheduler {
                     );
                     if let Some((node, entry)) = task.movable() {
                         self.movable.enter(node, entry);
+                    }
+                    if !self.ends.stale() {
+                        let estimate = self.estimator.estimate(&task.spec);
+                        self.ends.enter(*member, now, task.attained, estimate);
                     }
                     if let (Some(class), State::Running { placement, .. }) =
                         (self.policy.class(&task.spec), &task.state)
@@ -3242,12 +3252,37 @@ impl Scheduler {
     /// tailed) starts it by then. A release only makes room, so they are all released at once
     /// and one placement is asked for, instead of one after each end in turn.
     fn fits_by(&mut self, unit: &Unit, now: Time, by: Time) -> bool {
-        let ending: Vec<TaskId> = self
-            .tasks
-            .values()
-            .filter(|t| t.is_running() && self.expected_end(t, now) <= by)
-            .map(|t| t.spec.id)
-            .collect();
+        if self.ends.stale() {
+            self.ends
+                .list(self.tasks.values().filter_map(|t| match &t.state {
+                    State::Running { since, .. } => Some((
+                        t.spec.id,
+                        *since,
+                        t.attained,
+                        self.estimator.estimate(&t.spec),
+                    )),
+                    State::Pending { .. } => None,
+                }));
+        }
+        let ending = self.ends.ending_by(now, by);
+        debug_assert_eq!(
+            {
+                let mut ids = ending.clone();
+                ids.sort_unstable();
+                ids
+            },
+            {
+                let mut ids: Vec<TaskId> = self
+                    .tasks
+                    .values()
+                    .filter(|t| t.is_running() && self.expected_end(t, now) <= by)
+                    .map(|t| t.spec.id)
+                    .collect();
+                ids.sort_unstable();
+                ids
+            },
+            "the tasks kept by their ends are those expected to end by {by}"
+        );
         let mark = self.cluster.changes().len();
         let placements = self.placements_of(&ending);
         for p in &placements {
@@ -3401,6 +3436,7 @@ impl Reservation {
 }
 
 mod by_node;
+mod ends;
 mod movable;
 mod no_room;
 mod reclaimable;
@@ -3468,6 +3504,7 @@ mod tests;
 mod victims;
 
 use by_node::ByNode;
+use ends::Ends;
 use movable::Movable;
 use no_room::NoRoom;
 use reclaimable::Reclaimable;
