@@ -3247,11 +3247,19 @@ impl Scheduler {
             .is_none_or(|floor| spec.priority >= floor)
     }
 
-    /// Whether `unit`, one task that goes on one node, fits once every running task expected
-    /// ([`Self::expected_end`]) to end by `by` has ended: whether [`Self::earliest_fit`] (heavy
-    /// tailed) starts it by then. A release only makes room, so they are all released at once
-    /// and one placement is asked for, instead of one after each end in turn.
+    /// Whether `unit`, one task that goes on one node and fits nowhere now, fits once every
+    /// running task expected ([`Self::expected_end`]) to end by `by` has ended: whether
+    /// [`Self::earliest_fit`] (heavy tailed) starts it by then. A release only makes room, so
+    /// they are all released at once and one placement is asked for, instead of one after each
+    /// end in turn; and only a node they release on that might then hold it can, so their
+    /// releases are counted first, and only those on such nodes are made.
     fn fits_by(&mut self, unit: &Unit, now: Time, by: Time) -> bool {
+        let spec = &unit.specs[0];
+        debug_assert!(
+            self.place_on(&self.cluster, spec).is_none(),
+            "{} fits nowhere now",
+            spec.id
+        );
         if self.ends.stale() {
             self.ends
                 .list(self.tasks.values().filter_map(|t| match &t.state {
@@ -3283,17 +3291,40 @@ impl Scheduler {
             },
             "the tasks kept by their ends are those expected to end by {by}"
         );
-        let mark = self.cluster.changes().len();
-        let placements = self.placements_of(&ending);
-        for p in &placements {
-            self.cluster.release(p);
+        let mut freeing = FreeingNodes::new(&self.cluster);
+        for id in &ending {
+            for share in self.shares_of(*id) {
+                freeing.release(&self.cluster, share);
+            }
         }
-        let fits = self.fits_anywhere(&unit.specs[0]);
-        for p in &placements {
-            self.cluster.allocate(p);
-        }
-        // Every node is as it was (a sweep's placers need not look at them again).
-        self.cluster.forget_changes_since(mark, []);
+        let nodes: Vec<NodeIdx> = freeing
+            .might_hold(&self.cluster, spec)
+            .into_iter()
+            .enumerate()
+            .filter_map(|(at, might)| might.then_some(NodeIdx(at as u32)))
+            .collect();
+        let fits = !nodes.is_empty() && {
+            let on_them: Vec<TaskId> = ending
+                .into_iter()
+                .filter(|id| {
+                    self.shares_of(*id)
+                        .iter()
+                        .any(|s| nodes.binary_search(&s.node).is_ok())
+                })
+                .collect();
+            let mark = self.cluster.changes().len();
+            let placements = self.placements_of(&on_them);
+            for p in &placements {
+                self.cluster.release(p);
+            }
+            let fits = self.place_among(spec, &nodes).is_some();
+            for p in &placements {
+                self.cluster.allocate(p);
+            }
+            // Every node is as it was (a sweep's placers need not look at them again).
+            self.cluster.forget_changes_since(mark, []);
+            fits
+        };
         debug_assert_eq!(
             fits,
             self.earliest_fit(unit, now, true).start <= by,
