@@ -18,8 +18,6 @@
 //! the full search would have read them (everyone taken before it refunded). A victim in a gang
 //! or on more than one node ends the walk undecided: the full search, from the start, decides.
 
-use rustc_hash::FxHashMap as HashMap;
-
 use super::victims::{Running, Search, Victim};
 use super::{Contender, Placed, Scheduler, Unit, may_take};
 use crate::cluster::FreeingNodes;
@@ -55,9 +53,14 @@ impl Scheduler {
         let task = &unit.specs[0];
         let own = self.tasks[&task.id].team;
         let mut freeing = FreeingNodes::new(&self.cluster);
-        // Every victim taken, in rank order, and where each node's are in it.
+        // Every victim taken, in rank order, each with where the one taken before it on its
+        // node is in it; and, per node, where its last one is (`NONE`: none yet). A search
+        // takes hundreds of victims over as many nodes, and tries a node's only once they
+        // might make room there.
+        const NONE: u32 = u32::MAX;
         let mut taken: Vec<(Victim, NodeIdx)> = Vec::new();
-        let mut on: HashMap<NodeIdx, Vec<u32>> = HashMap::default();
+        let mut before: Vec<u32> = Vec::new();
+        let mut last_on: Vec<u32> = vec![NONE; self.cluster.nodes().len()];
         loop {
             let policy = &*self.policy;
             let tasks = &self.tasks;
@@ -75,14 +78,21 @@ impl Scheduler {
             };
             let node = share.node;
             freeing.release(&self.cluster, share);
-            let here = on.entry(node).or_default();
-            here.push(taken.len() as u32);
+            let last = &mut last_on[node.0 as usize];
+            before.push(*last);
+            *last = taken.len() as u32;
             taken.push((victim, node));
             if !freeing.might_hold_on(&self.cluster, node, task) {
                 continue;
             }
             // The one try this release calls for, on this node alone.
-            let ids: Vec<TaskId> = here.iter().map(|i| taken[*i as usize].0.id()).collect();
+            let mut ids: Vec<TaskId> = Vec::new();
+            let mut at = last_on[node.0 as usize];
+            while at != NONE {
+                ids.push(taken[at as usize].0.id());
+                at = before[at as usize];
+            }
+            ids.reverse();
             let held = self.placements_of(&ids);
             held.iter().for_each(|p| self.cluster.release(p));
             let placed = self.place_among(task, &[node]).map(|p| (vec![p], None));
