@@ -216,9 +216,7 @@ impl Movable {
     /// them together do not. Remembered until the node's entries change.
     pub fn cover_cost(&mut self, node: NodeIdx, free: u64, ask: Ask) -> Option<u128> {
         let at = node.0 as usize;
-        let Some(kept) = self.covers.get_mut(at) else {
-            return None;
-        };
+        let kept = self.covers.get_mut(at)?;
         if let Some((_, _, cost)) = kept
             .iter()
             .flatten()
