@@ -520,13 +520,12 @@ pub struct Scheduler {
     /// arrivals often share a time: openb's re-sampled pods all arrive at its last.
     ranked: Option<(Time, Running)>,
     /// When queued tasks' keys may next change ([`Policy::key_holds_until`]), earliest first,
-    /// for a dynamic policy: a pass re-keys those whose time has come. An entry may outlive
-    /// its key (the task started, or was keyed again): re-keying it then changes nothing.
+    /// for a dynamic policy, while `keys` is [`Keys::Tracked`]: a pass re-keys those whose time
+    /// has come. An entry may outlive its key (the task started, or was keyed again):
+    /// re-keying it then changes nothing.
     key_due: BinaryHeap<Reverse<(Time, QueueKey)>>,
-    /// Every queued task is to be keyed again at the next pass: an input other than a
-    /// submission came in (a task's estimate, state or risk may have changed), a deadline
-    /// judgement raised some task's risk, or `key_due` grew past twice the queue.
-    rekey_all: bool,
+    /// How the next pass re-keys the queue.
+    keys: Keys,
     /// The running tasks a relocation could move, by node, kept as tasks start and stop.
     movable: Movable,
     /// The running tasks by when they are expected to end, kept as tasks start and stop.
@@ -607,6 +606,21 @@ fn lost_work(since: Time, checkpointed: Time, every: Option<Time>, now: Time) ->
     now.saturating_sub(periodic.max(checkpointed))
 }
 
+/// How a pass re-keys the queue of a dynamic policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keys {
+    /// Every task, and nothing more: an input other than a submission came in since the last
+    /// pass (a task's estimate, state or risk may have changed), or a deadline judgement
+    /// raised some task's risk. Where such inputs come between most passes (a live cluster's
+    /// completions), tracking when each key may change would be work thrown away.
+    Stale,
+    /// Every task, noting when each key may change (`key_due`): the last pass re-keyed every
+    /// task, and only submissions came in since (or `key_due` grew past twice the queue).
+    Settled,
+    /// Only the tasks `key_due` names whose time has come.
+    Tracked,
+}
+
 /// How many nodes [`Scheduler::relocate_for`] tries, cheapest move first, before giving up.
 const RELOCATION_TRIES: usize = 4;
 
@@ -663,7 +677,7 @@ impl Scheduler {
             running: Running::of(order, std::iter::empty()),
             ranked: None,
             key_due: BinaryHeap::new(),
-            rekey_all: true,
+            keys: Keys::Stale,
             ends: Ends::new(),
             movable: Movable::default(),
             reclaimable: Reclaimable::default(),
@@ -971,7 +985,7 @@ impl Scheduler {
     pub fn apply_into(&mut self, input: Input, out: &mut Vec<Decision>) -> Result<(), ApplyError> {
         if !matches!(input, Input::TaskSubmitted { .. } | Input::Schedule { .. }) {
             self.ranked = None;
-            self.rekey_all = true;
+            self.keys = Keys::Stale;
             self.ends.forget();
         }
         match input {
@@ -1333,7 +1347,7 @@ impl Scheduler {
     /// Puts the unit led by `leader` (pending) in the queue, keyed at `now`.
     fn enqueue(&mut self, leader: TaskId, now: Time) {
         let (key, until) = self.keyed(&self.tasks[&leader], now);
-        if self.policy.dynamic() && until != Time::MAX {
+        if self.keys == Keys::Tracked && self.policy.dynamic() && until != Time::MAX {
             self.key_due.push(Reverse((until, key)));
         }
         let Some(task) = self.tasks.get_mut(&leader) else {
@@ -1832,7 +1846,7 @@ impl Scheduler {
         }
         // Work now found at risk of missing its deadline moves ahead: order and walk again.
         if self.policy.keeps_deadlines() && self.judge_deadlines(now, out) {
-            self.rekey_all = true;
+            self.keys = Keys::Stale;
             self.rekey(now);
             blocked = self.sweep(now, out, true);
             if blocked.1 {
@@ -3260,7 +3274,7 @@ impl Scheduler {
             "{} fits nowhere now",
             spec.id
         );
-        if self.ends.stale() {
+        if self.ends.stale() && self.ends.asked_stale() {
             self.ends
                 .list(self.tasks.values().filter_map(|t| match &t.state {
                     State::Running { since, .. } => Some((
@@ -3272,23 +3286,30 @@ impl Scheduler {
                     State::Pending { .. } => None,
                 }));
         }
-        let ending = self.ends.ending_by(now, by);
+        let scanned = || -> Vec<TaskId> {
+            let mut ids: Vec<TaskId> = self
+                .tasks
+                .values()
+                .filter(|t| t.is_running() && self.expected_end(t, now) <= by)
+                .map(|t| t.spec.id)
+                .collect();
+            ids.sort_unstable();
+            ids
+        };
+        // Right after estimates may have changed, the tasks are read once; only a second
+        // question before they change again lists them afresh.
+        let ending = if self.ends.stale() {
+            scanned()
+        } else {
+            self.ends.ending_by(now, by)
+        };
         debug_assert_eq!(
             {
                 let mut ids = ending.clone();
                 ids.sort_unstable();
                 ids
             },
-            {
-                let mut ids: Vec<TaskId> = self
-                    .tasks
-                    .values()
-                    .filter(|t| t.is_running() && self.expected_end(t, now) <= by)
-                    .map(|t| t.spec.id)
-                    .collect();
-                ids.sort_unstable();
-                ids
-            },
+            scanned(),
             "the tasks kept by their ends are those expected to end by {by}"
         );
         let mut freeing = FreeingNodes::new(&self.cluster);
@@ -3350,11 +3371,13 @@ impl Scheduler {
         // (`key_due`, or all of them), and only those whose key did move are taken out and put
         // back. Keys end in the task's sequence number, so no two are equal and the queue's
         // order is the same whichever way it is built.
-        if self.key_due.len() > 2 * self.queue.len() + 1024 {
-            self.rekey_all = true;
+        if self.keys == Keys::Tracked && self.key_due.len() > 2 * self.queue.len() + 1024 {
+            self.keys = Keys::Settled;
         }
-        let due: Vec<(QueueKey, TaskId)> = if std::mem::take(&mut self.rekey_all) {
+        let track = self.keys != Keys::Stale;
+        let due: Vec<(QueueKey, TaskId)> = if self.keys != Keys::Tracked {
             self.key_due.clear();
+            self.keys = if track { Keys::Tracked } else { Keys::Settled };
             self.queue.iter().map(|(key, id)| (*key, *id)).collect()
         } else {
             let mut due = Vec::new();
@@ -3375,10 +3398,15 @@ impl Scheduler {
         for (old, id) in due {
             match self.tasks.get(&id) {
                 Some(task) => {
-                    let (key, until) = self.keyed(task, now);
-                    if until != Time::MAX {
-                        self.key_due.push(Reverse((until, key)));
-                    }
+                    let key = if track {
+                        let (key, until) = self.keyed(task, now);
+                        if until != Time::MAX {
+                            self.key_due.push(Reverse((until, key)));
+                        }
+                        key
+                    } else {
+                        self.key_of(task, now)
+                    };
                     if key != old {
                         moved.push((old, key, id));
                     }

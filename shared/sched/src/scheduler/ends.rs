@@ -11,7 +11,9 @@
 //! tasks that end by a time are the few at the front of one and the back of the other.
 //!
 //! Estimates change as the estimator learns: any input but a submission or a pass may change
-//! them ([`Ends::forget`]), and the next question lists every running task afresh.
+//! them ([`Ends::forget`]). The first question after that reads the task table as before; a
+//! second before the next change lists every running task afresh (where such inputs come
+//! between most questions, a list would be work thrown away).
 //!
 //! [`Scheduler::fits_by`]: super::Scheduler::fits_by
 //! [`Scheduler::expected_end`]: super::Scheduler::expected_end
@@ -32,8 +34,10 @@ pub(super) struct Ends {
     by_origin: BTreeSet<(Time, TaskId)>,
     /// Each task's two times, to find its entries.
     of: HashMap<TaskId, (Time, Time)>,
-    /// Estimates may have changed: listed afresh before the next question.
+    /// Estimates may have changed: listed afresh before it is asked.
     stale: bool,
+    /// Asked once since it went stale.
+    asked: bool,
 }
 
 impl Ends {
@@ -48,6 +52,13 @@ impl Ends {
     /// Estimates may have changed since the tasks were entered.
     pub fn forget(&mut self) {
         self.stale = true;
+        self.asked = false;
+    }
+
+    /// Whether it was asked for already since it went stale (then it is worth listing);
+    /// counts this time.
+    pub fn asked_stale(&mut self) -> bool {
+        std::mem::replace(&mut self.asked, true)
     }
 
     /// Whether it must be listed afresh ([`Self::list`]) before it is asked.
@@ -173,10 +184,13 @@ mod tests {
     fn entries_wait_for_a_fresh_list_once_estimates_may_have_changed() {
         let mut ends = Ends::new();
         assert!(ends.stale());
+        assert!(!ends.asked_stale());
+        assert!(ends.asked_stale());
         ends.list(std::iter::once((TaskId(1), 0, 0, 1_000)));
         assert_eq!(ends.ending_by(0, 1_000), [TaskId(1)]);
         ends.forget();
         assert!(ends.stale());
+        assert!(!ends.asked_stale());
         ends.enter(TaskId(2), 0, 0, 500);
         ends.list(std::iter::once((TaskId(1), 0, 0, 2_000)));
         assert!(ends.ending_by(0, 1_000).is_empty());
