@@ -485,7 +485,7 @@ pub struct Scheduler {
     /// Shapes that found no placement, until capacity frees where they might fit: the
     /// search is skipped for them.
     no_room: NoRoom,
-    queue: BTreeMap<QueueKey, TaskId>,
+    queue: BTreeMap<QueueKey, Queued>,
     tasks: HashMap<TaskId, Task>,
     /// How many tasks of the table have a deadline: with none, a pass judges no deadlines
     /// without walking the queue to find out.
@@ -604,6 +604,21 @@ fn lost_work(since: Time, checkpointed: Time, every: Option<Time>, now: Time) ->
         .filter(|every| *every > 0)
         .map_or(since, |every| since + ran / every * every);
     now.saturating_sub(periodic.max(checkpointed))
+}
+
+/// A unit in the queue: its leader, and what a sweep reads to pass over it without looking the
+/// task up (most of a long queue is passed over so, every sweep).
+#[derive(Debug, Clone, Copy)]
+struct Queued {
+    /// The unit's leader.
+    id: TaskId,
+    /// The GPUs its leader asks for.
+    gpus: u32,
+    /// Its leader is in a gang.
+    gang: bool,
+    /// One more than the [`NoRoom::epoch`] at which its shape was last found to fit nowhere
+    /// (0: never): while the epoch holds, it still fits nowhere.
+    no_room_at: u64,
 }
 
 /// How a pass re-keys the queue of a dynamic policy.
@@ -731,7 +746,7 @@ impl Scheduler {
     pub fn pending_specs(&self) -> impl Iterator<Item = &TaskSpec> {
         self.queue
             .values()
-            .flat_map(|id| self.unit_ids(*id))
+            .flat_map(|q| self.unit_ids(q.id))
             .map(|id| &*self.tasks[&id].spec)
     }
 
@@ -824,7 +839,7 @@ impl Scheduler {
         } else if self.policy.when_blocked() == WhenBlocked::Stop
             && let Some((_, head)) = self.queue.range(..key).next()
         {
-            WaitReason::BehindHead { head: *head }
+            WaitReason::BehindHead { head: head.id }
         } else {
             self.no_capacity(&unit)
         };
@@ -892,7 +907,8 @@ impl Scheduler {
         let mut due: Vec<(Time, QueueKey, TaskId)> = self
             .queue
             .iter()
-            .filter_map(|(key, leader)| {
+            .filter_map(|(key, queued)| {
+                let leader = &queued.id;
                 let task = &self.tasks[leader];
                 let judge = task.risk != DeadlineRisk::Urgent
                     && task
@@ -1357,7 +1373,15 @@ impl Scheduler {
             key,
             last_wait: None,
         };
-        self.queue.insert(key, leader);
+        self.queue.insert(
+            key,
+            Queued {
+                id: leader,
+                gpus: task.spec.gpus,
+                gang: task.spec.gang.is_some(),
+                no_room_at: 0,
+            },
+        );
         if task.spec.gang.is_none() {
             self.shapes
                 .entry(task.shape.clone())
@@ -1379,10 +1403,11 @@ impl Scheduler {
         let State::Pending { key: old, .. } = task.state else {
             return Ok(());
         };
-        if self.queue.get(&old) == Some(&id) {
+        if self.queue.get(&old).is_some_and(|q| q.id == id)
+            && let Some(queued) = self.queue.remove(&old)
+        {
             let new = self.key_of(&self.tasks[&id], at);
-            self.queue.remove(&old);
-            self.queue.insert(new, id);
+            self.queue.insert(new, queued);
             if let Some(Task {
                 state: State::Pending { key, .. },
                 ..
@@ -1638,7 +1663,7 @@ impl Scheduler {
         for member in members {
             if let Some(task) = self.remove_task(member)
                 && let State::Pending { key, .. } = task.state
-                && self.queue.get(&key) == Some(&member)
+                && self.queue.get(&key).is_some_and(|q| q.id == member)
             {
                 self.queue.remove(&key);
                 if task.spec.gang.is_none() {
@@ -1915,7 +1940,7 @@ impl Scheduler {
         out: &mut Vec<Decision>,
         may_preempt: bool,
     ) -> (Option<(TaskId, WaitReason)>, bool) {
-        let queue = std::mem::take(&mut self.queue);
+        let mut queue = std::mem::take(&mut self.queue);
         let mut started: Vec<QueueKey> = Vec::new();
         let mut requeued: Vec<TaskId> = Vec::new();
         let mut blocked: Option<(TaskId, WaitReason)> = None;
@@ -1951,31 +1976,52 @@ impl Scheduler {
         self.cluster.log_changes(true);
         let when_blocked = self.policy.when_blocked();
         let preemptive = self.policy.preemptive();
-        for (key, leader) in &queue {
+        for (key, queued) in queue.iter_mut() {
             // Once a unit is blocked, a task on its own whose shape found no room does nothing
             // — where the sweep goes on past blocked units and would neither move tasks nor
             // preempt for one of its size — so it is passed over before its unit is built (most
-            // of a long queue is passed over so, every sweep).
+            // of a long queue is passed over so, every sweep), and, while no capacity was freed
+            // since it was last found so, without looking it up.
             let goes_on = match when_blocked {
                 WhenBlocked::Stop => false,
                 WhenBlocked::Continue => true,
                 WhenBlocked::Reserve => reservation.is_some(),
             };
             if blocked.is_some() && goes_on {
-                let task = &self.tasks[leader];
-                let gpus = task.spec.gpus;
+                let gpus = queued.gpus;
                 let inert = !may_preempt
                     || reservation.is_some()
                     || (gpus >= unmovable_gpus && (!preemptive || gpus >= hopeless_gpus));
-                if inert
-                    && task.spec.gang.is_none()
-                    && self
-                        .no_room
-                        .excludes(&task.shape, &task.spec, &self.cluster, &*self.policy)
-                {
-                    continue;
+                if inert && !queued.gang {
+                    let epoch = self.no_room.epoch() + 1;
+                    let known = queued.no_room_at == epoch;
+                    let task = || &self.tasks[&queued.id];
+                    // (Asked again, it answers the same and changes nothing: its shape's log
+                    // of freed nodes was read to the end, and has not grown.)
+                    debug_assert!(
+                        !known
+                            || self.no_room.excludes(
+                                &task().shape,
+                                &task().spec,
+                                &self.cluster,
+                                &*self.policy,
+                            ),
+                        "a shape found to fit nowhere still does while nothing was freed"
+                    );
+                    if known
+                        || self.no_room.excludes(
+                            &task().shape,
+                            &task().spec,
+                            &self.cluster,
+                            &*self.policy,
+                        )
+                    {
+                        queued.no_room_at = epoch;
+                        continue;
+                    }
                 }
             }
+            let leader = &queued.id;
             let unit = self.unit(*leader);
             let spec = Arc::clone(&unit.specs[0]);
             let team = &spec.team;
@@ -3093,7 +3139,7 @@ impl Scheduler {
         let mut ahead: Vec<(Unit, u64)> = self
             .queue
             .range(..key)
-            .map(|(_, leader)| (self.unit(*leader), self.tasks[leader].seq))
+            .map(|(_, q)| (self.unit(q.id), self.tasks[&q.id].seq))
             .filter(|(u, _)| self.within_budget(&u.specs[0]))
             .collect();
         let in_order = self.policy.when_blocked() == WhenBlocked::Stop;
@@ -3144,7 +3190,8 @@ impl Scheduler {
         // unit in a heap by that place.
         let mut classes: HashMap<Class, std::collections::VecDeque<(usize, Unit, u64)>> =
             HashMap::default();
-        for (place, leader) in self.queue.values().enumerate() {
+        for (place, queued) in self.queue.values().enumerate() {
+            let leader = &queued.id;
             let unit = self.unit(*leader);
             let spec = &unit.specs[0];
             let budget_ok = self.within_budget(spec);
@@ -3378,15 +3425,15 @@ impl Scheduler {
         let due: Vec<(QueueKey, TaskId)> = if self.keys != Keys::Tracked {
             self.key_due.clear();
             self.keys = if track { Keys::Tracked } else { Keys::Settled };
-            self.queue.iter().map(|(key, id)| (*key, *id)).collect()
+            self.queue.iter().map(|(key, q)| (*key, q.id)).collect()
         } else {
             let mut due = Vec::new();
             while let Some(Reverse((until, key))) = self.key_due.peek().copied()
                 && until <= now
             {
                 self.key_due.pop();
-                if let Some(id) = self.queue.get(&key) {
-                    due.push((key, *id));
+                if let Some(q) = self.queue.get(&key) {
+                    due.push((key, q.id));
                 }
             }
             due.sort_unstable();
@@ -3417,22 +3464,23 @@ impl Scheduler {
         for old in gone {
             self.queue.remove(&old);
         }
-        for (old, key, id) in &moved {
-            self.queue.remove(old);
+        let mut back = Vec::with_capacity(moved.len());
+        for (old, key, id) in moved {
+            back.extend(self.queue.remove(&old).map(|q| (key, q)));
             if let Some(Task {
                 state: State::Pending { key: k, .. },
                 ..
-            }) = self.tasks.get_mut(id)
+            }) = self.tasks.get_mut(&id)
             {
-                *k = *key;
+                *k = key;
             }
         }
-        for (_, key, id) in moved {
-            let displaced = self.queue.insert(key, id);
+        for (key, queued) in back {
+            let displaced = self.queue.insert(key, queued);
             debug_assert!(displaced.is_none(), "two queued tasks keyed {key:?}");
         }
         #[cfg(debug_assertions)]
-        for (key, id) in &self.queue {
+        for (key, Queued { id, .. }) in &self.queue {
             debug_assert_eq!(
                 *key,
                 self.key_of(&self.tasks[id], now),

@@ -35,6 +35,9 @@ pub(super) struct NoRoom {
     /// Nodes where capacity was freed, in order (kept only while some shape is remembered, and
     /// at most [`MAX_FREED`] long).
     freed: Vec<NodeIdx>,
+    /// Counts the changes that may let a shape found to fit nowhere fit again: releases and
+    /// forgetting everything ([`Self::epoch`]).
+    epoch: u64,
 }
 
 /// The classes a preemption search may take, as its key floor names them: those above the
@@ -49,9 +52,16 @@ const MAX_FREED: usize = 1 << 16;
 impl NoRoom {
     /// Forgets every shape: what changed may let any of them fit anywhere.
     pub fn clear(&mut self) {
+        self.epoch += 1;
         self.shapes.clear();
         self.beyond_help.clear();
         self.freed.clear();
+    }
+
+    /// Changes so far that may let a shape found to fit nowhere fit again: while it holds, a
+    /// shape [`Self::excludes`] said fits nowhere still does (capacity only shrank since).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// `shape` found no room on the cluster as it is.
@@ -61,6 +71,7 @@ impl NoRoom {
 
     /// Capacity was freed on `nodes` (and nothing else changed).
     pub fn freed(&mut self, nodes: impl IntoIterator<Item = NodeIdx>) {
+        self.epoch += 1;
         if self.shapes.is_empty() && self.beyond_help.is_empty() {
             self.freed.clear();
         } else {
@@ -230,5 +241,34 @@ mod tests {
         let mut mig = one.clone();
         mig.mig_profile = Some("1g.10gb".into());
         assert!(!one_node(&Fifo, &cluster, &mig));
+    }
+
+    #[test]
+    fn the_epoch_moves_with_every_release_and_every_forgetting_only() {
+        let mut cluster = Cluster::default();
+        let a = cluster.add_node(NodeSpec::new("a", 8, "H100"));
+        cluster.allocate(&Placement {
+            shares: vec![NodeShare {
+                node: a,
+                gpus: (0..8).map(|g| (g, WHOLE_GPU_MILLI)).collect(),
+                ..NodeShare::default()
+            }],
+        });
+        let task = TaskSpec::new(1, "t", 1);
+        let shape = Shape::of(&task);
+        let mut no_room = NoRoom::default();
+        let start = no_room.epoch();
+        // Remembering a shape and answering for it keep the epoch: what was found to fit
+        // nowhere still does.
+        no_room.insert(shape.clone());
+        assert!(no_room.excludes(&shape, &task, &cluster, &Fifo));
+        assert_eq!(no_room.epoch(), start);
+        // A release moves it, whether or not any shape is remembered, and so does forgetting.
+        no_room.freed([a]);
+        assert_eq!(no_room.epoch(), start + 1);
+        no_room.clear();
+        assert_eq!(no_room.epoch(), start + 2);
+        no_room.freed([a]);
+        assert_eq!(no_room.epoch(), start + 3);
     }
 }
