@@ -616,9 +616,9 @@ struct Queued {
     gpus: u32,
     /// Its leader is in a gang.
     gang: bool,
-    /// One more than the [`NoRoom::epoch`] at which its shape was last found to fit nowhere
-    /// (0: never): while the epoch holds, it still fits nowhere.
-    no_room_at: u64,
+    /// The [`NoRoom::epoch`] at which its shape was last found to fit nowhere: while the
+    /// epoch holds, it still fits nowhere.
+    no_room_at: Option<u64>,
 }
 
 /// How a pass re-keys the queue of a dynamic policy.
@@ -1379,7 +1379,7 @@ impl Scheduler {
                 id: leader,
                 gpus: task.spec.gpus,
                 gang: task.spec.gang.is_some(),
-                no_room_at: 0,
+                no_room_at: None,
             },
         );
         if task.spec.gang.is_none() {
@@ -1426,6 +1426,13 @@ impl Scheduler {
                 self.shapes.remove(shape);
             }
         }
+    }
+
+    /// Whether task `id`, on its own, is known to fit nowhere ([`NoRoom::excludes`]).
+    fn fits_nowhere(&mut self, id: TaskId) -> bool {
+        let task = &self.tasks[&id];
+        self.no_room
+            .excludes(&task.shape, &task.spec, &self.cluster, &*self.policy)
     }
 
     /// The unit's first member: the gang's first pending member, or the task itself.
@@ -1993,30 +2000,16 @@ impl Scheduler {
                     || reservation.is_some()
                     || (gpus >= unmovable_gpus && (!preemptive || gpus >= hopeless_gpus));
                 if inert && !queued.gang {
-                    let epoch = self.no_room.epoch() + 1;
-                    let known = queued.no_room_at == epoch;
-                    let task = || &self.tasks[&queued.id];
+                    let epoch = self.no_room.epoch();
+                    let known = queued.no_room_at == Some(epoch);
                     // (Asked again, it answers the same and changes nothing: its shape's log
                     // of freed nodes was read to the end, and has not grown.)
                     debug_assert!(
-                        !known
-                            || self.no_room.excludes(
-                                &task().shape,
-                                &task().spec,
-                                &self.cluster,
-                                &*self.policy,
-                            ),
+                        !known || self.fits_nowhere(queued.id),
                         "a shape found to fit nowhere still does while nothing was freed"
                     );
-                    if known
-                        || self.no_room.excludes(
-                            &task().shape,
-                            &task().spec,
-                            &self.cluster,
-                            &*self.policy,
-                        )
-                    {
-                        queued.no_room_at = epoch;
+                    if known || self.fits_nowhere(queued.id) {
+                        queued.no_room_at = Some(epoch);
                         continue;
                     }
                 }
@@ -2033,13 +2026,7 @@ impl Scheduler {
                 .flatten()
                 .filter(|floor| unit.specs[0].priority < *floor);
             let admitted = floor.is_none() && self.policy.admits(team, unit.demand, &self.quotas);
-            let excluded = unit.single
-                && self.no_room.excludes(
-                    &self.tasks[leader].shape,
-                    &unit.specs[0],
-                    &self.cluster,
-                    &*self.policy,
-                );
+            let excluded = unit.single && self.fits_nowhere(*leader);
             let mut placed = if !admitted || excluded {
                 None
             } else {
@@ -2333,13 +2320,7 @@ impl Scheduler {
         // victim freed can take it: a placement is tried only once such a node might hold it,
         // and it weighs those nodes alone (`freed`, kept sorted). `None`: no such knowledge,
         // try on every node whenever there is room.
-        let unplaceable = one_node
-            && self.no_room.excludes(
-                &self.tasks[&unit.members[0]].shape,
-                &unit.specs[0],
-                &self.cluster,
-                &*self.policy,
-            );
+        let unplaceable = one_node && self.fits_nowhere(unit.members[0]);
         #[cfg(test)]
         let by_node = self.by_node;
         #[cfg(not(test))]
@@ -3348,17 +3329,18 @@ impl Scheduler {
         let ending = if self.ends.stale() {
             scanned()
         } else {
-            self.ends.ending_by(now, by)
+            let kept = self.ends.ending_by(now, by);
+            debug_assert_eq!(
+                {
+                    let mut ids = kept.clone();
+                    ids.sort_unstable();
+                    ids
+                },
+                scanned(),
+                "the tasks kept by their ends are those expected to end by {by}"
+            );
+            kept
         };
-        debug_assert_eq!(
-            {
-                let mut ids = ending.clone();
-                ids.sort_unstable();
-                ids
-            },
-            scanned(),
-            "the tasks kept by their ends are those expected to end by {by}"
-        );
         let mut freeing = FreeingNodes::new(&self.cluster);
         for id in &ending {
             for share in self.shares_of(*id) {
