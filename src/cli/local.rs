@@ -372,8 +372,12 @@ impl EmbeddedNats {
     /// Writes `nats.url`, through which client commands in this folder find the server: call
     /// it once the streams exist, so a command that finds the file finds a working Allot.
     pub fn announce(&mut self) -> anyhow::Result<()> {
-        std::fs::write(&self.url_file, format!("{}\n", self.url))
-            .with_context(|| format!("writing {}", self.url_file.display()))?;
+        allot_runtime::files::write_whole(
+            &self.url_file,
+            format!("{}\n", self.url).as_bytes(),
+            0o644,
+        )
+        .with_context(|| format!("writing {}", self.url_file.display()))?;
         self.announced = true;
         Ok(())
     }

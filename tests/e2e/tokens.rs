@@ -15,13 +15,16 @@ fn status_of(url: &str, token: &str, path: &str) -> Option<u16> {
     api_get(url.trim_start_matches("http://"), token, path).map(|(status, _)| status)
 }
 
-/// Whether the gateway at `url` answers `status` to `token` within 30 s.
-fn answers(url: &str, token: &str, status: u16) -> bool {
+/// Whether the gateway at `url` answers `status` to `token` within 30 s; if not, what it
+/// answered last (`None`: it could not be asked).
+fn answers(url: &str, token: &str, status: u16) -> Result<(), Option<u16>> {
+    let mut last = None;
     wait_for(Duration::from_secs(30), || {
         std::thread::sleep(Duration::from_millis(200));
-        (status_of(url, token, "/api/v1/queue")? == status).then_some(())
+        last = status_of(url, token, "/api/v1/queue");
+        (last? == status).then_some(())
     })
-    .is_some()
+    .ok_or(last)
 }
 
 fn run(dir: &Path, args: &[&str]) -> Output {
@@ -60,11 +63,12 @@ fn a_revoked_token_is_turned_away_and_a_wrong_id_revokes_nothing() {
         .to_owned();
     assert_eq!(id.len(), 12, "no token id in {:?}", stderr(&issued));
 
-    assert!(
-        answers(&url, &token, 200),
-        "the new token was never accepted:\n{}",
-        log_of(dir.path(), "up")
-    );
+    if let Err(last) = answers(&url, &token, 200) {
+        panic!(
+            "the new token was never accepted by {url:?} (last answer: {last:?}):\n{}",
+            log_of(dir.path(), "up")
+        );
+    }
 
     // Ids that are not a token's, or of no token issued: refused with exit 2, and the token
     // still works.
@@ -90,11 +94,12 @@ fn a_revoked_token_is_turned_away_and_a_wrong_id_revokes_nothing() {
         "{}",
         stderr(&revoked)
     );
-    assert!(
-        answers(&url, &token, 401),
-        "the revoked token is still accepted:\n{}",
-        log_of(dir.path(), "up")
-    );
+    if let Err(last) = answers(&url, &token, 401) {
+        panic!(
+            "the revoked token is still accepted by {url:?} (last answer: {last:?}):\n{}",
+            log_of(dir.path(), "up")
+        );
+    }
 
     // Revoking it again changes nothing and says so.
     let again = run(dir.path(), &["token", "revoke", &id]);

@@ -189,21 +189,10 @@ pub fn admin_token(path: &Path) -> Result<String, Error> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(io(e)),
     }
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(io)?;
-    // Written whole, owner-only and synced beside it, then renamed into place: never a
-    // half-written or world-readable token.
+    // Written whole, owner-only and synced, then renamed into place: never a half-written or
+    // world-readable token.
     let token = token::generate();
-    let mut file = tempfile::Builder::new()
-        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .tempfile_in(dir)
-        .map_err(io)?;
-    std::io::Write::write_all(&mut file, format!("{token}\n").as_bytes()).map_err(io)?;
-    file.as_file().sync_all().map_err(io)?;
-    file.persist(path).map_err(|e| io(e.error))?;
+    allot_runtime::files::write_whole(path, format!("{token}\n").as_bytes(), 0o600).map_err(io)?;
     Ok(token)
 }
 
@@ -388,7 +377,7 @@ pub async fn run(
         let _ = tx.send(addr);
     }
     if let Some(path) = &config.url_file {
-        std::fs::write(path, format!("http://{addr}/\n"))
+        allot_runtime::files::write_whole(path, format!("http://{addr}/\n").as_bytes(), 0o644)
             .map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
         if let Some(token) = &config.admin_token_file {
             eprintln!(

@@ -27,6 +27,7 @@
 //!   service is ready once it runs and every [`Gate`] it handed out (one per consumer) is open.
 //! - [`metrics`]: the process-wide Prometheus registry every crate registers its `allot_*`
 //!   families in, and [`metrics::encode`].
+//! - [`files`]: files other processes read while this one writes them (written whole).
 //! - [`ops`]: the ops HTTP endpoints — `/metrics`, `/healthz`, `/readyz` — that `allot run`
 //!   serves on its ops address.
 
@@ -43,6 +44,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+pub mod files;
 pub mod metrics;
 pub mod ops;
 pub mod ready;
