@@ -102,20 +102,10 @@ fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("making {} private", dir.display()))
 }
 
-/// Writes a secret readable by the owner only (also when the file existed with wider rights).
+/// Writes a secret readable by the owner only (also when the file existed with wider rights),
+/// whole: `allot up` rewrites the credentials at every start while commands beside it read them.
 fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("writing {}", path.display()))?;
-    file.set_permissions(std::fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("making {} private", path.display()))?;
-    file.write_all(text.as_bytes())
+    allot_runtime::files::write_whole(path, text.as_bytes(), 0o600)
         .with_context(|| format!("writing {}", path.display()))
 }
 
