@@ -1435,6 +1435,13 @@ impl Scheduler {
             .excludes(&task.shape, &task.spec, &self.cluster, &*self.policy)
     }
 
+    /// Where task `id`, on its own, may fit ([`NoRoom::room`]).
+    fn room_of(&mut self, id: TaskId) -> Room {
+        let task = &self.tasks[&id];
+        self.no_room
+            .room(&task.shape, &task.spec, &self.cluster, &*self.policy)
+    }
+
     /// The unit's first member: the gang's first pending member, or the task itself.
     fn leader(&self, id: TaskId) -> TaskId {
         self.tasks[&id]
@@ -1984,38 +1991,49 @@ impl Scheduler {
         let when_blocked = self.policy.when_blocked();
         let preemptive = self.policy.preemptive();
         for (key, queued) in queue.iter_mut() {
-            // Once a unit is blocked, a task on its own whose shape found no room does nothing
-            // — where the sweep goes on past blocked units and would neither move tasks nor
-            // preempt for one of its size — so it is passed over before its unit is built (most
-            // of a long queue is passed over so, every sweep), and, while no capacity was freed
-            // since it was last found so, without looking it up.
             let goes_on = match when_blocked {
                 WhenBlocked::Stop => false,
                 WhenBlocked::Continue => true,
                 WhenBlocked::Reserve => reservation.is_some(),
             };
-            if blocked.is_some() && goes_on {
+            // Where a task on its own may fit, asked once a sweep: one whose shape was found to
+            // fit nowhere, while no capacity was freed since, without looking it up.
+            let room = if queued.gang {
+                Room::Anywhere
+            } else {
+                let epoch = self.no_room.epoch();
+                if queued.no_room_at == Some(epoch) {
+                    // (Asked again, it answers the same and changes nothing: its shape's log
+                    // of freed nodes was read to the end, and has not grown.)
+                    debug_assert!(
+                        self.fits_nowhere(queued.id),
+                        "a shape found to fit nowhere still does while nothing was freed"
+                    );
+                    Room::Nowhere
+                } else {
+                    let room = self.room_of(queued.id);
+                    if room == Room::Nowhere {
+                        queued.no_room_at = Some(epoch);
+                    }
+                    room
+                }
+            };
+            // Once a unit is blocked, a task on its own that fits nowhere does nothing where
+            // the sweep goes on past blocked units and would neither move tasks nor preempt for
+            // one of its size: it is passed over before its unit is built (most of a long queue
+            // is passed over so, every sweep).
+            if blocked.is_some() && goes_on && room == Room::Nowhere {
                 let gpus = queued.gpus;
                 let inert = !may_preempt
                     || reservation.is_some()
                     || (gpus >= unmovable_gpus && (!preemptive || gpus >= hopeless_gpus));
-                if inert && !queued.gang {
-                    let epoch = self.no_room.epoch();
-                    let known = queued.no_room_at == Some(epoch);
-                    // (Asked again, it answers the same and changes nothing: its shape's log
-                    // of freed nodes was read to the end, and has not grown.)
-                    debug_assert!(
-                        !known || self.fits_nowhere(queued.id),
-                        "a shape found to fit nowhere still does while nothing was freed"
-                    );
-                    if known || self.fits_nowhere(queued.id) {
-                        queued.no_room_at = Some(epoch);
-                        continue;
-                    }
+                if inert {
+                    continue;
                 }
             }
             let leader = &queued.id;
             let unit = self.unit(*leader);
+            debug_assert_eq!(unit.single, !queued.gang, "a task on its own is its unit");
             let spec = Arc::clone(&unit.specs[0]);
             let team = &spec.team;
             // 2. nominate (a team over budget starts nothing below its floor)
@@ -2026,11 +2044,22 @@ impl Scheduler {
                 .flatten()
                 .filter(|floor| unit.specs[0].priority < *floor);
             let admitted = floor.is_none() && self.policy.admits(team, unit.demand, &self.quotas);
-            let excluded = unit.single && self.fits_nowhere(*leader);
-            let mut placed = if !admitted || excluded {
+            let mut placed = if !admitted || room == Room::Nowhere {
                 None
             } else {
-                let found = self.place_in_sweep(&unit, &mut placers);
+                let found = if let Room::Among(nodes) = &room {
+                    let found = self
+                        .place_among(&unit.specs[0], nodes)
+                        .map(|p| (vec![p], None));
+                    debug_assert_eq!(
+                        found,
+                        self.place_unit(&unit),
+                        "a task that fitted nowhere can only go where capacity was freed since"
+                    );
+                    found
+                } else {
+                    self.place_in_sweep(&unit, &mut placers)
+                };
                 if found.is_none() && unit.single {
                     self.no_room.insert(self.tasks[leader].shape.clone());
                 }
@@ -3595,7 +3624,7 @@ mod victims;
 use by_node::ByNode;
 use ends::Ends;
 use movable::Movable;
-use no_room::NoRoom;
+use no_room::{NoRoom, Room};
 use reclaimable::Reclaimable;
 use victims::{Runner, Running, Terms, Victim};
 

@@ -142,6 +142,71 @@ impl NoRoom {
     }
 }
 
+/// What is known of where a task whose shape found no room may fit now ([`NoRoom::room`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Room {
+    /// Nowhere: no node freed since might hold it.
+    Nowhere,
+    /// Only on these nodes, freed since it found none, each of which might hold it (sorted,
+    /// each once): no other node gained capacity since, and it fitted on none then.
+    Among(Vec<NodeIdx>),
+    /// Anywhere, for all that is known: its shape was not found to fit nowhere, or it may span
+    /// nodes.
+    Anywhere,
+}
+
+impl NoRoom {
+    /// Where `task`, of `shape`, may fit on `cluster`: [`Self::excludes`], and when it does not,
+    /// which nodes alone a task placed on one node could go on. A placement among those is the
+    /// one a search of the whole cluster finds (the policies rank a placement by its node, not
+    /// by which other nodes were looked at), at the cost of a few nodes instead of all.
+    pub fn room(
+        &mut self,
+        shape: &Shape,
+        task: &TaskSpec,
+        cluster: &Cluster,
+        policy: &dyn Policy,
+    ) -> Room {
+        let Some(since) = self.shapes.get_mut(shape) else {
+            return Room::Anywhere;
+        };
+        let span = &self.freed[*since..];
+        if span.is_empty() {
+            return Room::Nowhere;
+        }
+        // Longer than the cluster, the log would cost more to read than the cluster does to
+        // search: only whether any node in it might hold the task is asked.
+        if span.len() > cluster.nodes().len().max(AMONG_AT_LEAST)
+            || !one_node(policy, cluster, task)
+        {
+            if one_node(policy, cluster, task)
+                && none_since(&self.freed, since, |n| cluster.node(n).might_hold(task))
+            {
+                return Room::Nowhere;
+            }
+            self.shapes.remove(shape);
+            return Room::Anywhere;
+        }
+        let mut among: Vec<NodeIdx> = span
+            .iter()
+            .copied()
+            .filter(|n| cluster.node(*n).might_hold(task))
+            .collect();
+        if among.is_empty() {
+            *since = self.freed.len();
+            return Room::Nowhere;
+        }
+        self.shapes.remove(shape);
+        among.sort_unstable();
+        among.dedup();
+        Room::Among(among)
+    }
+}
+
+/// [`NoRoom::room`] names the nodes a task may go on from a log of releases at most as long as
+/// the cluster has nodes, or this many.
+const AMONG_AT_LEAST: usize = 64;
+
 /// Whether no node freed from `since` on is one `might` names; if so, `since` moves to the
 /// end of `freed` (those nodes need not be asked again).
 fn none_since(freed: &[NodeIdx], since: &mut usize, might: impl Fn(NodeIdx) -> bool) -> bool {
@@ -164,6 +229,60 @@ mod tests {
     use crate::cluster::{NodeShare, Placement};
     use crate::model::{NodeSpec, WHOLE_GPU_MILLI};
     use crate::policy::Fifo;
+
+    /// The nodes a task whose shape found no room may now go on are those freed since that
+    /// might hold it, each once and in order; a task that may span nodes, or whose shape was
+    /// not found to fit nowhere, may go anywhere.
+    #[test]
+    fn room_names_the_freed_nodes_that_might_hold_the_task() {
+        let mut cluster = Cluster::default();
+        let nodes: Vec<NodeIdx> = ["a", "b", "c"]
+            .into_iter()
+            .map(|n| cluster.add_node(NodeSpec::new(n, 8, "H100")))
+            .collect();
+        let gpus = |node, from: u32, to: u32| Placement {
+            shares: vec![NodeShare {
+                node,
+                gpus: (from..to).map(|g| (g, WHOLE_GPU_MILLI)).collect(),
+                ..NodeShare::default()
+            }],
+        };
+        for &node in &nodes {
+            cluster.allocate(&gpus(node, 0, 7));
+        }
+        let [a, b, c] = nodes[..] else { unreachable!() };
+        let task = TaskSpec::new(1, "t", 4);
+        let shape = Shape::of(&task);
+        let mut no_room = NoRoom::default();
+        assert_eq!(no_room.room(&shape, &task, &cluster, &Fifo), Room::Anywhere);
+        no_room.insert(shape.clone());
+        assert_eq!(no_room.room(&shape, &task, &cluster, &Fifo), Room::Nowhere);
+        // One GPU more on a (2 free), three on c, three then one on b.
+        let release = |cluster: &mut Cluster, no_room: &mut NoRoom, node, from, to| {
+            cluster.release(&gpus(node, from, to));
+            no_room.freed([node]);
+        };
+        release(&mut cluster, &mut no_room, a, 0, 1);
+        assert_eq!(no_room.room(&shape, &task, &cluster, &Fifo), Room::Nowhere);
+        release(&mut cluster, &mut no_room, c, 0, 3);
+        release(&mut cluster, &mut no_room, b, 0, 3);
+        release(&mut cluster, &mut no_room, b, 3, 4);
+        assert_eq!(
+            no_room.room(&shape, &task, &cluster, &Fifo),
+            Room::Among(vec![b, c])
+        );
+        // Asked, it is forgotten: the next placement is searched for in full.
+        assert_eq!(no_room.room(&shape, &task, &cluster, &Fifo), Room::Anywhere);
+        // A request that may span nodes, after any release: anywhere.
+        let wide = TaskSpec::new(2, "t", 12);
+        let wide_shape = Shape::of(&wide);
+        no_room.insert(wide_shape.clone());
+        release(&mut cluster, &mut no_room, a, 1, 2);
+        assert_eq!(
+            no_room.room(&wide_shape, &wide, &cluster, &Fifo),
+            Room::Anywhere
+        );
+    }
 
     #[test]
     fn a_shape_is_tried_again_only_once_a_freed_node_might_hold_it() {
