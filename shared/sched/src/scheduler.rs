@@ -2766,7 +2766,9 @@ impl Scheduler {
         };
         // Each node that might make room, with what its victims cost at least
         // ([`movable::Summary::least_cost`]).
-        let mut floors: Vec<Reverse<(u128, NodeIdx, u64)>> = Vec::new();
+        // (Sized once: grown push by push, it was copied over and over, about 3% of openb.)
+        let mut floors: Vec<Reverse<(u128, NodeIdx, u64)>> =
+            Vec::with_capacity(self.cluster.nodes().len());
         for (node, summary) in self.movable.summaries() {
             let state = self.cluster.node(node);
             let free = state.free_milli();

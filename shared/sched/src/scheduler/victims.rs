@@ -281,11 +281,16 @@ impl Ranked {
         let Some(at) = self.list.iter().position(|(v, _)| v.id() == id) else {
             return false;
         };
-        let (victim, _) = self.list.remove(at);
-        self.gpus -= victim.gpus();
+        // Only the sorted runners keep their order: those after it in the sorted stretch move
+        // up one, and the last runner fills the gap this leaves after it (the classes are
+        // thousands long, and a taken victim is near the front: shifting all of them cost a
+        // preemption search more than its search).
         if at < self.sorted {
+            self.list[at..self.sorted].rotate_left(1);
             self.sorted -= 1;
         }
+        let (victim, _) = self.list.swap_remove(self.sorted.max(at));
+        self.gpus -= victim.gpus();
         true
     }
 
@@ -816,6 +821,36 @@ mod tests {
         // A task that starts once the lists are ranked takes its place in the order.
         running.insert(1, "b", TaskId(15), (false, None), made);
         assert_eq!(taken(&mut running, ALL, made), [15, 4, 2, 1]);
+    }
+
+    /// Removing tasks from a class partly sorted by an earlier search, in the sorted stretch
+    /// and after it, leaves every other task in victim order for the next search.
+    #[test]
+    fn removing_from_a_partly_sorted_class_keeps_the_victim_order() {
+        let key = |id: u64| ((id * 37) % 101) as i64;
+        let make = |id: TaskId| runner(id.0, key(id.0), false, 0);
+        let ids: Vec<u64> = (1..=100).collect();
+        let mut running = Running::of(
+            VictimOrder::WorstFirst,
+            ids.iter().map(|id| (0, "a", TaskId(*id), (false, None))),
+        );
+        let mut order = ids.clone();
+        order.sort_by_key(|id| std::cmp::Reverse(key(*id)));
+        // A search reads ten: the class is sorted only part of the way.
+        let (mut search, _) = running.search(|_| Some(ALL), make);
+        for want in &order[..10] {
+            assert_eq!(
+                search.next(&mut running, |_| true).map(|v| v.id().0),
+                Some(*want)
+            );
+        }
+        // Taken: the first, the third and the tenth of the order, and two far behind.
+        let gone = [order[0], order[2], order[9], order[60], order[99]];
+        for id in gone {
+            running.remove(0, TaskId(id), false);
+        }
+        order.retain(|id| !gone.contains(id));
+        assert_eq!(taken(&mut running, ALL, make), order);
     }
 
     #[test]
