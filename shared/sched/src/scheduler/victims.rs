@@ -181,7 +181,7 @@ struct Ranked {
     /// Every runner the sweep made, by number (those that stopped are left in place).
     runners: Vec<Runner>,
     /// The ranks and numbers of those running: the first `sorted` in victim order, and
-    /// before every other.
+    /// before every other; the rest in no order.
     list: Vec<(Victim, u32)>,
     sorted: usize,
     gpus: u64,
