@@ -179,13 +179,11 @@ impl NoRoom {
         if span.len() > cluster.nodes().len().max(AMONG_AT_LEAST)
             || !one_node(policy, cluster, task)
         {
-            if one_node(policy, cluster, task)
-                && none_since(&self.freed, since, |n| cluster.node(n).might_hold(task))
-            {
-                return Room::Nowhere;
-            }
-            self.shapes.remove(shape);
-            return Room::Anywhere;
+            return if self.excludes(shape, task, cluster, policy) {
+                Room::Nowhere
+            } else {
+                Room::Anywhere
+            };
         }
         let mut among: Vec<NodeIdx> = span
             .iter()

@@ -281,10 +281,10 @@ impl Ranked {
         let Some(at) = self.list.iter().position(|(v, _)| v.id() == id) else {
             return false;
         };
-        // Only the sorted runners keep their order: those after it in the sorted stretch move
-        // up one, and the last runner fills the gap this leaves after it (the classes are
-        // thousands long, and a taken victim is near the front: shifting all of them cost a
-        // preemption search more than its search).
+        // Only the sorted stretch keeps its order: the runners behind it there move up one, and
+        // the class's last runner fills the gap left at the stretch's end. (A class holds
+        // thousands and a taken victim is near its front: shifting the whole class cost more
+        // than the search that took it.)
         if at < self.sorted {
             self.list[at..self.sorted].rotate_left(1);
             self.sorted -= 1;
