@@ -616,9 +616,9 @@ struct Queued {
     gpus: u32,
     /// Its leader is in a gang.
     gang: bool,
-    /// The [`NoRoom::epoch`] at which its shape was last found to fit nowhere: while the
-    /// epoch holds, it still fits nowhere.
-    no_room_at: Option<u64>,
+    /// Where [`NoRoom`] keeps its shape, once that was found to fit nowhere: while nothing was
+    /// freed since ([`NoRoom::read_to_end`]), it still fits nowhere.
+    no_room_at: Option<Slot>,
 }
 
 /// How a pass re-keys the queue of a dynamic policy.
@@ -1997,26 +1997,27 @@ impl Scheduler {
                 WhenBlocked::Reserve => reservation.is_some(),
             };
             // Where a task on its own may fit, asked once a sweep: one whose shape was found to
-            // fit nowhere, while no capacity was freed since, without looking it up.
+            // fit nowhere, while no capacity was freed since, without looking it up (most of a
+            // long queue waits with a few shapes, and the first of each reads what was freed).
             let room = if queued.gang {
                 Room::Anywhere
+            } else if queued
+                .no_room_at
+                .is_some_and(|slot| self.no_room.read_to_end(slot))
+            {
+                // (Asked again, it answers the same and changes nothing: its shape's log of
+                // freed nodes was read to the end, and has not grown.)
+                debug_assert!(
+                    self.fits_nowhere(queued.id),
+                    "a shape found to fit nowhere still does while nothing was freed"
+                );
+                Room::Nowhere
             } else {
-                let epoch = self.no_room.epoch();
-                if queued.no_room_at == Some(epoch) {
-                    // (Asked again, it answers the same and changes nothing: its shape's log
-                    // of freed nodes was read to the end, and has not grown.)
-                    debug_assert!(
-                        self.fits_nowhere(queued.id),
-                        "a shape found to fit nowhere still does while nothing was freed"
-                    );
-                    Room::Nowhere
-                } else {
-                    let room = self.room_of(queued.id);
-                    if room == Room::Nowhere {
-                        queued.no_room_at = Some(epoch);
-                    }
-                    room
+                let room = self.room_of(queued.id);
+                if room == Room::Nowhere {
+                    queued.no_room_at = self.no_room.slot(&self.tasks[&queued.id].shape);
                 }
+                room
             };
             // Once a unit is blocked, a task on its own that fits nowhere does nothing where
             // the sweep goes on past blocked units and would neither move tasks nor preempt for
@@ -2061,7 +2062,7 @@ impl Scheduler {
                     self.place_in_sweep(&unit, &mut placers)
                 };
                 if found.is_none() && unit.single {
-                    self.no_room.insert(self.tasks[leader].shape.clone());
+                    queued.no_room_at = Some(self.no_room.insert(self.tasks[leader].shape.clone()));
                 }
                 found
             };
@@ -3626,7 +3627,7 @@ mod victims;
 use by_node::ByNode;
 use ends::Ends;
 use movable::Movable;
-use no_room::{NoRoom, Room};
+use no_room::{NoRoom, Room, Slot};
 use reclaimable::Reclaimable;
 use victims::{Runner, Running, Terms, Victim};
 

@@ -27,17 +27,30 @@ use crate::policy::Policy;
 
 #[derive(Debug, Default)]
 pub(super) struct NoRoom {
-    /// Each shape that found no room, with the length of `freed` when it last did.
-    shapes: HashMap<Shape, usize>,
+    /// Each shape that found no room since everything was last forgotten, with where its entry
+    /// is in `since`.
+    shapes: HashMap<Shape, u32>,
+    /// Per entry: the length of `freed` when its shape last found no room; `None` once it may
+    /// fit again. (A waiting task keeps its shape's [`Slot`], so a sweep asks whether it still
+    /// fits nowhere without hashing the shape or looking the task up.)
+    since: Vec<Option<usize>>,
+    /// How many entries of `since` are `Some`.
+    live: usize,
+    /// How many times everything was forgotten: a [`Slot`] of an earlier era names nothing.
+    era: u64,
     /// Each shape no preemption could make room for, by which classes a search may take
     /// ([`Classes`]), with the length of `freed` when that was last found.
     beyond_help: HashMap<Shape, Vec<(Classes, usize)>>,
     /// Nodes where capacity was freed, in order (kept only while some shape is remembered, and
     /// at most [`MAX_FREED`] long).
     freed: Vec<NodeIdx>,
-    /// Counts the changes that may let a shape found to fit nowhere fit again: releases and
-    /// forgetting everything ([`Self::epoch`]).
-    epoch: u64,
+}
+
+/// Where a shape's entry is kept in [`NoRoom`], while nothing is forgotten all at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Slot {
+    era: u64,
+    at: u32,
 }
 
 /// The classes a preemption search may take, as its key floor names them: those above the
@@ -52,27 +65,51 @@ const MAX_FREED: usize = 1 << 16;
 impl NoRoom {
     /// Forgets every shape: what changed may let any of them fit anywhere.
     pub fn clear(&mut self) {
-        self.epoch += 1;
+        self.era += 1;
         self.shapes.clear();
+        self.since.clear();
+        self.live = 0;
         self.beyond_help.clear();
         self.freed.clear();
     }
 
-    /// Changes so far that may let a shape found to fit nowhere fit again: while it holds, a
-    /// shape [`Self::excludes`] said fits nowhere still does (capacity only shrank since).
-    pub fn epoch(&self) -> u64 {
-        self.epoch
+    /// `shape` found no room on the cluster as it is; where its entry is kept.
+    pub fn insert(&mut self, shape: Shape) -> Slot {
+        let next = self.since.len() as u32;
+        let at = *self.shapes.entry(shape).or_insert(next);
+        if at == next {
+            self.since.push(None);
+        }
+        let since = &mut self.since[at as usize];
+        self.live += usize::from(since.is_none());
+        *since = Some(self.freed.len());
+        Slot { era: self.era, at }
     }
 
-    /// `shape` found no room on the cluster as it is.
-    pub fn insert(&mut self, shape: Shape) {
-        self.shapes.insert(shape, self.freed.len());
+    /// Where `shape`'s entry is kept, if it found no room since everything was last forgotten.
+    pub fn slot(&self, shape: &Shape) -> Option<Slot> {
+        self.shapes.get(shape).map(|at| Slot {
+            era: self.era,
+            at: *at,
+        })
+    }
+
+    /// Whether the shape kept at `slot` found no room and nothing was freed since it was last
+    /// asked (or found none): [`Self::room`] would answer [`Room::Nowhere`] without reading
+    /// anything.
+    pub fn read_to_end(&self, slot: Slot) -> bool {
+        slot.era == self.era && self.since[slot.at as usize] == Some(self.freed.len())
+    }
+
+    /// The shape kept at `at` (which found no room) may fit again.
+    fn forget(&mut self, at: u32) {
+        self.since[at as usize] = None;
+        self.live -= 1;
     }
 
     /// Capacity was freed on `nodes` (and nothing else changed).
     pub fn freed(&mut self, nodes: impl IntoIterator<Item = NodeIdx>) {
-        self.epoch += 1;
-        if self.shapes.is_empty() && self.beyond_help.is_empty() {
+        if self.live == 0 && self.beyond_help.is_empty() {
             self.freed.clear();
         } else {
             self.freed.extend(nodes);
@@ -128,7 +165,10 @@ impl NoRoom {
         cluster: &Cluster,
         policy: &dyn Policy,
     ) -> bool {
-        let Some(since) = self.shapes.get_mut(shape) else {
+        let Some(&at) = self.shapes.get(shape) else {
+            return false;
+        };
+        let Some(since) = self.since[at as usize].as_mut() else {
             return false;
         };
         if self.freed.len() == *since
@@ -137,7 +177,7 @@ impl NoRoom {
         {
             return true;
         }
-        self.shapes.remove(shape);
+        self.forget(at);
         false
     }
 }
@@ -167,7 +207,10 @@ impl NoRoom {
         cluster: &Cluster,
         policy: &dyn Policy,
     ) -> Room {
-        let Some(since) = self.shapes.get_mut(shape) else {
+        let Some(&at) = self.shapes.get(shape) else {
+            return Room::Anywhere;
+        };
+        let Some(since) = self.since[at as usize].as_mut() else {
             return Room::Anywhere;
         };
         let span = &self.freed[*since..];
@@ -194,7 +237,7 @@ impl NoRoom {
             *since = self.freed.len();
             return Room::Nowhere;
         }
-        self.shapes.remove(shape);
+        self.forget(at);
         among.sort_unstable();
         among.dedup();
         Room::Among(among)
@@ -361,31 +404,50 @@ mod tests {
     }
 
     #[test]
-    fn the_epoch_moves_with_every_release_and_every_forgetting_only() {
+    fn a_slot_reads_to_the_end_until_a_release_or_forgetting() {
         let mut cluster = Cluster::default();
         let a = cluster.add_node(NodeSpec::new("a", 8, "H100"));
-        cluster.allocate(&Placement {
+        let gpus = |from: u32, to: u32| Placement {
             shares: vec![NodeShare {
                 node: a,
-                gpus: (0..8).map(|g| (g, WHOLE_GPU_MILLI)).collect(),
+                gpus: (from..to).map(|g| (g, WHOLE_GPU_MILLI)).collect(),
                 ..NodeShare::default()
             }],
-        });
+        };
+        cluster.allocate(&gpus(0, 8));
         let task = TaskSpec::new(1, "t", 1);
         let shape = Shape::of(&task);
         let mut no_room = NoRoom::default();
-        let start = no_room.epoch();
-        // Remembering a shape and answering for it keep the epoch: what was found to fit
-        // nowhere still does.
-        no_room.insert(shape.clone());
+        assert_eq!(no_room.slot(&shape), None);
+        let slot = no_room.insert(shape.clone());
+        assert_eq!(no_room.slot(&shape), Some(slot));
+        assert!(no_room.read_to_end(slot));
+        // Answering for it keeps it so: what was found to fit nowhere still does.
         assert!(no_room.excludes(&shape, &task, &cluster, &Fifo));
-        assert_eq!(no_room.epoch(), start);
-        // A release moves it, whether or not any shape is remembered, and so does forgetting.
+        assert!(no_room.read_to_end(slot));
+        // A release ends it, until the shape is asked again and still fits nowhere.
         no_room.freed([a]);
-        assert_eq!(no_room.epoch(), start + 1);
+        assert!(!no_room.read_to_end(slot));
+        assert_eq!(no_room.room(&shape, &task, &cluster, &Fifo), Room::Nowhere);
+        assert!(no_room.read_to_end(slot));
+        // Forgetting everything ends it for good: the slot names nothing any more.
         no_room.clear();
-        assert_eq!(no_room.epoch(), start + 2);
+        assert!(!no_room.read_to_end(slot));
+        let again = no_room.insert(shape.clone());
+        assert_ne!(again, slot);
+        assert!(!no_room.read_to_end(slot));
+        assert!(no_room.read_to_end(again));
+        // Freed where it might fit, the shape may fit again: its slot reads to no end.
+        cluster.release(&gpus(0, 1));
         no_room.freed([a]);
-        assert_eq!(no_room.epoch(), start + 3);
+        assert_eq!(
+            no_room.room(&shape, &task, &cluster, &Fifo),
+            Room::Among(vec![a])
+        );
+        assert!(!no_room.read_to_end(again));
+        assert_eq!(no_room.room(&shape, &task, &cluster, &Fifo), Room::Anywhere);
+        // Found to fit nowhere again, it is kept where it was.
+        assert_eq!(no_room.insert(shape.clone()), again);
+        assert!(no_room.read_to_end(again));
     }
 }
