@@ -140,16 +140,18 @@ impl Team {
         }
     }
 
-    /// Takes task `id` out; whether it was there.
-    fn take(&mut self, id: TaskId) -> bool {
-        let lists = std::iter::once(&mut self.ids).chain(self.by_class.iter_mut().map(|(_, l)| l));
-        for list in lists {
+    /// Takes task `id` out; whether it was there, and if so the class the policy named for it
+    /// (`None`: none).
+    fn take(&mut self, id: TaskId) -> Option<Option<i64>> {
+        let lists = std::iter::once((None, &mut self.ids))
+            .chain(self.by_class.iter_mut().map(|(c, l)| (Some(*c), l)));
+        for (class, list) in lists {
             if let Some(at) = list.iter().position(|i| *i == id) {
                 list.swap_remove(at);
-                return true;
+                return Some(class);
             }
         }
-        false
+        None
     }
 
     fn is_empty(&self) -> bool {
@@ -451,12 +453,19 @@ impl Running {
             return;
         };
         let team = &mut self.teams[slot];
-        if !team.take(id) {
+        let Some(class) = team.take(id) else {
             return;
-        }
+        };
         team.limited -= usize::from(limited);
         if let Some(classes) = &mut team.ranked {
-            let _ = classes.iter_mut().any(|(_, r)| r.remove(id));
+            // A task whose class the policy named is ranked in that class (the first part of
+            // every key it has): only that one is read. (Reading the others first, each whole,
+            // cost more than the search that took the task.)
+            let named = class
+                .and_then(|class| classes.binary_search_by_key(&class, |(c, _)| *c).ok())
+                .is_some_and(|at| classes[at].1.remove(id));
+            let removed = named || classes.iter_mut().any(|(_, r)| r.remove(id));
+            debug_assert!(removed, "a running task of a ranked team is ranked");
         }
     }
 
