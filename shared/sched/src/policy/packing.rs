@@ -165,11 +165,11 @@ impl Measure {
         if self == Self::Reference {
             return usable;
         }
-        // At most 2^32 × 2^32: fits.
-        let demand = u64::from(row.gpus) * u64::from(row.gpu_milli);
+        let demand = row.demand;
         // Every factor below 2^32 (every real node and shape): no product can overflow, so
-        // neither is checked — one test for all of them instead of one per product.
-        if (cpu | memory | usable | row.cpu_milli | row.memory_mib | demand) >> 32 == 0 {
+        // neither is checked — one test for all of them instead of one per product (the
+        // shape's half of it made with the row).
+        if row.narrow && (cpu | memory | usable) >> 32 == 0 {
             let mut capped = usable;
             // A need of 0 caps nothing: nothing is below 0.
             let fed = cpu * demand;
@@ -214,17 +214,35 @@ struct Row {
     cpu_milli: u64,
     memory_mib: u64,
     count: u64,
+    /// Its GPU demand, milli-GPU (at most 2^32 × 2^32: fits).
+    demand: u64,
+    /// Its CPU, memory and GPU demand are each below 2^32 ([`Measure::cap`] multiplies them in
+    /// 64 bits when the node's amounts are too): asked once per row, not once per node state.
+    narrow: bool,
 }
 
 impl Row {
-    fn of(shape: &Shape, count: u64) -> Self {
+    fn new(gpu_milli: u32, gpus: u32, cpu_milli: u64, memory_mib: u64, count: u64) -> Self {
+        let demand = u64::from(gpus) * u64::from(gpu_milli);
         Self {
-            gpu_milli: shape.gpu_milli,
-            gpus: shape.gpus,
-            cpu_milli: shape.cpu_milli,
-            memory_mib: shape.memory_mib,
+            gpu_milli,
+            gpus,
+            cpu_milli,
+            memory_mib,
             count,
+            demand,
+            narrow: (cpu_milli | memory_mib | demand) >> 32 == 0,
         }
+    }
+
+    fn of(shape: &Shape, count: u64) -> Self {
+        Self::new(
+            shape.gpu_milli,
+            shape.gpus,
+            shape.cpu_milli,
+            shape.memory_mib,
+            count,
+        )
     }
 }
 
@@ -307,6 +325,28 @@ impl Fgd {
         for (i, f) in free.iter().enumerate() {
             prefix[i + 1] = prefix[i] + u64::from(*f);
         }
+        // One loop per measure: the measure is not asked row by row.
+        match measure {
+            Measure::Reference => {
+                Self::sum_rows(rows, free, prefix, cpu, memory, |_, usable| usable)
+            }
+            Measure::HostAware => Self::sum_rows(rows, free, prefix, cpu, memory, |row, usable| {
+                Measure::HostAware.cap(row, usable, cpu, memory)
+            }),
+        }
+    }
+
+    /// [`Self::usable_by`]'s sum over `rows`, given the prefix sums of `free`, with each term
+    /// capped by `cap`.
+    #[inline(always)]
+    fn sum_rows(
+        rows: &[Row],
+        free: &[u32],
+        prefix: &[u64],
+        cpu: u64,
+        memory: u64,
+        cap: impl Fn(&Row, u64) -> u64,
+    ) -> u64 {
         let mut holding = free.len();
         let mut usable = 0;
         for row in rows {
@@ -317,7 +357,7 @@ impl Fgd {
                 break;
             }
             if row.gpus as usize <= holding && row.cpu_milli <= cpu && row.memory_mib <= memory {
-                usable += row.count * measure.cap(row, prefix[holding], cpu, memory);
+                usable += row.count * cap(row, prefix[holding]);
             }
         }
         usable

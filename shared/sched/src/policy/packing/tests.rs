@@ -577,7 +577,7 @@ mod host_cap {
             cpu in amount(),
             memory in amount(),
         ) {
-            let row = Row { gpu_milli, gpus, cpu_milli, memory_mib, count: 1 };
+            let row = Row::new(gpu_milli, gpus, cpu_milli, memory_mib, 1);
             prop_assert_eq!(
                 Measure::HostAware.cap(&row, usable, cpu, memory),
                 cap_wide(&row, usable, cpu, memory)
