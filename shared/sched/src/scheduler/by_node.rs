@@ -73,7 +73,8 @@ impl Scheduler {
             if runner.gang {
                 return ByNode::Undecided;
             }
-            let [share] = self.shares_of(runner.id) else {
+            // (Kept with the runner: the walks of a pass read the same victims first.)
+            let [share] = runner.held(|| self.shares_of(runner.id).into()) else {
                 return ByNode::Undecided;
             };
             let node = share.node;
