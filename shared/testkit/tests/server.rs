@@ -34,6 +34,26 @@ fn stream_config(name: &str, replicas: usize) -> stream::Config {
     }
 }
 
+/// Creates the stream, asking again until JetStream answers, for clusters: a fresh cluster on a
+/// loaded machine (CI runs the suite two cores wide) may not answer a stream request within the
+/// client's timeout while it settles. Asking again is safe: creating a stream that exists with
+/// the same config returns it.
+async fn create_stream_until_done(
+    js: &jetstream::Context,
+    config: stream::Config,
+) -> anyhow::Result<stream::Stream> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match js.get_or_create_stream(config.clone()).await {
+            Ok(stream) => return Ok(stream),
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(err) => anyhow::bail!("stream {} was never created: {err}", config.name),
+        }
+    }
+}
+
 /// Publishes until JetStream acks, for clusters: right after a stream is created (or while it
 /// elects a new leader) the node the client is on may not yet know the stream's subjects and
 /// answer "no stream found for given subject".
@@ -155,7 +175,7 @@ async fn cluster_of_three_elects_a_meta_leader_and_hosts_an_r3_stream() -> anyho
 
     assert_eq!(cluster.urls(), cluster.url_list().join(","));
     let js = jetstream::new(async_nats::connect(cluster.url_list()).await?);
-    let mut stream = js.create_stream(stream_config("JOBS", 3)).await?;
+    let mut stream = create_stream_until_done(&js, stream_config("JOBS", 3)).await?;
     publish_until_acked(&js, "jobs.1", "train").await?;
 
     let info = stream.info().await?;
@@ -173,7 +193,7 @@ async fn r3_stream_survives_a_node_kill_and_the_node_catches_up_after_restart() 
     let mut cluster = NatsCluster::start(3);
     // Talk to n2 only, so the client never depends on the node we kill.
     let js = jetstream::new(async_nats::connect(cluster.nodes[1].url()).await?);
-    js.create_stream(stream_config("EVENTS", 3)).await?;
+    create_stream_until_done(&js, stream_config("EVENTS", 3)).await?;
     publish_until_acked(&js, "events.1", "before").await?;
 
     cluster.kill_node(0);
@@ -182,16 +202,27 @@ async fn r3_stream_survives_a_node_kill_and_the_node_catches_up_after_restart() 
 
     cluster.restart_node(0);
 
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let mut stream = js.get_stream("EVENTS").await?;
-        let info = stream.info().await?;
-        let group = info.cluster.clone().expect("clustered stream");
-        let all_current = group.replicas.len() == 2 && group.replicas.iter().all(|p| p.current);
-        if all_current && info.state.messages == 2 {
-            break;
-        }
-        anyhow::ensure!(Instant::now() < deadline, "n1 never caught up: {group:?}");
+        // (A request may time out while the restarted node rejoins: asked again, until the
+        // deadline.)
+        let info = match js.get_stream("EVENTS").await {
+            Ok(mut stream) => stream.info().await.cloned().map_err(anyhow::Error::from),
+            Err(err) => Err(err.into()),
+        };
+        let last = match info {
+            Ok(info) => {
+                let group = info.cluster.clone().expect("clustered stream");
+                let all_current =
+                    group.replicas.len() == 2 && group.replicas.iter().all(|p| p.current);
+                if all_current && info.state.messages == 2 {
+                    break;
+                }
+                format!("{group:?}, {} messages", info.state.messages)
+            }
+            Err(err) => format!("no answer: {err}"),
+        };
+        anyhow::ensure!(Instant::now() < deadline, "n1 never caught up: {last}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Ok(())
