@@ -19,6 +19,7 @@
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::ops::ControlFlow;
 
 use rustc_hash::FxHashMap as HashMap;
 
@@ -551,15 +552,14 @@ impl Fgd {
     }
 
     /// Whether [`Policy::place`] would find `task` a placement: some node can hold it on its
-    /// own (every such node offers at least one placement), asked without weighing any.
+    /// own (every such node offers at least one placement), asked without weighing any and
+    /// answered at the first.
     pub fn fits_anywhere(&self, cluster: &Cluster, task: &TaskSpec) -> bool {
         let request = Request::of(cluster, task);
         if request == Request::Spanning {
             return self.place(cluster, task).is_some();
         }
-        let mut any = false;
-        for_each_feasible(cluster, task, request, |_, _| any = true);
-        any
+        try_each_feasible(cluster, task, request, |_, _| ControlFlow::Break(())).is_break()
     }
 }
 
@@ -934,6 +934,19 @@ fn for_each_feasible<'c>(
     request: Request,
     mut visit: impl FnMut(NodeIdx, &'c NodeState),
 ) {
+    let _ = try_each_feasible(cluster, task, request, |idx, node| {
+        visit(idx, node);
+        ControlFlow::Continue(())
+    });
+}
+
+/// [`for_each_feasible`], stopping at the first node for which `visit` breaks.
+fn try_each_feasible<'c>(
+    cluster: &'c Cluster,
+    task: &TaskSpec,
+    request: Request,
+    mut visit: impl FnMut(NodeIdx, &'c NodeState) -> ControlFlow<()>,
+) -> ControlFlow<()> {
     match request {
         Request::Spanning => {}
         Request::Whole(gpus) => {
@@ -947,7 +960,7 @@ fn for_each_feasible<'c>(
                     for idx in cluster.nodes_with_free(model, free) {
                         let node = cluster.node(idx);
                         if host_fits(node, task) && placement::fits_gpu_memory(node, task) {
-                            visit(idx, node);
+                            visit(idx, node)?;
                         }
                     }
                 }
@@ -956,11 +969,12 @@ fn for_each_feasible<'c>(
         Request::Host | Request::Fraction(_) => {
             for (i, node) in cluster.nodes().iter().enumerate() {
                 if feasible(node, task, request) {
-                    visit(NodeIdx(i as u32), node);
+                    visit(NodeIdx(i as u32), node)?;
                 }
             }
         }
     }
+    ControlFlow::Continue(())
 }
 
 /// Whether `node` can hold `request` on its own: what [`for_each_feasible`] visits.
