@@ -353,12 +353,24 @@ impl Quotas {
     }
 
     pub(crate) fn charge(&mut self, team: &str, amounts: Amounts) {
-        self.adjust(team, |u, r| u[r] += amounts[r]);
-        self.cohort_usage += amounts[GPU];
+        let at = self.slot(team);
+        self.charge_at(at, amounts);
     }
 
     pub(crate) fn refund(&mut self, team: &str, amounts: Amounts) {
-        self.adjust(team, |u, r| u[r] = u[r].saturating_sub(amounts[r]));
+        let at = self.slot(team);
+        self.refund_at(at, amounts);
+    }
+
+    /// [`Self::charge`] the team whose entry is at `at` ([`Self::slot`]).
+    pub(crate) fn charge_at(&mut self, at: usize, amounts: Amounts) {
+        self.adjust(at, |u, r| u[r] += amounts[r]);
+        self.cohort_usage += amounts[GPU];
+    }
+
+    /// [`Self::refund`] the team whose entry is at `at` ([`Self::slot`]).
+    pub(crate) fn refund_at(&mut self, at: usize, amounts: Amounts) {
+        self.adjust(at, |u, r| u[r] = u[r].saturating_sub(amounts[r]));
         self.cohort_usage = self.cohort_usage.saturating_sub(amounts[GPU]);
     }
 
@@ -366,8 +378,9 @@ impl Quotas {
         self.index.get(team).map(|at| &self.teams[*at])
     }
 
-    /// Where a team's entry is, made (empty) if it has none.
-    fn slot(&mut self, team: &str) -> usize {
+    /// Where a team's entry is, made (empty) if it has none. Entries are only ever added, so
+    /// the answer holds for these quotas and their copies.
+    pub(crate) fn slot(&mut self, team: &str) -> usize {
         // One look-up for a team seen before (every refund and charge but a team's first).
         match self.index.get(team) {
             Some(at) => *at,
@@ -380,8 +393,7 @@ impl Quotas {
         }
     }
 
-    fn adjust(&mut self, team: &str, change: impl Fn(&mut Amounts, usize)) {
-        let at = self.slot(team);
+    fn adjust(&mut self, at: usize, change: impl Fn(&mut Amounts, usize)) {
         let entry = &mut self.teams[at];
         let limits = entry.limits();
         let usage = &mut entry.usage;

@@ -19,7 +19,7 @@
 //! or on more than one node ends the walk undecided: the full search, from the start, decides.
 
 use super::victims::{Running, Search, Victim};
-use super::{Contender, Placed, Scheduler, Unit, may_take};
+use super::{Contender, Placed, QuotaSlots, Scheduler, Unit, may_take};
 use crate::cluster::FreeingNodes;
 use crate::model::{NodeIdx, TaskId};
 use crate::quota::{self, Quotas};
@@ -122,18 +122,21 @@ impl Scheduler {
         now: crate::model::Time,
     ) -> Vec<(TaskId, String)> {
         let mut stopped = Vec::new();
+        let mut slots = QuotaSlots::default();
         for (victim, on) in taken {
             if *on == node {
                 stopped.push((victim.id(), self.why_taken(preemptor, *victim, now)));
             }
-            let spec = &self.tasks[&victim.id()].spec;
-            self.quotas.refund(&spec.team, quota::demand(spec));
+            let task = &self.tasks[&victim.id()];
+            let at = slots.of(&mut self.quotas, task);
+            self.quotas.refund_at(at, quota::demand(&task.spec));
         }
         // Those that keep running are charged back; those stopped stay refunded.
         for (victim, on) in taken {
             if *on != node {
-                let spec = &self.tasks[&victim.id()].spec;
-                self.quotas.charge(&spec.team, quota::demand(spec));
+                let task = &self.tasks[&victim.id()];
+                let at = slots.of(&mut self.quotas, task);
+                self.quotas.charge_at(at, quota::demand(&task.spec));
             }
         }
         stopped
