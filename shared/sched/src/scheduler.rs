@@ -323,20 +323,6 @@ pub enum ApplyError {
     },
 }
 
-/// Each team's entry in the quotas ([`Quotas::slot`]) by the team's number, looked up by name
-/// once per search rather than for every victim it refunds or charges back.
-#[derive(Default)]
-struct QuotaSlots(Vec<Option<usize>>);
-
-impl QuotaSlots {
-    fn of(&mut self, quotas: &mut Quotas, task: &Task) -> usize {
-        if self.0.len() <= task.team {
-            self.0.resize(task.team + 1, None);
-        }
-        *self.0[task.team].get_or_insert_with(|| quotas.slot(&task.spec.team))
-    }
-}
-
 #[derive(Debug)]
 enum State {
     /// Waiting. Only a unit's first member is in the queue; `key` is meaningful for it alone.

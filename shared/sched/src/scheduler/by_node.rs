@@ -19,7 +19,7 @@
 //! or on more than one node ends the walk undecided: the full search, from the start, decides.
 
 use super::victims::{Running, Search, Victim};
-use super::{Contender, Placed, QuotaSlots, Scheduler, Unit, may_take};
+use super::{Contender, Placed, Scheduler, Task, Unit, may_take};
 use crate::cluster::FreeingNodes;
 use crate::model::{NodeIdx, TaskId};
 use crate::quota::{self, Quotas};
@@ -140,5 +140,19 @@ impl Scheduler {
             }
         }
         stopped
+    }
+}
+
+/// Each team's entry in the quotas ([`Quotas::slot`]) by the team's number, looked up by name
+/// once per walk rather than for every victim [`Scheduler::explain`] refunds or charges back.
+#[derive(Default)]
+struct QuotaSlots(Vec<Option<usize>>);
+
+impl QuotaSlots {
+    fn of(&mut self, quotas: &mut Quotas, task: &Task) -> usize {
+        if self.0.len() <= task.team {
+            self.0.resize(task.team + 1, None);
+        }
+        *self.0[task.team].get_or_insert_with(|| quotas.slot(&task.spec.team))
     }
 }
