@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 
 use rustc_hash::FxHashMap as HashMap;
+use smallvec::SmallVec;
 
 use crate::cluster::{Cluster, NodeShare, NodeState, Placement};
 use crate::model::{NodeIdx, RequestShape as Shape, TaskSpec, Time, WHOLE_GPU_MILLI};
@@ -689,9 +690,11 @@ fn candidates(
 }
 
 /// [`Fgd::place`] for many tasks of one shape while the cluster changes under them: every
-/// feasible node's placements are ranked once, and afterwards only the nodes that changed
+/// feasible node's best placement is ranked once, and afterwards only the nodes that changed
 /// are looked at again, so a further placement costs a few nodes' evaluation instead of the
-/// whole cluster's. It places exactly as [`Fgd::place`] would on the cluster as it is,
+/// whole cluster's. Only a node's best is kept: the best of all is the best of some node, and
+/// keeping the others (a fraction has one per distinct free share) cost an allocation per
+/// node for nothing. It places exactly as [`Fgd::place`] would on the cluster as it is,
 /// provided that every node changed since it was built is named to
 /// [`Incremental::update`] before it is asked, and that the policy (the `fgd` each call is
 /// handed, always the same) has learnt no new task shape since: the scheduler keeps placers
@@ -700,22 +703,50 @@ fn candidates(
 pub struct Incremental {
     task: TaskSpec,
     request: Request,
-    /// Every feasible node's placements, best first.
+    /// Every feasible node's best placement, best first: the first is the best of all (a
+    /// candidate names its node, so no two nodes' are equal and the order is total).
     ranked: std::collections::BTreeSet<Candidate>,
-    /// Each node's entries in `ranked`.
-    by_node: HashMap<NodeIdx, Vec<Candidate>>,
-    /// Losses per node state seen.
-    evaluated: HashMap<OwnedKey, Vec<(u32, u64)>>,
+    /// Each node's entry in `ranked`, by node index.
+    by_node: Vec<Option<Candidate>>,
+    /// The node states evaluated, by their hash: each one's key and where its losses are in
+    /// `losses`. A key is made (and allocated) only for a state not seen before.
+    evaluated: HashMap<u64, SmallVec<[Evaluated; 1]>>,
+    /// The losses of every state evaluated, one after another.
+    losses: Vec<(u32, u64)>,
 }
 
+/// A node state evaluated: its key, and where its losses are.
+type Evaluated = (OwnedKey, (usize, usize));
+
 /// A [`NodeKey`] that outlives the cluster's borrow.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct OwnedKey {
     rows: usize,
     cpu: u64,
     memory: u64,
     hash: u64,
     free: Box<[u32]>,
+}
+
+impl OwnedKey {
+    fn of(state: &NodeKey<'_>) -> Self {
+        Self {
+            rows: state.rows,
+            cpu: state.cpu,
+            memory: state.memory,
+            hash: state.hash,
+            free: state.free.into(),
+        }
+    }
+
+    /// Whether `state` is the state this is the key of.
+    fn is(&self, state: &NodeKey<'_>) -> bool {
+        self.hash == state.hash
+            && self.rows == state.rows
+            && self.cpu == state.cpu
+            && self.memory == state.memory
+            && *self.free == *state.free
+    }
 }
 
 impl Incremental {
@@ -730,61 +761,78 @@ impl Incremental {
             task: task.clone(),
             request,
             ranked: Default::default(),
-            by_node: HashMap::default(),
+            by_node: vec![None; cluster.nodes().len()],
             evaluated: HashMap::default(),
+            losses: Vec::new(),
         };
         let mut feasible = Vec::new();
         for_each_feasible(cluster, task, request, |idx, _| feasible.push(idx));
+        // Every node's best, then the set built from them at once (sorted, in bulk) rather
+        // than by as many inserts.
+        let mut best = Vec::with_capacity(feasible.len());
         for idx in feasible {
-            incremental.rank(fgd, cluster, idx);
+            best.extend(incremental.best_on(fgd, cluster, idx));
         }
+        incremental.ranked = best.into_iter().collect();
         Some(incremental)
     }
 
-    /// Ranks the feasible node `idx` as it is now.
-    fn rank(&mut self, fgd: &Fgd, cluster: &Cluster, idx: NodeIdx) {
+    /// The best placement on the feasible node `idx` as it is now, if it offers any, noted
+    /// as the node's entry (but not put in `ranked`).
+    fn best_on(&mut self, fgd: &Fgd, cluster: &Cluster, idx: NodeIdx) -> Option<Candidate> {
         let node = cluster.node(idx);
         let rows = fgd.scoped_rows(node.spec.gpu_model.as_str());
         let state = NodeKey::of(rows.1, node);
-        let key = OwnedKey {
-            rows: state.rows,
-            cpu: state.cpu,
-            memory: state.memory,
-            hash: state.hash,
-            free: state.free.into(),
+        let seen = self
+            .evaluated
+            .entry(state.hash ^ state.rows as u64)
+            .or_default();
+        let (from, to) = match seen.iter().find(|(key, _)| key.is(&state)) {
+            Some((_, range)) => *range,
+            None => {
+                let from = self.losses.len();
+                fgd.node_losses(rows, state, &self.task, self.request, &mut self.losses);
+                seen.push((OwnedKey::of(&state), (from, self.losses.len())));
+                (from, self.losses.len())
+            }
         };
-        let (task, request) = (&self.task, self.request);
-        let losses = self.evaluated.entry(key).or_insert_with(|| {
-            let mut out = Vec::new();
-            fgd.node_losses(rows, state, task, request, &mut out);
-            out
-        });
-        let mut entries = Vec::new();
-        candidates(idx, node, task, request, losses, |c| entries.push(c));
-        for c in &entries {
-            self.ranked.insert(*c);
+        let mut best: Option<Candidate> = None;
+        candidates(
+            idx,
+            node,
+            &self.task,
+            self.request,
+            &self.losses[from..to],
+            |c| {
+                if best.is_none_or(|b| c < b) {
+                    best = Some(c);
+                }
+            },
+        );
+        let i = idx.0 as usize;
+        if self.by_node.len() <= i {
+            self.by_node.resize(i + 1, None);
         }
-        if !entries.is_empty() {
-            self.by_node.insert(idx, entries);
-        }
+        self.by_node[i] = best;
+        best
     }
 
     /// Takes in that the nodes `changed` changed on `cluster`. A node may be named twice: the
-    /// first pass forgets it once, the second ranks it once (a node that holds no candidate,
+    /// first pass forgets it once, the second ranks it once (a node that offers no placement,
     /// ranked again, adds nothing).
     pub fn update(&mut self, fgd: &Fgd, cluster: &Cluster, changed: &[NodeIdx]) {
         for idx in changed {
-            if let Some(entries) = self.by_node.remove(idx) {
-                for c in &entries {
-                    self.ranked.remove(c);
-                }
+            if let Some(c) = self.by_node.get_mut(idx.0 as usize).and_then(Option::take) {
+                self.ranked.remove(&c);
             }
         }
         for idx in changed {
-            if !self.by_node.contains_key(idx)
+            let ranked = matches!(self.by_node.get(idx.0 as usize), Some(Some(_)));
+            if !ranked
                 && feasible(cluster.node(*idx), &self.task, self.request)
+                && let Some(c) = self.best_on(fgd, cluster, *idx)
             {
-                self.rank(fgd, cluster, *idx);
+                self.ranked.insert(c);
             }
         }
     }
