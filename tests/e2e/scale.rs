@@ -1,6 +1,7 @@
 //! `allot bench scale` on a small fleet: every service as its own process, a simulated fleet's
 //! telemetry, and workloads through to their end, with the bench's own checks that nothing
-//! was lost or doubled — what docs/benchmarks.md's scale figures rest on.
+//! was lost or doubled — what docs/benchmarks.md's scale figures rest on. The journal it writes
+//! replays: every decision the live allocator made is recomputed identically.
 
 use crate::support::allot;
 
@@ -8,6 +9,7 @@ use crate::support::allot;
 fn the_scale_bench_runs_every_workload_once_through_every_service_and_bills_every_lease() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("scale.json");
+    let journal = dir.path().join("journal.jsonl");
     let (workloads, pipeline_every, nodes) = (150, 10, 16);
     let out = allot(dir.path())
         .args([
@@ -15,6 +17,8 @@ fn the_scale_bench_runs_every_workload_once_through_every_service_and_bills_ever
         ])
         .args(["--settle", "120s", "--json"])
         .arg(&json)
+        .arg("--journal")
+        .arg(&journal)
         .args(["--nodes", &nodes.to_string()])
         .args(["--workloads", &workloads.to_string()])
         .args(["--pipeline-every", &pipeline_every.to_string()])
@@ -43,6 +47,25 @@ fn the_scale_bench_runs_every_workload_once_through_every_service_and_bills_ever
         report["telemetry_sent"].as_u64().unwrap() >= nodes,
         "at least one round of telemetry: {text}"
     );
+    let replay = allot(dir.path())
+        .args(["replay", "--verify", "--journal"])
+        .arg(&journal)
+        .output()
+        .unwrap();
+    let replayed = String::from_utf8_lossy(&replay.stdout);
+    assert!(
+        replay.status.success(),
+        "{replayed}\n{}",
+        String::from_utf8_lossy(&replay.stderr)
+    );
+    // The fleet's nodes, each task's submission and end, and the passes that granted them.
+    let entries: usize = replayed
+        .split_whitespace()
+        .skip_while(|w| *w != "verified:")
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("entries applied: {replayed}"));
+    assert!(entries > nodes as usize + 2 * tasks, "{replayed}");
     let services = report["services"].as_object().unwrap();
     assert_eq!(services.len(), 8, "{text}");
     for (name, figures) in services {

@@ -140,6 +140,11 @@ pub struct ScaleArgs {
     /// Write the results as JSON here.
     #[arg(long, default_value = "docs/results/scale.json")]
     pub json: PathBuf,
+    /// Also write the pool's journal here, as `allot sim --journal` writes one: `allot replay
+    /// --journal PATH --verify` then runs the allocator's passes of the whole run again, on one
+    /// core, with nothing else in the way.
+    #[arg(long)]
+    pub journal: Option<PathBuf>,
 }
 
 /// What happened to one workload, as measured.
@@ -716,14 +721,28 @@ async fn run(
     let nats_peak_rss_mib = memory_mib(nats_pid).1;
 
     // What the streams say: the journal and the costs.
+    let mut policy = None;
     let applied: Vec<Applied> = read_all(&js, names::DECISIONS, &subject::alloc_journal(POOL))
         .await?
         .into_iter()
         .filter_map(|e| match e.data {
             AnyEvent::Alloc(AllocEvent::Applied(a)) => Some(a),
+            AnyEvent::Alloc(AllocEvent::LeaderElected(l)) => {
+                policy.get_or_insert(l.policy);
+                None
+            }
             _ => None,
         })
         .collect();
+    if let Some(path) = &args.journal {
+        let policy = policy.context("the journal names no leader, so no policy")?;
+        write_journal(path, &policy, &applied)?;
+        println!(
+            "journal: {} entries written to {}",
+            applied.len(),
+            path.display()
+        );
+    }
     let twice = gpus_granted_twice(&applied);
     let prices = super::super::run::default_prices();
     let h100 = prices.at(0).gpu(H100);
@@ -1091,4 +1110,21 @@ async fn read_all(
         }
     }
     Ok(out)
+}
+
+/// Writes `applied`'s entries as a journal of `policy` at `path` (a header line, then one
+/// entry per line), the format `allot replay --journal` reads.
+fn write_journal(path: &Path, policy: &str, applied: &[Applied]) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let file = std::fs::File::create(path)
+        .with_context(|| format!("creating the journal {}", path.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    serde_json::to_writer(&mut out, &allot_sched::journal::Header::new(policy))?;
+    out.write_all(b"\n")?;
+    for a in applied {
+        serde_json::to_writer(&mut out, &a.entry)?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()
+        .with_context(|| format!("writing the journal {}", path.display()))
 }
