@@ -74,6 +74,7 @@ impl Memo {
 
     /// The weighted usable capacity of a node state of `scope` whose GPUs have `free` free
     /// (largest first), with `cpu` and `memory` free; `fresh` works it out afresh.
+    #[inline]
     pub fn usable(
         &mut self,
         measure: Measure,
