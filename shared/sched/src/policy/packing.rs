@@ -18,7 +18,8 @@
 //!   can no longer feed.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::ops::ControlFlow;
 
 use rustc_hash::FxHashMap as HashMap;
@@ -703,10 +704,12 @@ fn candidates(
 pub struct Incremental {
     task: TaskSpec,
     request: Request,
-    /// Every feasible node's best placement, best first: the first is the best of all (a
-    /// candidate names its node, so no two nodes' are equal and the order is total).
-    ranked: std::collections::BTreeSet<Candidate>,
-    /// Each node's entry in `ranked`, by node index.
+    /// Every feasible node's best placement, the best of all on top (a candidate names its
+    /// node, so no two nodes' are equal and the order is total). A node's entry that
+    /// `by_node` no longer holds is stale: left in place, and dropped when it comes to the
+    /// top, which costs less than taking it out of an ordered set at once.
+    ranked: BinaryHeap<Reverse<Candidate>>,
+    /// Each node's current entry in `ranked`, by node index.
     by_node: Vec<Option<Candidate>>,
     /// The node states evaluated, by their hash: each one's key and where its losses are in
     /// `losses`. A key is made (and allocated) only for a state not seen before.
@@ -767,18 +770,18 @@ impl Incremental {
         };
         let mut feasible = Vec::new();
         for_each_feasible(cluster, task, request, |idx, _| feasible.push(idx));
-        // Every node's best, then the set built from them at once (sorted, in bulk) rather
-        // than by as many inserts.
+        // Every node's best, then the heap made of them at once (in linear time) rather than
+        // by as many pushes.
         let mut best = Vec::with_capacity(feasible.len());
         for idx in feasible {
-            best.extend(incremental.best_on(fgd, cluster, idx));
+            best.extend(incremental.best_on(fgd, cluster, idx).map(Reverse));
         }
-        incremental.ranked = best.into_iter().collect();
+        incremental.ranked = BinaryHeap::from(best);
         Some(incremental)
     }
 
     /// The best placement on the feasible node `idx` as it is now, if it offers any, noted
-    /// as the node's entry (but not put in `ranked`).
+    /// as the node's current entry (but not pushed on `ranked`).
     fn best_on(&mut self, fgd: &Fgd, cluster: &Cluster, idx: NodeIdx) -> Option<Candidate> {
         let node = cluster.node(idx);
         let rows = fgd.scoped_rows(node.spec.gpu_model.as_str());
@@ -822,8 +825,8 @@ impl Incremental {
     /// ranked again, adds nothing).
     pub fn update(&mut self, fgd: &Fgd, cluster: &Cluster, changed: &[NodeIdx]) {
         for idx in changed {
-            if let Some(c) = self.by_node.get_mut(idx.0 as usize).and_then(Option::take) {
-                self.ranked.remove(&c);
+            if let Some(entry) = self.by_node.get_mut(idx.0 as usize) {
+                *entry = None;
             }
         }
         for idx in changed {
@@ -832,16 +835,21 @@ impl Incremental {
                 && feasible(cluster.node(*idx), &self.task, self.request)
                 && let Some(c) = self.best_on(fgd, cluster, *idx)
             {
-                self.ranked.insert(c);
+                self.ranked.push(Reverse(c));
             }
         }
     }
 
     /// Where [`Fgd::place`] would put the task on `cluster` now.
-    pub fn place(&self, cluster: &Cluster) -> Option<Placement> {
-        self.ranked
-            .first()
-            .map(|(_, _, choice)| choice.placement(cluster, &self.task))
+    pub fn place(&mut self, cluster: &Cluster) -> Option<Placement> {
+        while let Some(Reverse(top)) = self.ranked.peek() {
+            let (_, _, choice) = *top;
+            if self.by_node[choice.node().0 as usize] == Some(*top) {
+                return Some(choice.placement(cluster, &self.task));
+            }
+            self.ranked.pop();
+        }
+        None
     }
 }
 
@@ -952,6 +960,13 @@ enum Choice {
 }
 
 impl Choice {
+    /// The node it is on.
+    fn node(self) -> NodeIdx {
+        match self {
+            Self::Node(node) | Self::Gpu(node, _) => node,
+        }
+    }
+
     fn placement(self, cluster: &Cluster, task: &TaskSpec) -> Placement {
         let (node, gpus, gpu_memory_mib) = match self {
             Self::Gpu(node, gpu) => (node, vec![(gpu, task.gpu_milli)], task.gpu_memory_mib),
