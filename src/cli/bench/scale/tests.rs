@@ -15,6 +15,7 @@ fn args() -> ScaleArgs {
         services: Vec::new(),
         settle: Duration::from_secs(60),
         json: "scale.json".into(),
+        journal: None,
     }
 }
 
